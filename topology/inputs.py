@@ -1,0 +1,395 @@
+"""Cost inputs: what a team measures and prices before deciding how to serve a model.
+
+Every field carries its unit in its name and a description (a test fails otherwise). These models
+are the boundary of the planner: anything wrong with user input is reported here, naming the field,
+the value and what is allowed, before any arithmetic runs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+HOURS_PER_WEEK = 168
+
+GpuKindName = Literal["H100-80GB", "H200-141GB", "A100-80GB", "A100-40GB", "L40S-48GB"]
+Precision = Literal["bf16", "fp16", "fp8", "int8", "int4"]
+
+
+class _Inputs(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelInputs(_Inputs):
+    """The model served by one endpoint."""
+
+    name: str = Field(min_length=1, description="Served model name, e.g. 'llama-3.3-70b-instruct'.")
+    revision: str = Field(
+        min_length=1,
+        description="Pinned weights revision (commit hash or release tag); floor and burst load exactly this one.",
+    )
+    parameters_billion: float = Field(gt=0, le=5000, description="Parameter count in billions.")
+    precision: Precision = Field(description="Weight precision as served (bf16, fp16, fp8, int8, int4).")
+    weights_gb: float = Field(gt=0, le=5000, description="Size of the served weights in GB (10^9 bytes).")
+    tokenizer: str = Field(min_length=1, description="Tokenizer identity; LoRA adapters and both tiers must share it.")
+    base_model: str = Field(
+        min_length=1, description="Base model identity; every LoRA adapter must be trained on this base."
+    )
+    architecture_max_context_tokens: int = Field(
+        gt=0, le=10_000_000, description="The model's own maximum context (tokens); the product limit is usually lower."
+    )
+    kv_cache_mib_per_token: float = Field(
+        gt=0,
+        le=64,
+        description="KV-cache memory per token in MiB at the served KV precision "
+        "(2 × layers × kv_heads × head_dim × bytes / 2^20; Llama-3 70B bf16 KV: 0.3125).",
+    )
+
+
+class ApiOffer(_Inputs):
+    """A managed API serving the same model (None on the endpoint when no API can: custom weights, data rules)."""
+
+    provider: str = Field(min_length=1, description="Who sells it, e.g. 'together', 'fireworks', 'bedrock'.")
+    usd_per_million_input_tokens: float = Field(ge=0, le=1000, description="Price per million input tokens, USD.")
+    usd_per_million_output_tokens: float = Field(ge=0, le=1000, description="Price per million output tokens, USD.")
+    measured_ttft_p99_ms: float = Field(
+        gt=0, le=600_000, description="Measured p99 time to first token of the API for this request shape, ms."
+    )
+
+
+class RequestShape(_Inputs):
+    """The token shape of the traffic, as measured in production or load tests."""
+
+    input_tokens_mean: float = Field(gt=0, le=10_000_000, description="Mean prompt length, tokens.")
+    input_tokens_p99: float = Field(gt=0, le=10_000_000, description="p99 prompt length, tokens.")
+    output_tokens_mean: float = Field(gt=0, le=1_000_000, description="Mean generated length, tokens.")
+    output_tokens_p99: float = Field(gt=0, le=1_000_000, description="p99 generated length, tokens.")
+    product_max_context_tokens: int = Field(
+        gt=0,
+        le=10_000_000,
+        description="The longest prompt + generation the product supports (tokens); becomes --max-model-len.",
+    )
+    max_tokens: int = Field(gt=0, le=1_000_000, description="Per-endpoint cap on generated tokens per request.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "RequestShape":
+        if self.input_tokens_p99 < self.input_tokens_mean:
+            raise ValueError(
+                f"input_tokens_p99={self.input_tokens_p99:g} is below input_tokens_mean="
+                f"{self.input_tokens_mean:g}; a p99 must be at least the mean"
+            )
+        if self.output_tokens_p99 < self.output_tokens_mean:
+            raise ValueError(
+                f"output_tokens_p99={self.output_tokens_p99:g} is below output_tokens_mean="
+                f"{self.output_tokens_mean:g}; a p99 must be at least the mean"
+            )
+        if self.max_tokens >= self.product_max_context_tokens:
+            raise ValueError(
+                f"max_tokens={self.max_tokens} must be below product_max_context_tokens="
+                f"{self.product_max_context_tokens} (a request needs room for its prompt)"
+            )
+        if self.input_tokens_p99 + self.output_tokens_mean > self.product_max_context_tokens:
+            raise ValueError(
+                f"input_tokens_p99 + output_tokens_mean = {self.input_tokens_p99 + self.output_tokens_mean:g} "
+                f"exceeds product_max_context_tokens={self.product_max_context_tokens}; raise the product "
+                "limit or the measured shape is wrong"
+            )
+        return self
+
+
+class RateTrace(_Inputs):
+    """A rate trace (CSV of window start seconds and mean requests/s) turned into an hour-of-week profile."""
+
+    path: str = Field(min_length=1, description="CSV file with columns window_start_s,total_rate_rps (ServeGen form).")
+    scale_to_mean_requests_per_s: float = Field(
+        gt=0, le=1_000_000, description="Scale the trace so its weekly mean equals this many requests/s."
+    )
+    start_weekday: Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"] = Field(
+        default="mon", description="Weekday of the trace's first window (window 0 starts at local midnight)."
+    )
+
+
+class Traffic(_Inputs):
+    """Demand by hour of week (hour 0 = Monday 00:00 in `timezone`)."""
+
+    timezone: str = Field(default="UTC", description="IANA timezone of the hour-of-week profile, e.g. 'America/New_York'.")
+    hourly_mean_requests_per_s: list[float] | None = Field(
+        default=None,
+        description="168 values: mean requests/s in each hour of the week, Monday 00:00 first.",
+    )
+    within_hour_peak_factor: float = Field(
+        default=1.5,
+        ge=1,
+        le=20,
+        description="Peak minute's rate over the hour's mean rate (burstiness inside an hour); 1.5 is typical.",
+    )
+    rate_trace: RateTrace | None = Field(
+        default=None,
+        description="Derive the profile from a rate trace instead (resolved by topology.load_inputs before planning).",
+    )
+
+    @field_validator("hourly_mean_requests_per_s")
+    @classmethod
+    def _profile(cls, v: list[float] | None) -> list[float] | None:
+        if v is None:
+            return v
+        if len(v) != HOURS_PER_WEEK:
+            raise ValueError(f"needs exactly {HOURS_PER_WEEK} values (one per hour of the week), got {len(v)}")
+        for i, x in enumerate(v):
+            if not (x >= 0) or x > 1_000_000:
+                raise ValueError(f"hour {i} has {x!r} requests/s; allowed 0 to 1,000,000")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Traffic":
+        if (self.hourly_mean_requests_per_s is None) == (self.rate_trace is None):
+            raise ValueError("give exactly one of hourly_mean_requests_per_s (168 values) or rate_trace")
+        return self
+
+
+class Slo(_Inputs):
+    """The service level the endpoint promises; everything else is derived from it."""
+
+    ttft_p99_ms: float = Field(gt=0, le=600_000, description="p99 time to first token, ms.")
+    inter_token_p99_ms: float = Field(gt=0, le=60_000, description="p99 gap between streamed tokens, ms.")
+
+
+class MigCapacity(_Inputs):
+    """Measured engine capacity on one MIG slice (optional: defaults to the slice's share of the GPU)."""
+
+    profile: str = Field(min_length=1, description="MIG profile, e.g. '3g.40gb'.")
+    decode_tokens_per_s: float = Field(gt=0, le=1e7, description="Saturated aggregate output tokens/s on the slice.")
+    prefill_tokens_per_s: float = Field(gt=0, le=1e8, description="Prefill tokens/s on the slice.")
+    max_concurrent_sequences: int = Field(gt=0, le=4096, description="Concurrent sequences the slice holds.")
+
+
+class EngineCapacity(_Inputs):
+    """Measured throughput of one replica of the engine on one GPU kind (vLLM benchmark at saturation)."""
+
+    gpu_kind: GpuKindName = Field(description="GPU kind the figures were measured on.")
+    gpus_per_replica: int = Field(default=1, ge=1, le=16, description="GPUs per replica (tensor parallel size).")
+    decode_tokens_per_s: float = Field(
+        gt=0, le=1e7, description="Saturated aggregate output tokens/s of one replica (all sequences together)."
+    )
+    prefill_tokens_per_s: float = Field(gt=0, le=1e8, description="Prefill (prompt) tokens/s of one replica.")
+    max_concurrent_sequences: int = Field(gt=0, le=4096, description="Concurrent sequences one replica holds at the shape.")
+    mig: list[MigCapacity] = Field(default_factory=list, description="Measured figures per MIG profile, if any.")
+
+
+class ColdStarts(_Inputs):
+    """Measured cold starts, seconds from the decision to scale to the first token served."""
+
+    new_node_and_pod_s: float = Field(gt=0, le=7200, description="New GPU node joins, pod starts, weights load, warm-up passes.")
+    pod_on_warm_node_s: float = Field(gt=0, le=7200, description="Pod on an already-running node: weights load + warm-up.")
+    serverless_snapshot_restore_s: float = Field(gt=0, le=3600, description="Serverless container restored from a GPU snapshot.")
+    serverless_no_snapshot_s: float = Field(gt=0, le=7200, description="Serverless container booting the engine from scratch.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "ColdStarts":
+        if self.pod_on_warm_node_s > self.new_node_and_pod_s:
+            raise ValueError(
+                f"pod_on_warm_node_s={self.pod_on_warm_node_s:g} exceeds new_node_and_pod_s="
+                f"{self.new_node_and_pod_s:g}; a new node cannot be faster than a warm one"
+            )
+        return self
+
+
+class WeightPath(_Inputs):
+    """The path weights travel from the region-local cache to serving nodes (the thundering-herd path)."""
+
+    shared_path_gb_per_s: float = Field(
+        gt=0, le=1000, description="Aggregate GB/s the region-local cache delivers to all nodes together."
+    )
+    per_node_gb_per_s: float = Field(gt=0, le=1000, description="GB/s one node can pull (NIC / disk bound).")
+    acceptable_load_s: float = Field(
+        default=180, gt=0, le=3600, description="Longest acceptable weight load during a scale-up step, s."
+    )
+
+
+class LoraAdapters(_Inputs):
+    """Per-customer fine-tunes served as LoRA adapters on the shared base."""
+
+    count: int = Field(ge=0, le=100_000, description="Adapters in total.")
+    rank: int = Field(ge=1, le=512, description="Largest adapter rank.")
+    size_mb: float = Field(gt=0, le=100_000, description="Size of one adapter on GPU, MB.")
+    active_working_set: int = Field(
+        ge=1, le=100_000, description="Distinct adapters typically in flight within a few seconds."
+    )
+
+    @model_validator(mode="after")
+    def _working_set(self) -> "LoraAdapters":
+        if self.active_working_set > max(self.count, 1):
+            raise ValueError(f"active_working_set={self.active_working_set} exceeds count={self.count}")
+        return self
+
+
+class Serverless(_Inputs):
+    """The serverless tier (Modal) used for serverless-only or for burst above a dedicated floor."""
+
+    gpu_kind: GpuKindName = Field(description="GPU kind for serverless containers.")
+    region: str = Field(default="us-east", description="Modal region the containers are pinned to.")
+    region_price_multiplier: float = Field(
+        default=1.5, ge=1, le=3, description="Price multiplier for pinning a region (Modal: 1.5 broad, 1.75 narrow)."
+    )
+    gpu_snapshots: bool = Field(default=True, description="Restore from GPU memory snapshots (fast cold start).")
+    scaledown_window_s: int = Field(default=120, ge=2, le=3600, description="Idle seconds before a container stops.")
+    max_containers_cap: int = Field(
+        default=20, ge=0, le=10_000, description="Hard cap on burst containers, whatever the plan sizes."
+    )
+    weights_region: str = Field(
+        description="AWS region of the weight cache the Modal Volume is filled from (nearest to `region`)."
+    )
+
+
+class EndpointInputs(_Inputs):
+    """One served endpoint: a model, its traffic and its SLO."""
+
+    name: str = Field(
+        min_length=1, max_length=40, pattern=r"^[a-z][a-z0-9-]*[a-z0-9]$",
+        description="DNS-safe endpoint name, e.g. 'chat'.",
+    )
+    model: ModelInputs = Field(description="The model served.")
+    shape: RequestShape = Field(description="Token shape of the requests.")
+    traffic: Traffic = Field(description="Demand by hour of week.")
+    slo: Slo = Field(description="Latency SLO.")
+    engine: list[EngineCapacity] = Field(min_length=1, description="Measured capacity per GPU kind.")
+    cold_starts: ColdStarts = Field(description="Measured cold starts.")
+    weight_path: WeightPath = Field(description="Weight delivery path from the region-local cache.")
+    serverless: Serverless = Field(description="Serverless tier settings.")
+    managed_api: ApiOffer | None = Field(default=None, description="A managed API for this model, if one exists.")
+    prefix_cache_hit_fraction: float = Field(
+        default=0.0, ge=0, lt=1, description="Expected share of prompt tokens served from the prefix cache."
+    )
+    tenants: list[str] = Field(
+        default_factory=lambda: ["default"], min_length=1,
+        description="Tenants sharing the endpoint; more than one means per-tenant cache_salt.",
+    )
+    lora: LoraAdapters | None = Field(default=None, description="Per-customer LoRA adapters, if any.")
+    headroom_fraction: float = Field(
+        default=0.25, ge=0.2, le=0.3, description="Spare capacity at peak (doctrine: 20–30%)."
+    )
+    max_dedicated_replicas: int = Field(
+        default=16, ge=0, le=1000, description="Hard cap on dedicated replicas for this endpoint."
+    )
+    scale_to_zero_allowed: bool = Field(
+        default=True,
+        description="May the endpoint have zero warm replicas when idle (a product decision: cold starts/day vs idle cost)?",
+    )
+    canary_percent: float = Field(
+        default=0, ge=0, le=50, description="Share of users (by stable hash of user/session) sent to a candidate."
+    )
+    canary_revision: str | None = Field(default=None, description="Weights revision of the canary candidate.")
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenant_names(cls, v: list[str]) -> list[str]:
+        for t in v:
+            if not t or not t.replace("-", "").replace("_", "").isalnum():
+                raise ValueError(f"tenant name {t!r} must be letters, digits, '-' or '_'")
+        if len(set(v)) != len(v):
+            raise ValueError(f"tenant names repeat: {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _cross(self) -> "EndpointInputs":
+        if self.shape.product_max_context_tokens > self.model.architecture_max_context_tokens:
+            raise ValueError(
+                f"shape.product_max_context_tokens={self.shape.product_max_context_tokens} exceeds "
+                f"model.architecture_max_context_tokens={self.model.architecture_max_context_tokens}"
+            )
+        kinds = [e.gpu_kind for e in self.engine]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError(f"engine lists a GPU kind twice: {kinds}")
+        if self.serverless.gpu_kind not in kinds:
+            raise ValueError(
+                f"serverless.gpu_kind={self.serverless.gpu_kind} has no measured engine capacity; "
+                f"measured kinds: {kinds}"
+            )
+        if self.canary_percent > 0 and not self.canary_revision:
+            raise ValueError(f"canary_percent={self.canary_percent:g} needs canary_revision")
+        return self
+
+
+class Prices(_Inputs):
+    """Dated prices. A price without a date is folklore."""
+
+    prices_as_of: dt.date = Field(description="Date the prices were read (YYYY-MM-DD). Required.")
+    dedicated_on_demand_usd_per_gpu_hour: dict[GpuKindName, float] = Field(
+        description="On-demand price per GPU-hour by GPU kind, USD."
+    )
+    reserved_discount_fraction: float = Field(
+        ge=0, lt=1, description="Discount of reserved/committed capacity over on-demand (typically 0.30–0.40)."
+    )
+    serverless_usd_per_gpu_second: dict[GpuKindName, float] = Field(
+        description="Serverless price per GPU-second by GPU kind, USD (before region pinning)."
+    )
+    platform_fixed_usd_per_month: float = Field(
+        ge=0, le=10_000_000,
+        description="Fixed monthly cost of running a dedicated cluster at all (control plane, gateway, "
+        "monitoring, on-call share), USD.",
+    )
+    serverless_fixed_usd_per_month: float = Field(
+        default=0, ge=0, le=10_000_000, description="Fixed monthly cost of the serverless account/plan, USD."
+    )
+
+    @field_validator("dedicated_on_demand_usd_per_gpu_hour", "serverless_usd_per_gpu_second")
+    @classmethod
+    def _positive(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, x in v.items():
+            if not (x > 0) or x > 1000:
+                raise ValueError(f"price for {k} is {x!r}; allowed above 0 and at most 1000")
+        return v
+
+
+class Region(_Inputs):
+    """A cloud region that holds a region-local weight cache."""
+
+    name: str = Field(min_length=1, description="AWS region, e.g. 'us-east-1'.")
+    vpc_id: str | None = Field(default=None, description="VPC for an S3 gateway endpoint, if the cluster runs here.")
+
+
+class CostInputs(_Inputs):
+    """Everything one environment (stack) plans from."""
+
+    environment: str = Field(min_length=1, max_length=20, pattern=r"^[a-z][a-z0-9-]*$", description="Environment name, e.g. 'prod'.")
+    project: str = Field(
+        default="llm-serving", min_length=1, max_length=30, pattern=r"^[a-z][a-z0-9-]*$",
+        description="Project prefix for resource names.",
+    )
+    floor_replicas_allowed: bool = Field(
+        description="May this environment run always-on dedicated replicas? (dev: false — costly things default to safe)"
+    )
+    cluster_region: str = Field(min_length=1, description="AWS region of the Kubernetes cluster.")
+    weights_source_bucket: str = Field(min_length=3, description="Source-of-truth bucket replicated to each region.")
+    regions: list[Region] = Field(min_length=1, description="Regions with a region-local weight cache.")
+    prices: Prices = Field(description="Dated prices.")
+    endpoints: list[EndpointInputs] = Field(min_length=1, description="Endpoints served by this environment.")
+
+    @model_validator(mode="after")
+    def _cross(self) -> "CostInputs":
+        region_names = [r.name for r in self.regions]
+        if self.cluster_region not in region_names:
+            raise ValueError(f"cluster_region={self.cluster_region!r} is not among regions {region_names}")
+        names = [e.name for e in self.endpoints]
+        if len(set(names)) != len(names):
+            raise ValueError(f"endpoint names repeat: {names}")
+        for i, e in enumerate(self.endpoints):
+            for cap in e.engine:
+                if cap.gpu_kind not in self.prices.dedicated_on_demand_usd_per_gpu_hour:
+                    raise ValueError(
+                        f"endpoints[{i}].engine gpu_kind={cap.gpu_kind} has no price in "
+                        "prices.dedicated_on_demand_usd_per_gpu_hour"
+                    )
+            if e.serverless.gpu_kind not in self.prices.serverless_usd_per_gpu_second:
+                raise ValueError(
+                    f"endpoints[{i}].serverless.gpu_kind={e.serverless.gpu_kind} has no price in "
+                    "prices.serverless_usd_per_gpu_second"
+                )
+            if e.serverless.weights_region not in region_names:
+                raise ValueError(
+                    f"endpoints[{i}].serverless.weights_region={e.serverless.weights_region!r} is not among "
+                    f"regions {region_names}"
+                )
+        return self
