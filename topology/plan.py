@@ -855,6 +855,7 @@ def _build_endpoint_spec(
         replicas_per_gpu=pl.replicas_per_gpu, saturated_requests_per_s=round(pl.saturated_rps, 4),
         slo_utilisation=round(pl.slo_utilisation, 4), planning_utilisation=round(pl.planning_utilisation, 4),
         planning_requests_per_s=round(pl.planning_rps, 4), usable_concurrency=pl.usable_concurrency,
+        decode_tokens_per_s=round(pl.decode_tokens_per_s, 2), prefill_tokens_per_s=pl.prefill_tokens_per_s,
         headroom_fraction=ep.headroom_fraction,
     )
     derivs.append(Derivation(
@@ -978,6 +979,8 @@ def _build_endpoint_spec(
         economics=econ, capacity=cap, node_pools=tuple(p.name for p in pools),
         layers=tuple(win.layers) if ded_pl else (), floor=floor_spec, autoscaling=autoscaling, herd=herd,
         engine=engine, burst=burst, gateway=gateway, mig_decision=_mig_decision(ep, options, ok, win),
+        pod_cold_start_s=ep.cold_starts.pod_on_warm_node_s, node_cold_start_s=ep.cold_starts.new_node_and_pod_s,
+        serverless_cold_start_s=serverless_cold_start_s(ep),
         monthly_usd=monthly, derivations=tuple(derivs), warnings=tuple(warnings),
     )
     weekly = dict(win.breakdown_weekly)

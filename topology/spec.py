@@ -69,6 +69,8 @@ class ReplicaCapacity(_Spec):
     planning_utilisation: float = Field(description="min(slo_utilisation, 1/(1+headroom)).")
     planning_requests_per_s: float = Field(description="Requests/s one replica is planned to carry at peak.")
     usable_concurrency: int = Field(description="Sequences per replica: min(memory, inter-token SLO).")
+    decode_tokens_per_s: float = Field(description="Aggregate decode tok/s of a replica at usable_concurrency.")
+    prefill_tokens_per_s: float = Field(description="Prefill tok/s of a replica.")
     headroom_fraction: float
 
 
@@ -266,6 +268,9 @@ class EndpointSpec(_Spec):
     burst: BurstSpec | None
     gateway: GatewaySpec
     mig_decision: str = Field(description="Why MIG slices or whole GPUs were chosen.")
+    pod_cold_start_s: float = Field(description="Measured: pod on a warm node to first token (startup probe budget).")
+    node_cold_start_s: float = Field(description="Measured: new node + pod to first token.")
+    serverless_cold_start_s: float = Field(description="Measured: serverless container start (snapshot restore when on).")
     monthly_usd: float
     derivations: tuple[Derivation, ...]
     warnings: tuple[str, ...]

@@ -1,0 +1,38 @@
+"""Shared fixtures: the bundled stacks, planned once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STACKS = sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))
+
+
+def stack_name(path: Path) -> str:
+    return path.name.removeprefix("Pulumi.").removesuffix(".yaml")
+
+
+@pytest.fixture(scope="session")
+def root() -> Path:
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def planned_stacks():
+    """{stack name: (inputs, spec)} for every stack file in stacks/."""
+    from topology import load_inputs, plan
+
+    out = {}
+    for f in STACKS:
+        inputs = load_inputs(f)
+        out[stack_name(f)] = (inputs, plan(inputs))
+    return out
+
+
+@pytest.fixture(params=[stack_name(f) for f in STACKS])
+def stack(request, planned_stacks):
+    """Parametrised over every stack file: (name, inputs, spec)."""
+    inputs, spec = planned_stacks[request.param]
+    return request.param, inputs, spec

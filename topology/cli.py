@@ -1,0 +1,94 @@
+"""`python -m topology plan|diff|simulate|render`: the planner's command line.
+
+Errors in the user's inputs print a clear message and exit 2 — never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .loading import InputError
+from .plan import PlanningError
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from . import report
+    from .loading import load_inputs
+    from .plan import plan
+
+    spec = plan(load_inputs(args.file))
+    if args.json:
+        print(spec.to_json())
+    elif args.markdown:
+        print(report.markdown(spec))
+    else:
+        print(report.terminal(spec))
+    return 0
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from . import report
+
+    text = report.diff_files(args.old, args.new, markdown=args.markdown)
+    print(text)
+    return 0
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from .simulate import cli_main  # the simulator owns its options
+
+    return cli_main(args)
+
+
+def _cmd_render(args: argparse.Namespace) -> int:
+    # rendering runs the Pulumi program under mocks: it imports pulumi, so it lives outside topology/
+    from offline.render import cli_main
+
+    return cli_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m topology", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    pp = sub.add_parser("plan", help="plan a stack file or inputs file and print the report")
+    pp.add_argument("file", help="stacks/Pulumi.<env>.yaml or a plain YAML/JSON inputs file")
+    g = pp.add_mutually_exclusive_group()
+    g.add_argument("--json", action="store_true", help="print the TopologySpec as JSON")
+    g.add_argument("--markdown", action="store_true", help="print a PR-comment version of the report")
+    pp.set_defaults(func=_cmd_plan)
+
+    pd = sub.add_parser("diff", help="what changed between two inputs files or saved specs")
+    pd.add_argument("old")
+    pd.add_argument("new")
+    pd.add_argument("--markdown", action="store_true")
+    pd.set_defaults(func=_cmd_diff)
+
+    ps = sub.add_parser("simulate", help="replay a week (or a trace) through a stack's plan; run failure drills")
+    try:
+        from .simulate import add_arguments
+    except ImportError:  # pragma: no cover - the simulator ships with the package
+        add_arguments = None
+    if add_arguments is not None:
+        add_arguments(ps)
+    ps.set_defaults(func=_cmd_simulate)
+
+    pr = sub.add_parser("render", help="run the Pulumi program under mocks; write Kubernetes YAML and an inventory")
+    pr.add_argument("stack", help="stacks/Pulumi.<env>.yaml")
+    pr.add_argument("--out", required=True, help="output folder")
+    pr.set_defaults(func=_cmd_render)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (InputError, PlanningError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
