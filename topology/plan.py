@@ -685,9 +685,13 @@ def _options(
             top = len(tables[0])
             min_floor = 0 if ep.scale_to_zero_allowed else 1
             cap = ep.max_dedicated_replicas
+            min_ded = max(1, min_floor) if tier == "floor_plus_burst" else 0
+            if tier == "floor_plus_burst":
+                # keep the burst within its container cap: the floor must carry what the cap cannot
+                ratio = pl.planning_rps / burst_pl.planning_rps
+                min_ded = max(min_ded, top - math.floor(ep.serverless.max_containers_cap / ratio + 1e-9))
             split = _best_node_split(
-                tables, pl, pr, lead, top, cap=cap, min_ded=max(1, min_floor) if tier == "floor_plus_burst" else 0,
-                burst=(tier == "floor_plus_burst"),
+                tables, pl, pr, lead, top, cap=cap, min_ded=min_ded, burst=(tier == "floor_plus_burst"),
             ) if top else None
             if split is None:
                 why_not.append(

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Project runner: sets up what it needs, then runs the job.
+
+    python3 dev.py demo    # plan report, simulated week and offline render of the bundled prod stack (offline)
+    python3 dev.py test    # the whole test suite (installs Debian's haproxy for the gateway tests when it can)
+
+Both create ./.venv (Python 3.11+) and install the project with its test dependencies on first use, and
+again whenever pyproject.toml changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+PY = VENV / "bin" / "python"
+STAMP = VENV / ".installed-pyproject-sha256"
+STACK = "stacks/Pulumi.prod.yaml"
+
+
+def run(cmd: list[str], **kw) -> None:
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, cwd=ROOT, check=True, **kw)
+
+
+def ensure_venv() -> None:
+    if sys.version_info < (3, 11):
+        sys.exit(f"Python 3.11+ is needed; this is {sys.version.split()[0]}")
+    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if PY.exists() and STAMP.exists() and STAMP.read_text() == want:
+        return
+    if not PY.exists():
+        run([sys.executable, "-m", "venv", str(VENV)])
+    run([str(PY), "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
+    run([str(PY), "-m", "pip", "install", "--quiet", "-e", ".[dev]"])
+    STAMP.write_text(want)
+
+
+def ensure_haproxy() -> None:
+    """The gateway tests run a real HAProxy on 127.0.0.1; install Debian's package when we are root."""
+    if shutil.which("haproxy"):
+        return
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        run(["apt-get", "update", "-qq"], env=env)
+        run(["apt-get", "install", "-y", "-qq", "haproxy"], env=env)
+        # the package starts a system service listening on :80; the tests start their own processes
+        subprocess.run(["service", "haproxy", "stop"], cwd=ROOT, check=False, capture_output=True)
+    else:
+        print("haproxy is not installed and this is not root: gateway tests will be skipped "
+              "(install Debian's 'haproxy' package to run them)", flush=True)
+
+
+def demo() -> None:
+    out = ROOT / "out"
+    out.mkdir(exist_ok=True)
+    run([str(PY), "-m", "topology", "plan", STACK])
+    run([str(PY), "-m", "topology", "simulate", STACK, "--plot", str(out / "week.png")])
+    run([str(PY), "-m", "topology", "render", STACK, "--out", str(out / "render")])
+    print(f"\nwrote {out / 'week.png'} and {out / 'render'}/", flush=True)
+
+
+def test(extra: list[str]) -> int:
+    ensure_haproxy()
+    return subprocess.run([str(PY), "-m", "pytest", "-q", *extra], cwd=ROOT).returncode
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("demo", "test"):
+        print(__doc__)
+        return 2
+    ensure_venv()
+    if argv[0] == "demo":
+        demo()
+        return 0
+    return test(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

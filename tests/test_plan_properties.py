@@ -1,0 +1,86 @@
+"""Properties of the planner over generated inputs (hypothesis)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from inputs_factory import inputs_dict, office_profile
+from topology import GPU_KINDS, CostInputs, plan
+from topology.plan import placements
+
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+profiles = st.builds(
+    office_profile,
+    peak=st.floats(0.2, 60),
+    night=st.floats(0.0, 3),
+    weekend=st.floats(0.0, 5),
+)
+
+
+def _inputs(profile, *, api_price=0.88, with_api=True, od_price=2.69, fixed=1500.0):
+    d = inputs_dict(traffic={"hourly_mean_requests_per_s": profile, "within_hour_peak_factor": 1.5})
+    d["prices"]["dedicated_on_demand_usd_per_gpu_hour"]["H100-80GB"] = od_price
+    d["prices"]["platform_fixed_usd_per_month"] = fixed
+    d["endpoints"][0]["max_dedicated_replicas"] = 1000  # caps are tested elsewhere; here demand must always fit
+    d["endpoints"][0]["serverless"]["max_containers_cap"] = 10000
+    if with_api:
+        d["endpoints"][0]["managed_api"]["usd_per_million_input_tokens"] = api_price
+        d["endpoints"][0]["managed_api"]["usd_per_million_output_tokens"] = api_price
+    else:
+        d["endpoints"][0]["managed_api"] = None
+    return CostInputs.model_validate(d)
+
+
+@SETTINGS
+@given(profile=profiles, k=st.floats(1.0, 3.0), with_api=st.booleans(), od=st.floats(1.5, 8.0))
+def test_more_traffic_never_lowers_cost(profile, k, with_api, od):
+    a = plan(_inputs(profile, with_api=with_api, od_price=od))
+    b = plan(_inputs([x * k for x in profile], with_api=with_api, od_price=od))
+    assert b.monthly_usd_total >= a.monthly_usd_total - 0.01
+
+
+@SETTINGS
+@given(profile=profiles, k=st.floats(1.0, 3.0), od=st.floats(1.5, 8.0), with_api=st.booleans())
+def test_more_traffic_never_lowers_floors(profile, k, od, with_api):
+    a = plan(_inputs(profile, with_api=with_api, od_price=od)).endpoints[0]
+    b = plan(_inputs([x * k for x in profile], with_api=with_api, od_price=od)).endpoints[0]
+    if a.capacity.gpu_kind == b.capacity.gpu_kind and a.capacity.mig_profile == b.capacity.mig_profile:
+        assert (np.asarray(b.floor.replicas_by_hour) >= np.asarray(a.floor.replicas_by_hour)).all()
+
+
+@SETTINGS
+@given(profile=profiles, with_api=st.booleans(), od=st.floats(1.5, 8.0), fixed=st.floats(0, 20000))
+def test_chosen_option_is_never_dearer_than_a_feasible_alternative(profile, with_api, od, fixed):
+    spec = plan(_inputs(profile, with_api=with_api, od_price=od, fixed=fixed))
+    e = spec.endpoints[0]
+    for a in e.alternatives:
+        if a.feasible:
+            assert e.monthly_usd <= a.monthly_usd + 0.01, (e.tier, a.option)
+
+
+@SETTINGS
+@given(profile=profiles, od=st.floats(1.5, 8.0))
+def test_floor_plus_burst_covers_demand_with_headroom_where_dedicated_serves(profile, od):
+    inputs = _inputs(profile, with_api=False, od_price=od)
+    e = plan(inputs).endpoints[0]
+    ep = inputs.endpoints[0]
+    peak = np.asarray(profile) * ep.traffic.within_hour_peak_factor
+    floor = np.asarray(e.floor.replicas_by_hour)
+    ok, _ = placements(ep, GPU_KINDS)
+    sls = next(p for p in ok if p.gpu_kind == ep.serverless.gpu_kind and p.mig_profile is None)
+    burst = e.burst.max_containers if e.burst else 0
+    saturated = floor * e.capacity.saturated_requests_per_s + burst * sls.saturated_rps
+    served = floor > 0
+    assert (saturated[served] >= peak[served] * (1 + ep.headroom_fraction) - 1e-6).all()
+
+
+@SETTINGS
+@given(profile=profiles, p1=st.floats(0.1, 3.0), bump=st.floats(0.0, 3.0))
+def test_a_higher_api_price_never_turns_an_api_loss_into_a_win(profile, p1, bump):
+    low = plan(_inputs(profile, api_price=p1)).endpoints[0]
+    high = plan(_inputs(profile, api_price=p1 + bump)).endpoints[0]
+    if low.tier != "managed_api":
+        assert high.tier != "managed_api"

@@ -1,0 +1,231 @@
+"""Readable reports of a TopologySpec: terminal, Markdown (PR comments) and diffs between two plans."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from .loading import load_spec_or_inputs
+from .plan import plan
+from .spec import EndpointSpec, TopologySpec
+
+DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+TIER_TITLES = {
+    "managed_api": "managed API",
+    "serverless_only": "serverless only",
+    "dedicated_only": "dedicated only",
+    "floor_plus_burst": "dedicated floor + serverless burst",
+}
+
+
+def usd(x: float | None) -> str:
+    return "—" if x is None else f"${x:,.0f}"
+
+
+def per_request(x: float) -> str:
+    """Dollars per request to three significant figures (small models cost fractions of a cent)."""
+    return f"${x:.3g}"
+
+
+def _cell(n: int) -> str:
+    if n < 10:
+        return str(n) if n else "·"
+    if n < 36:
+        return chr(ord("a") + n - 10)
+    return "+"
+
+
+def floor_grid(replicas_by_hour: Sequence[int], indent: str = "  ") -> list[str]:
+    """7 rows × 24 hours; · = 0, digits, a = 10 … z = 35, + above."""
+    head = indent + "     " + "".join(f"{h:<3d}" if h % 3 == 0 else "" for h in range(24))
+    rows = [head.rstrip()]
+    for d in range(7):
+        cells = " ".join(_cell(replicas_by_hour[d * 24 + h]) for h in range(24))
+        rows.append(f"{indent}{DAYS[d]}  {cells}")
+    return rows
+
+
+def _minute_label(m: int) -> str:
+    d, r = divmod(m, 1440)
+    return f"{DAYS[d]} {r // 60:02d}:{r % 60:02d}"
+
+
+def _endpoint_lines(e: EndpointSpec) -> list[str]:
+    L: list[str] = []
+    c, ec = e.capacity, e.economics
+    place = f"{c.gpu_kind} {c.mig_profile}" if c.mig_profile else (
+        f"{c.gpu_kind}×{c.gpus_per_replica}" if c.gpus_per_replica > 1 else c.gpu_kind)
+    L.append(f"== {e.name}: {TIER_TITLES[e.tier]} — {usd(e.monthly_usd)}/month")
+    L.append(f"  model {e.model_name} @ {e.model_revision[:12]}; replica = {place}")
+    L.append("  alternatives (monthly, at the SLO):")
+    for a in sorted(e.alternatives, key=lambda a: (not a.feasible, a.monthly_usd or 0)):
+        mark = "✓" if a.option == e.tier else (" " if a.feasible else "✗")
+        L.append(f"    {mark} {a.option:<17} {usd(a.monthly_usd):>10}  {a.reason}")
+    L.append(f"  why the runner-up lost: {e.why_runner_up_lost}")
+    api = "" if ec.api_usd_per_request is None else (
+        f" vs API {per_request(ec.api_usd_per_request)}; break-even duty cycle {ec.break_even_duty_cycle_on_demand:.0%} "
+        f"on-demand, {ec.break_even_duty_cycle_reserved:.0%} reserved")
+    L.append(f"  economics: {ec.gpu_s_per_request:.3g} GPU-s/request → {per_request(ec.dedicated_usd_per_request_at_saturation)} "
+             f"on-demand at saturation ({per_request(ec.reserved_usd_per_request_at_saturation)} reserved){api}")
+    be = ec.serverless_break_even_busy_hours_per_day
+    be_text = f"{be:.1f} busy h/day" if be < 24 else "never (serverless is cheaper per GPU-hour)"
+    L.append(f"  serverless premium {ec.serverless_premium:.2f}× on-demand → dedicated beats serverless above {be_text}")
+    L.append(f"  traffic: mean {ec.mean_requests_per_s:.2f} req/s, peak {ec.peak_requests_per_s:.2f} req/s, "
+             f"{ec.weekly_requests:,.0f} requests/week")
+    L.append(f"  capacity: {c.planning_requests_per_s:.2f} req/s per replica planned = saturated "
+             f"{c.saturated_requests_per_s:.2f} × {c.planning_utilisation:.2f} (TTFT-SLO limit {c.slo_utilisation:.2f}, "
+             f"headroom {c.headroom_fraction:.0%}); {c.usable_concurrency} sequences per replica")
+    if e.layers:
+        tiers: dict[str, int] = {}
+        for layer in e.layers:
+            tiers[layer.tier] = tiers.get(layer.tier, 0) + 1
+        L.append("  layers (load-duration curve): " + ", ".join(f"{n} {t.replace('_', ' ')}" for t, n in tiers.items()))
+    f = e.floor
+    if any(f.replicas_by_hour):
+        L.append(f"  floor — replicas ready each hour ({f.timezone}); {f.reserved_replicas} reserved, "
+                 f"windows start {f.lead_time_s / 60:.0f} min ahead of each rise:")
+        L += floor_grid(f.replicas_by_hour, "    ")
+        for w in f.windows[:6]:
+            rise = f" (demand rises {_minute_label(w.demand_rise_minute_of_week)})" if w.demand_rise_minute_of_week is not None else ""
+            L.append(f"    ≥{w.replicas} from {_minute_label(w.start_minute_of_week)} to {_minute_label(w.end_minute_of_week)}{rise}")
+        if len(f.windows) > 6:
+            L.append(f"    … {len(f.windows) - 6} more windows")
+    else:
+        L.append("  floor: none (no dedicated replicas)")
+    if e.autoscaling:
+        a = e.autoscaling
+        L.append(f"  autoscaling: {a.metric} > {a.target_waiting_per_replica:g} per replica; replicas {a.min_replicas}–"
+                 f"{a.max_replicas}; up ≤{a.scale_up_pods_per_period} pods/{a.scale_up_period_s} s after "
+                 f"{a.scale_up_stabilization_s} s; down after {a.scale_down_stabilization_s} s")
+        L.append(f"  steepest ramp {a.steepest_ramp_requests_per_s_per_min:.3f} req/s per min × pod cold start "
+                 f"→ needs {a.required_headroom_fraction:.0%} headroom")
+    h = e.herd
+    L.append(f"  thundering herd: {h.weights_gb:g} GB × replicas over {h.shared_path_gb_per_s:g} GB/s shared "
+             f"({h.per_node_gb_per_s:g} GB/s per node) → step ≤{h.step_replicas} replicas ({h.step_load_s:.0f} s load), "
+             f"start jitter ≤{h.start_jitter_s} s")
+    if e.burst:
+        b = e.burst
+        warm = f"min {b.min_containers}" + (f", warm 1 in {len(b.min_containers_schedule)} windows" if b.min_containers_schedule else "")
+        L.append(f"  burst: Modal {b.gpu} in {b.region}, {warm}, max {b.max_containers}, buffer {b.buffer_containers}, "
+                 f"scaledown {b.scaledown_window_s} s, {b.max_inputs} inputs/container (target {b.target_inputs}), "
+                 f"snapshots {'on' if b.enable_gpu_snapshot else 'off'}")
+    g = e.gateway
+    L.append(f"  gateway: overflow above {g.overflow_inflight_per_replica} in flight per replica; first byte ≤{g.first_byte_timeout_s} s, "
+             f"chunk gap ≤{g.inter_chunk_timeout_s} s; body ≤{g.max_request_body_bytes:,} B; max_tokens {g.max_tokens}; "
+             f"tenancy {g.cache_isolation}")
+    en = e.engine
+    L.append(f"  engine: --max-model-len {en.max_model_len} (product limit) --max-num-seqs {en.max_num_seqs} "
+             f"-tp {en.tensor_parallel_size} prefix caching {'on' if en.enable_prefix_caching else 'off'}"
+             + (f", LoRA max {en.lora.max_loras} rank {en.lora.max_lora_rank}" if en.lora else ""))
+    L.append(f"  MIG: {e.mig_decision}")
+    for w in e.warnings:
+        L.append(f"  ! {w}")
+    return L
+
+
+def terminal(spec: TopologySpec) -> str:
+    t = spec.monthly_usd_by_tier
+    L = [
+        f"{spec.project} / {spec.environment} — prices as of {spec.prices_as_of.isoformat()} — "
+        f"total {usd(spec.monthly_usd_total)}/month",
+        "  " + " · ".join(f"{k.replace('_', ' ')} {usd(v)}" for k, v in t.items() if v),
+        "",
+    ]
+    for e in spec.endpoints:
+        L += _endpoint_lines(e)
+        L.append("")
+    if spec.node_pools:
+        L.append("node pools:")
+        for p in spec.node_pools:
+            mig = f", MIG {p.mig_layout.name}" if p.mig_layout else ""
+            L.append(f"  {p.name}: {p.instance_type} × {p.min_nodes}–{p.max_nodes} ({p.capacity_type}{mig})")
+    L.append("weight caches: " + ", ".join(f"s3://{w.bucket_name} ({w.region})" for w in spec.weight_caches))
+    return "\n".join(L)
+
+
+def markdown(spec: TopologySpec) -> str:
+    L = [
+        f"### Serving plan `{spec.project}/{spec.environment}` — {usd(spec.monthly_usd_total)}/month",
+        f"Prices as of **{spec.prices_as_of.isoformat()}** · spec v{spec.spec_version} · inputs `{spec.inputs_sha256[:12]}`",
+        "",
+        "| endpoint | decision | monthly | runner-up | why it lost |",
+        "|---|---|---:|---|---|",
+    ]
+    for e in spec.endpoints:
+        L.append(f"| `{e.name}` | {TIER_TITLES[e.tier]} | {usd(e.monthly_usd)} | {e.runner_up or '—'} | {e.why_runner_up_lost} |")
+    for e in spec.endpoints:
+        L += ["", f"<details><summary><b>{e.name}</b>: {TIER_TITLES[e.tier]}</summary>", "", "| option | feasible | monthly | detail |",
+              "|---|---|---:|---|"]
+        for a in e.alternatives:
+            L.append(f"| {a.option} | {'yes' if a.feasible else 'no'} | {usd(a.monthly_usd)} | {a.reason} |")
+        L += ["", "| figure | value | arithmetic |", "|---|---:|---|"]
+        for d in e.derivations:
+            L.append(f"| {d.figure} | {d.value:g} {d.unit} | `{d.formula}` |")
+        if any(e.floor.replicas_by_hour):
+            L += ["", "Floor (replicas ready per hour, " + e.floor.timezone + "):", "```"] + floor_grid(e.floor.replicas_by_hour, "") + ["```"]
+        for w in e.warnings:
+            L.append(f"> ⚠️ {w}")
+        L += ["", "</details>"]
+    return "\n".join(L)
+
+
+# ---------------------------------------------------------------------------------------------
+# diff
+# ---------------------------------------------------------------------------------------------
+
+
+def _as_spec(path: str | Path) -> TopologySpec:
+    obj = load_spec_or_inputs(path)
+    return obj if isinstance(obj, TopologySpec) else plan(obj)
+
+
+def diff_specs(old: TopologySpec, new: TopologySpec) -> list[str]:
+    """What changed between two plans: decisions, floors, burst and monthly cost."""
+    L: list[str] = []
+    delta = new.monthly_usd_total - old.monthly_usd_total
+    L.append(f"monthly total: {usd(old.monthly_usd_total)} → {usd(new.monthly_usd_total)} ({delta:+,.0f} USD)")
+    if old.prices_as_of != new.prices_as_of:
+        L.append(f"prices as of: {old.prices_as_of} → {new.prices_as_of}")
+    olds = {e.name: e for e in old.endpoints}
+    news = {e.name: e for e in new.endpoints}
+    for name in sorted(olds.keys() - news.keys()):
+        L.append(f"- endpoint {name} removed (was {olds[name].tier}, {usd(olds[name].monthly_usd)}/month)")
+    for name in sorted(news.keys() - olds.keys()):
+        L.append(f"+ endpoint {name} added: {news[name].tier}, {usd(news[name].monthly_usd)}/month")
+    for name in sorted(olds.keys() & news.keys()):
+        a, b = olds[name], news[name]
+        changes: list[str] = []
+        if a.tier != b.tier:
+            changes.append(f"decision {a.tier} → {b.tier}")
+        if round(a.monthly_usd) != round(b.monthly_usd):
+            changes.append(f"monthly {usd(a.monthly_usd)} → {usd(b.monthly_usd)} ({b.monthly_usd - a.monthly_usd:+,.0f})")
+        fa, fb = a.floor.replicas_by_hour, b.floor.replicas_by_hour
+        moved = [h for h in range(168) if fa[h] != fb[h]]
+        if moved:
+            changes.append(
+                f"floor changed in {len(moved)} hours (replica-hours/week {sum(fa)} → {sum(fb)}, max {max(fa)} → {max(fb)}, "
+                f"reserved {a.floor.reserved_replicas} → {b.floor.reserved_replicas})"
+            )
+        ba = a.burst.max_containers if a.burst else 0
+        bb = b.burst.max_containers if b.burst else 0
+        if ba != bb:
+            changes.append(f"burst max containers {ba} → {bb}")
+        pa = (a.capacity.gpu_kind, a.capacity.mig_profile, a.capacity.gpus_per_replica)
+        pb = (b.capacity.gpu_kind, b.capacity.mig_profile, b.capacity.gpus_per_replica)
+        if pa != pb:
+            changes.append(f"replica placement {pa} → {pb}")
+        if a.engine != b.engine:
+            fields = [k for k in type(a.engine).model_fields if getattr(a.engine, k) != getattr(b.engine, k)]
+            changes.append("engine settings changed: " + ", ".join(fields))
+        if changes:
+            L.append(f"~ {name}: " + "; ".join(changes))
+        else:
+            L.append(f"= {name}: unchanged")
+    return L
+
+
+def diff_files(old: str | Path, new: str | Path, markdown: bool = False) -> str:
+    lines = diff_specs(_as_spec(old), _as_spec(new))
+    if markdown:
+        return "\n".join(["### Serving plan diff", "", "```diff"] + lines + ["```"])
+    return "\n".join(lines)
