@@ -68,3 +68,18 @@ def test_floor_grid_marks_each_hour():
     assert rows[2].startswith("Tue  c c")
     assert len(rows) == 8
     json.dumps(rows)
+
+
+def test_readme_input_tables_match_the_models():
+    from topology.docs import readme_block
+
+    readme = (ROOT / "README.md").read_text()
+    assert readme_block() in readme, "README input tables drifted: run `python -m topology.docs --write`"
+
+
+def test_readme_quickstart_is_two_commands_that_exist():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Quickstart", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    commands = [line.split("#")[0].strip() for line in block.strip().splitlines()]
+    assert commands == ["python3 dev.py demo", "python3 dev.py test"]
+    assert "python3 dev.py test" in (ROOT / ".ci" / "run").read_text()
