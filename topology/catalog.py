@@ -164,7 +164,8 @@ def validate_mig_layout(gpu_kind: str, devices: Mapping[str, int], catalog: Mapp
     compute = memory = 0
     for name, count in devices.items():
         prof = kind.profile(name)
-        assert prof is not None  # checked above (internal invariant, not user input)
+        if prof is None:  # unreachable: unknown profiles were reported above
+            continue
         if not isinstance(count, int) or count < 1:
             raise MigLayoutError(f"{gpu_kind} layout asks for {count!r} × {name}; counts must be whole numbers ≥ 1")
         if count > prof.max_instances_per_gpu:
