@@ -448,6 +448,8 @@ def _evaluate_split(
     rpn = pl.replicas_per_node
     reserved_nodes = math.ceil(reserved / rpn) if reserved else 0
     nodes = np.ceil(floor / rpn).astype(int)
+    # a node is paid for whole: fill its free GPUs/slices with replicas (headroom at no extra cost)
+    floor = np.minimum(nodes * rpn, max(ep.max_dedicated_replicas, int(floor.max(initial=0)))).astype(int)
     od_nodes = np.maximum(nodes - reserved_nodes, 0)
     # each node added by the clock starts lead_s before its hour and is billed from then
     node_rises = np.maximum(od_nodes - np.roll(od_nodes, 1), 0).sum()
