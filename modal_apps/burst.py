@@ -86,8 +86,8 @@ def check_weights_revision(root: Path = Path(settings.weights_mount)) -> None:
             f"volume {settings.volume_name!r} holds revision {found.get('revision')!r}, the spec serves "
             f"{settings.model_revision!r}: re-run the weights sync with --force-revision"
         )
-    if not Path(settings.model_path).is_dir():
-        raise RuntimeError(f"{settings.model_path} is missing from volume {settings.volume_name!r}")
+    if not (root / config.engine.weights_uri_suffix).is_dir():
+        raise RuntimeError(f"{config.engine.weights_uri_suffix} is missing from volume {settings.volume_name!r}")
 
 
 # ## Talking to the local vLLM server

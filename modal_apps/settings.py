@@ -240,6 +240,16 @@ def model_path(engine: EngineSpec, weights_mount: str = WEIGHTS_MOUNT) -> str:
 
 def build_settings(config: BurstAppConfig) -> BurstSettings:
     burst, engine = config.burst, config.engine
+    if burst.enable_gpu_snapshot and not burst.enable_memory_snapshot:
+        raise BurstConfigError(
+            f"endpoint {config.endpoint!r}: burst.enable_gpu_snapshot=True needs burst.enable_memory_snapshot=True "
+            "(Modal's GPU snapshots are an option of memory snapshots)"
+        )
+    if burst.target_inputs > burst.max_inputs:
+        raise BurstConfigError(
+            f"endpoint {config.endpoint!r}: burst.target_inputs={burst.target_inputs} exceeds "
+            f"burst.max_inputs={burst.max_inputs}; the autoscaler target must be at most the hard limit"
+        )
     path = model_path(engine)
     engine_command = tuple(engine.vllm_args(path))
     return BurstSettings(
