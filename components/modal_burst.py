@@ -1,0 +1,131 @@
+"""ModalBurst: one endpoint's Modal burst app, deployed from `pulumi up`.
+
+Modal has no Pulumi provider, so the deploy is a `pulumi_command.local.Command` running
+`python -m modal_apps.deploy deploy` with the endpoint's burst config in LLM_SERVING_BURST_SPEC:
+
+- triggered by the hash of that config and of the app's code, so a spec or code change redeploys;
+- with an `update` command: a change updates in place (Modal rolls the new version in); it never
+  goes through create-new-then-delete-old, which would stop the app just deployed;
+- `delete` stops exactly the app the last deploy recorded (on `pulumi destroy`), and
+  `delete_before_replace` makes a forced replacement stop-then-deploy rather than deploy-then-stop;
+- the Modal token comes from Pulumi *secret* config (`modalTokenId`, `modalTokenSecret`) or from the
+  environment (MODAL_TOKEN_ID / MODAL_TOKEN_SECRET), and is passed to the command as a secret. A token
+  in plain config is refused. With neither, the modal client's own profile (~/.modal.toml) is used.
+
+Output `url`: the burst endpoint's web URL, for the gateway (requests need Modal-Key/Modal-Secret).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulumi
+import pulumi_command as command
+
+from modal_apps.deploy import parse_record
+from modal_apps.settings import ENV_SPEC, BurstAppConfig
+from topology.spec import EndpointSpec
+
+from ._common import TYPE_PREFIX, child
+
+TOKEN_ID_KEY = "modalTokenId"
+TOKEN_SECRET_KEY = "modalTokenSecret"
+TOKEN_ENV = {TOKEN_ID_KEY: "MODAL_TOKEN_ID", TOKEN_SECRET_KEY: "MODAL_TOKEN_SECRET"}
+
+# What the deployed app is built from besides the spec: a change to any of these must redeploy.
+_ROOT = Path(__file__).resolve().parent.parent
+APP_SOURCES = ("modal_apps/burst.py", "modal_apps/settings.py", "modal_apps/deploy.py", "topology/spec.py")
+
+
+class ModalTokenError(ValueError):
+    """The Modal token is configured in a way that would leak it."""
+
+
+@dataclass(frozen=True)
+class ModalBurstArgs:
+    endpoint: EndpointSpec
+    """The endpoint whose `burst` spec is deployed; its tier must have burst capacity."""
+    environment: str
+    """Modal environment to deploy into (usually the stack's environment, e.g. 'prod')."""
+    python: str | None = None
+    """Interpreter that runs `-m modal_apps.deploy`; default: this program's, relative to the project."""
+
+
+def code_sha256(root: Path = _ROOT) -> str:
+    h = hashlib.sha256()
+    for rel in APP_SOURCES:
+        h.update(rel.encode() + b"\0" + (root / rel).read_bytes())
+    return h.hexdigest()
+
+
+def default_python() -> str:
+    # Relative to the project when possible: the command string, stored in state, then stays the
+    # same across checkouts and machines instead of redeploying whenever the path differs.
+    exe = Path(sys.executable)
+    try:
+        return str(exe.relative_to(Path.cwd()))
+    except ValueError:
+        return str(exe)
+
+
+def modal_token_env() -> dict[str, pulumi.Output[str]]:
+    """MODAL_TOKEN_ID/SECRET as secret outputs, from secret config or the environment; {} if neither."""
+    cfg = pulumi.Config()
+    found: dict[str, pulumi.Output[str]] = {}
+    for key, env_var in TOKEN_ENV.items():
+        full_key = cfg.full_key(key)
+        if cfg.get(key) is not None:
+            if not pulumi.runtime.is_config_secret(full_key):
+                raise ModalTokenError(
+                    f"config {full_key} is stored in plain text; a Modal token must be a secret: "
+                    f"`pulumi config rm {key}` then `pulumi config set --secret {key} <value>`"
+                )
+            found[env_var] = cfg.require_secret(key)
+        elif os.environ.get(env_var):
+            found[env_var] = pulumi.Output.secret(os.environ[env_var])
+    if len(found) == 1:
+        missing = (set(TOKEN_ENV.values()) - set(found)).pop()
+        raise ModalTokenError(
+            f"only half a Modal token is configured: {missing} is missing (set config "
+            f"{TOKEN_ID_KEY}/{TOKEN_SECRET_KEY} with --secret, or both environment variables)"
+        )
+    return found
+
+
+class ModalBurst(pulumi.ComponentResource):
+    """Deploys one endpoint's Modal burst app and exports its URL."""
+
+    url: pulumi.Output[str]
+    app_name: pulumi.Output[str]
+    deployment: command.local.Command
+
+    def __init__(self, name: str, args: ModalBurstArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(f"{TYPE_PREFIX}:ModalBurst", name, None, opts)
+        config = BurstAppConfig.from_endpoint(args.endpoint)  # refuses an endpoint without burst capacity
+        python = shlex.quote(args.python or default_python())
+        deploy = f"{python} -m modal_apps.deploy deploy --environment {shlex.quote(args.environment)}"
+        token = modal_token_env()
+        if not token:
+            pulumi.log.warn(
+                f"{name}: no Modal token in secret config ({TOKEN_ID_KEY}/{TOKEN_SECRET_KEY}) or the environment; "
+                "the modal client's own profile will be used", resource=self)
+
+        self.deployment = command.local.Command(
+            f"{name}-deploy",
+            create=deploy,
+            update=deploy,
+            delete=f"{python} -m modal_apps.deploy stop",
+            triggers=[config.sha256(), code_sha256()],
+            environment={ENV_SPEC: config.to_json(), **token},
+            add_previous_output_in_env=True,  # the deploy reads the previous record to stop a renamed app
+            opts=child(self, delete_before_replace=True),
+        )
+        record = self.deployment.stdout.apply(parse_record)
+        self.url = record.apply(lambda r: (r.web_url or "") if r else "")
+        self.app_name = pulumi.Output.from_input(config.burst.app_name)
+        self.register_outputs({"url": self.url, "app_name": self.app_name, "stdout": self.deployment.stdout})
