@@ -1,0 +1,144 @@
+"""The Pulumi program: stack config → cost inputs → plan → components → exports. The only shell.
+
+`pulumi up -s prod` on a machine with AWS credentials; `python -m topology render stacks/Pulumi.prod.yaml
+--out DIR` runs this same file under Pulumi's mocks and writes what it would declare.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pulumi
+
+from components.cluster import Cluster, ClusterArgs
+from components.floor_replicas import FloorReplicas, FloorReplicasArgs
+from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
+from components.gpu_operator import GpuOperator, GpuOperatorArgs
+from components.keda import Keda
+from components.stack_settings import stack_settings
+from components.weight_cache import WeightCache, WeightCacheArgs, WeightReader
+from components.weight_replication import WeightReplication, WeightReplicationArgs
+from topology.loading import inputs_from_document
+from topology.plan import plan
+
+PROJECT_ROOT = Path(__file__).resolve().parent
+config = pulumi.Config()
+source = f"stack {pulumi.get_stack()} config"
+
+# ── inputs → spec ──────────────────────────────────────────────────────────────────────────────
+inputs = inputs_from_document(config.require_object("inputs"), f"{source} {config.name}:inputs", PROJECT_ROOT)
+spec = plan(inputs)
+settings = stack_settings(
+    {
+        "cluster": config.get_object("cluster"),
+        "namespace": config.get("namespace"),
+        "prometheusUrl": config.get("prometheusUrl"),
+        "monitorLabels": config.get_object("monitorLabels"),
+    },
+    source,
+)
+
+# ── cluster ────────────────────────────────────────────────────────────────────────────────────
+cluster = Cluster(
+    "cluster",
+    ClusterArgs(
+        settings=settings.cluster,
+        region=spec.cluster_region,
+        serving_namespace=settings.namespace,
+        kubeconfig=config.get_secret("kubeconfig"),  # `pulumi config set --secret kubeconfig ...`; never plain
+    ),
+)
+k8s_opts = pulumi.ResourceOptions(providers={"kubernetes": cluster.provider}, depends_on=[cluster])
+
+# ── GPU node pools and the operator that partitions them ───────────────────────────────────────
+node_pools = {
+    p.name: GpuNodePool(
+        f"pool-{p.name}",
+        GpuNodePoolArgs(pool=p, cluster_name=cluster.name, node_role_arn=cluster.node_role_arn, subnet_ids=cluster.subnet_ids),
+    )
+    for p in spec.node_pools
+}
+gpu_operator = (
+    GpuOperator("gpu-operator", GpuOperatorArgs(node_pools=spec.node_pools), opts=k8s_opts) if spec.node_pools else None
+)
+
+# ── region-local weight caches ─────────────────────────────────────────────────────────────────
+floor_endpoints = [e for e in spec.endpoints if e.node_pools]
+weight_caches = {}
+for cache in spec.weight_caches:
+    readers = [
+        WeightReader(endpoint=e.name, namespace=settings.namespace, service_account=f"{e.name}-vllm",
+                     prefix=e.engine.weights_uri_suffix)
+        for e in floor_endpoints
+        if cache.region == spec.cluster_region
+    ]
+    weight_caches[cache.region] = WeightCache(
+        f"weights-{cache.region}",
+        WeightCacheArgs(cache=cache, cluster_name=cluster.name, cluster_region=spec.cluster_region, readers=readers),
+    )
+if spec.weight_caches:
+    WeightReplication(
+        "weights-replication",
+        WeightReplicationArgs(
+            source_bucket=spec.weight_caches[0].source_bucket,
+            # SPEC: the source bucket's region is not in the spec; the registry is assumed to live in the cluster region
+            source_region=spec.cluster_region,
+            caches=spec.weight_caches,
+        ),
+        opts=pulumi.ResourceOptions(depends_on=[c.versioning for c in weight_caches.values()]),
+    )
+
+# ── floor replicas (dedicated pools), autoscaled by KEDA ───────────────────────────────────────
+floors: dict[str, FloorReplicas] = {}
+if floor_endpoints:
+    keda = Keda("keda", opts=k8s_opts)
+    for e in floor_endpoints:
+        cache = spec.weight_cache(spec.cluster_region)
+        pools = [p for p in spec.node_pools if p.name in e.node_pools]
+        floors[e.name] = FloorReplicas(
+            f"floor-{e.name}",
+            FloorReplicasArgs(
+                endpoint=e,
+                node_pools=pools,
+                weights_uri=cache.uri(e.engine.weights_uri_suffix),
+                namespace=settings.namespace,
+                prometheus_url=settings.prometheus_url,
+                monitor_labels=settings.monitor_labels,
+            ),
+            opts=pulumi.ResourceOptions(
+                providers={"kubernetes": cluster.provider},
+                depends_on=[cluster, keda, weight_caches[spec.cluster_region].pod_identity[e.name],
+                            *(node_pools[p.name] for p in pools), *([gpu_operator] if gpu_operator else [])],
+            ),
+        )
+
+# ── gateway and Modal burst: WIRED IN HERE by their owners (components/gateway.py, components/modal_burst.py)
+# They read `spec` (EndpointSpec.gateway / .burst), `settings.namespace`, `cluster.provider` (k8s_opts) and
+# each floor's in-cluster address `floors[name].service_dns`; add their exports below.
+# ── end of the gateway / Modal burst section ──────────────────────────────────────────────────
+
+# ── exports ────────────────────────────────────────────────────────────────────────────────────
+pulumi.export("spec", json.loads(spec.to_json()))
+pulumi.export("specSha256", spec.sha256())
+pulumi.export("costReport", {
+    "pricesAsOf": spec.prices_as_of.isoformat(),
+    "monthlyUsdTotal": spec.monthly_usd_total,
+    "monthlyUsdByTier": spec.monthly_usd_by_tier,
+    "endpoints": {
+        e.name: {"tier": e.tier, "monthlyUsd": e.monthly_usd, "runnerUp": e.runner_up, "whyRunnerUpLost": e.why_runner_up_lost}
+        for e in spec.endpoints
+    },
+    "warnings": list(spec.warnings),
+})
+pulumi.export("weightBuckets", {region: c.bucket_name for region, c in weight_caches.items()})
+pulumi.export("weightUris", {
+    e.name: {c.region: c.uri(e.engine.weights_uri_suffix) for c in spec.weight_caches if e.engine.weights_uri_suffix in c.model_prefixes}
+    for e in spec.endpoints
+})
+pulumi.export("endpoints", {
+    e.name: {"tier": e.tier, "servedModelName": e.engine.served_model_name,
+             "floorService": floors[e.name].service_dns if e.name in floors else None}
+    for e in spec.endpoints
+})
+pulumi.export("clusterName", cluster.name)

@@ -1,0 +1,27 @@
+"""Small helpers shared by the components (names, labels, the GPU taint)."""
+
+from __future__ import annotations
+
+import pulumi
+
+TYPE_PREFIX = "serving:components"
+
+# The node label the GPU operator's mig-manager reads to choose a mig-parted config (facts.md).
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+# The layout applied to MIG-capable GPUs that serve whole-GPU replicas: MIG off, one device per GPU.
+MIG_DISABLED = "all-disabled"
+
+ENDPOINT_LABEL = "serving.llm/endpoint"
+CAPACITY_LABEL = "serving.llm/capacity"
+GPU_TAINT_EFFECT_EKS = "NO_SCHEDULE"  # EKS API spelling of the taint effect
+GPU_TAINT_EFFECT_K8S = "NoSchedule"  # Kubernetes spelling of the same effect
+
+
+def child(parent: pulumi.Resource, **kwargs) -> pulumi.ResourceOptions:
+    """Options for a child resource: parented to the component, inheriting its providers."""
+    return pulumi.ResourceOptions(parent=parent, **kwargs)
+
+
+def k8s_name(*parts: str) -> str:
+    """A DNS-1123 name from parts (endpoint names are already validated by the planner's inputs)."""
+    return "-".join(p.lower().replace("_", "-").replace(".", "-") for p in parts if p)

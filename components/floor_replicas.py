@@ -1,0 +1,346 @@
+"""FloorReplicas: vLLM on an endpoint's dedicated node pools, scaled by KEDA on work waiting.
+
+What the doctrine asks of a floor replica, and where it lands here:
+- engine arguments come verbatim from the spec (`EngineSpec.vllm_args`): max-model-len = the product
+  limit, prefix caching, LoRA settings — the burst tier runs the same command line;
+- weights come from the region-local bucket to the node's NVMe (init container, jittered start, one
+  copy per node), and the container cannot reach a model hub (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE,
+  a local model path, no hub token);
+- a startup probe sized from the measured cold start; readiness only after a synthetic warm-up
+  generation has returned at least one token (components/warmup_probe.py);
+- whole GPUs or exactly the pool's MIG slice as the resource request; zone spread; a PDB;
+- a KEDA ScaledObject: a Prometheus trigger on `vllm:num_requests_waiting` per replica (never GPU
+  utilisation), cron triggers for the clock-following floor windows, capped scale-up steps and the
+  spec's stabilization windows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from topology.spec import EndpointSpec, FloorSchedule, NodePoolSpec
+
+from ._common import CAPACITY_LABEL, ENDPOINT_LABEL, GPU_TAINT_EFFECT_K8S, MIG_CONFIG_LABEL, TYPE_PREFIX, child
+from .gpu_node_pool import NVME_MOUNT, node_labels
+
+MINUTES_PER_DAY = 24 * 60
+MINUTES_PER_WEEK = 7 * MINUTES_PER_DAY
+WEIGHTS_MOUNT = "/models"  # where the node-local weight copy appears inside the pod
+WARMUP_MOUNT = "/opt/warmup"
+WARMUP_SENTINEL = "/tmp/warmup-done"  # container filesystem: an engine restart clears it
+AWS_CLI_IMAGE = "public.ecr.aws/aws-cli/aws-cli:2.27.50"  # pinned: the init container's only tool
+# Environment that keeps every hub client offline: weights and tokenizer come from the local copy only.
+HUB_OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+_WARMUP_SCRIPT = Path(__file__).with_name("warmup_probe.py")
+_FETCH_SCRIPT = Path(__file__).with_name("fetch_weights.sh")
+
+
+def minute_of_week_cron(minute_of_week: int) -> str:
+    """5-field cron (`M H * * DOW`) firing once a week at this minute; minute 0 = Monday 00:00, cron DOW 0 = Sunday."""
+    if not 0 <= minute_of_week < MINUTES_PER_WEEK:
+        raise ValueError(f"minute of week {minute_of_week} outside 0..{MINUTES_PER_WEEK - 1}")
+    day, minute_of_day = divmod(minute_of_week, MINUTES_PER_DAY)
+    hour, minute = divmod(minute_of_day, 60)
+    return f"{minute} {hour} * * {(day + 1) % 7}"
+
+
+def cron_triggers(floor: FloorSchedule) -> list[dict]:
+    """One KEDA cron trigger per floor window. A window wrapping past Sunday 24:00 (end < start) needs no
+    special case: KEDA's cron scaler is active from the latest `start` until the next `end`."""
+    triggers = []
+    for w in floor.windows:
+        if w.start_minute_of_week == w.end_minute_of_week:
+            raise ValueError(f"floor window at minute {w.start_minute_of_week} has zero length")
+        triggers.append({
+            "type": "cron",
+            "name": f"floor-{w.start_minute_of_week}-{w.end_minute_of_week}",
+            "metadata": {  # KEDA rejects non-string metadata values
+                "timezone": floor.timezone,
+                "start": minute_of_week_cron(w.start_minute_of_week),
+                "end": minute_of_week_cron(w.end_minute_of_week),
+                "desiredReplicas": str(w.replicas),
+            },
+        })
+    return triggers
+
+
+def _number(x: float) -> str:
+    return f"{x:g}"
+
+
+def queue_query(namespace: str, served_model_name: str) -> str:
+    """Requests waiting summed over the endpoint's replicas; KEDA's AverageValue divides by replicas."""
+    return f'sum(vllm:num_requests_waiting{{namespace="{namespace}",model_name="{served_model_name}"}})'
+
+
+@dataclass(frozen=True)
+class FloorReplicasArgs:
+    endpoint: EndpointSpec
+    node_pools: Sequence[NodePoolSpec]  # the endpoint's pools (spec.node_pools filtered by endpoint.node_pools)
+    weights_uri: str  # s3:// URI of the model revision in the cluster region's weight cache
+    namespace: str
+    prometheus_url: str
+    monitor_labels: dict[str, str] = field(default_factory=dict)
+    # SPEC: a `startup_probe_budget_s` in the spec would replace this margin over the measured cold start
+    startup_budget_factor: float = 2.0
+    warmup_timeout_s: int = 50
+    warmup_max_tokens: int = 1
+    stale_lock_min: int = 30
+    aws_cli_image: str = AWS_CLI_IMAGE
+
+
+class FloorReplicas(pulumi.ComponentResource):
+    deployment_name: str
+    service_name: str
+    service_account_name: str
+
+    def __init__(self, name: str, args: FloorReplicasArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        ep = args.endpoint
+        if ep.autoscaling is None:
+            raise ValueError(f"endpoint {ep.name!r} has node pools but no autoscaling settings in the spec")
+        if not args.node_pools:
+            raise ValueError(f"endpoint {ep.name!r}: floor replicas need at least one node pool")
+        if not args.weights_uri.startswith("s3://"):
+            raise ValueError(f"endpoint {ep.name!r}: weights_uri must be an s3:// URI, got {args.weights_uri!r}")
+        super().__init__(f"{TYPE_PREFIX}:FloorReplicas", name, None, opts)
+
+        app = f"{ep.name}-vllm"
+        self.deployment_name = self.service_name = self.service_account_name = app
+        ns = args.namespace
+        labels = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": ep.name, ENDPOINT_LABEL: ep.name}
+        meta = lambda n: {"name": n, "namespace": ns, "labels": labels}  # noqa: E731
+
+        k8s.core.v1.ServiceAccount(f"{name}-service-account", metadata=meta(app), opts=child(self))
+        warmup = k8s.core.v1.ConfigMap(
+            f"{name}-scripts",
+            metadata=meta(f"{app}-scripts"),
+            data={"warmup_probe.py": _WARMUP_SCRIPT.read_text(), "fetch_weights.sh": _FETCH_SCRIPT.read_text()},
+            opts=child(self),
+        )
+        deployment = k8s.apps.v1.Deployment(
+            f"{name}-deployment",
+            metadata={**meta(app), "annotations": {
+                "serving.llm/tier": ep.tier,
+                "serving.llm/cache-isolation": ep.gateway.cache_isolation,
+            }},
+            spec=self._deployment_spec(args, app, labels),
+            # KEDA owns the replica count once it runs; Pulumi sets the first value only
+            opts=child(self, depends_on=[warmup], ignore_changes=["spec.replicas"]),
+        )
+        service = k8s.core.v1.Service(
+            f"{name}-service",
+            metadata=meta(app),
+            spec={
+                "type": "ClusterIP",
+                "selector": labels,
+                "ports": [{"name": "http", "port": ep.engine.port, "targetPort": "http", "protocol": "TCP"}],
+            },
+            opts=child(self),
+        )
+        k8s.policy.v1.PodDisruptionBudget(
+            f"{name}-pdb",
+            metadata=meta(app),
+            spec={
+                "maxUnavailable": 1,  # drains take one replica at a time; never blocks a drain of a 1-replica floor
+                "selector": {"matchLabels": labels},
+                "unhealthyPodEvictionPolicy": "AlwaysAllow",
+            },
+            opts=child(self),
+        )
+        k8s.apiextensions.CustomResource(
+            f"{name}-pod-monitor",
+            api_version="monitoring.coreos.com/v1",
+            kind="PodMonitor",
+            metadata={"name": app, "namespace": ns, "labels": {**labels, **args.monitor_labels}},
+            spec={
+                "selector": {"matchLabels": labels},
+                "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": f"{ep.autoscaling.polling_interval_s}s"}],
+            },
+            opts=child(self),
+        )
+        k8s.apiextensions.CustomResource(
+            f"{name}-scaled-object",
+            api_version="keda.sh/v1alpha1",
+            kind="ScaledObject",
+            metadata=meta(app),
+            spec=scaled_object_spec(ep, app, ns, args.prometheus_url),
+            opts=child(self, depends_on=[deployment]),
+        )
+        self.service_dns = f"{app}.{ns}.svc.cluster.local:{ep.engine.port}"
+        self.register_outputs({
+            "deployment": deployment.metadata.apply(lambda m: m["name"]),
+            "service": service.metadata.apply(lambda m: m["name"]),
+            "serviceDns": self.service_dns,
+        })
+
+    @staticmethod
+    def _deployment_spec(args: FloorReplicasArgs, app: str, labels: dict[str, str]) -> dict:
+        ep = args.endpoint
+        eng = ep.engine
+        pools = args.node_pools
+        layouts = {p.mig_layout.name if p.mig_layout else None for p in pools}
+        if len(layouts) != 1:
+            raise ValueError(f"endpoint {ep.name!r}: its node pools mix MIG layouts {sorted(map(str, layouts))}")
+        layout = pools[0].mig_layout
+        profile = ep.capacity.mig_profile
+        if profile is not None:
+            if layout is None or profile not in layout.devices:
+                raise ValueError(
+                    f"endpoint {ep.name!r} runs on MIG slice {profile!r} but its pools' layout is "
+                    f"{layout.devices if layout else 'MIG off'}"
+                )
+            gpu_resources = {f"nvidia.com/mig-{profile}": "1"}
+        else:
+            gpu_resources = {"nvidia.com/gpu": str(ep.capacity.gpus_per_replica)}
+
+        node_selector = {ENDPOINT_LABEL: ep.name}
+        mig_label = node_labels(pools[0]).get(MIG_CONFIG_LABEL)
+        if mig_label is not None:
+            node_selector[MIG_CONFIG_LABEL] = mig_label
+
+        local_dir = f"{WEIGHTS_MOUNT}/{eng.weights_uri_suffix.strip('/')}"
+        on_nvme = all(p.local_nvme_gb > 0 for p in pools)
+        weights_volume = (
+            {"name": "weights", "hostPath": {"path": f"{NVME_MOUNT}/llm-weights", "type": "DirectoryOrCreate"}}
+            if on_nvme else {"name": "weights", "emptyDir": {}}
+        )
+        budget_s = args.startup_budget_factor * ep.pod_cold_start_s
+        env = [{"name": k, "value": v} for k, v in sorted(HUB_OFFLINE_ENV.items())]
+        warmup_env = [
+            {"name": "WARMUP_PORT", "value": str(eng.port)},
+            {"name": "WARMUP_MODEL", "value": eng.served_model_name},
+            {"name": "WARMUP_MAX_TOKENS", "value": str(args.warmup_max_tokens)},
+            {"name": "WARMUP_SENTINEL", "value": WARMUP_SENTINEL},
+            {"name": "WARMUP_TIMEOUT_S", "value": str(args.warmup_timeout_s)},
+        ]
+        fetch = {
+            "name": "fetch-weights",
+            "image": args.aws_cli_image,
+            "command": ["/bin/sh", f"{WARMUP_MOUNT}/fetch_weights.sh"],
+            "env": env + [
+                {"name": "WEIGHTS_URI", "value": args.weights_uri},
+                {"name": "LOCAL_DIR", "value": local_dir},
+                {"name": "START_JITTER_S", "value": str(ep.herd.start_jitter_s)},
+                {"name": "STALE_LOCK_MIN", "value": str(args.stale_lock_min)},
+            ],
+            "volumeMounts": [
+                {"name": "weights", "mountPath": WEIGHTS_MOUNT},
+                {"name": "scripts", "mountPath": WARMUP_MOUNT, "readOnly": True},
+            ],
+        }
+        engine = {
+            "name": "vllm",
+            "image": eng.image,
+            "command": eng.vllm_args(local_dir),
+            "ports": [{"name": "http", "containerPort": eng.port, "protocol": "TCP"}],
+            "env": env + warmup_env,
+            "resources": {"requests": dict(gpu_resources), "limits": dict(gpu_resources)},
+            "startupProbe": {
+                "httpGet": {"path": "/health", "port": "http"},
+                "periodSeconds": 10,
+                "failureThreshold": max(3, math.ceil(budget_s / 10)),
+            },
+            "readinessProbe": {
+                "exec": {"command": ["python3", f"{WARMUP_MOUNT}/warmup_probe.py"]},
+                "periodSeconds": 10,
+                "timeoutSeconds": args.warmup_timeout_s + 5,
+                "failureThreshold": 3,
+            },
+            "livenessProbe": {
+                "httpGet": {"path": "/health", "port": "http"},
+                "periodSeconds": 15,
+                "timeoutSeconds": 5,
+                "failureThreshold": 4,
+            },
+            "volumeMounts": [
+                {"name": "weights", "mountPath": WEIGHTS_MOUNT, "readOnly": True},
+                {"name": "scripts", "mountPath": WARMUP_MOUNT, "readOnly": True},
+                {"name": "dshm", "mountPath": "/dev/shm"},  # NCCL between tensor-parallel ranks
+            ],
+        }
+        return {
+            "replicas": ep.floor.base_replicas,
+            "selector": {"matchLabels": labels},
+            # a new replica must be ready before an old one goes: capacity never dips during a rollout
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {"labels": {**labels, "serving.llm/model-revision": eng.model_revision}},
+                "spec": {
+                    "serviceAccountName": app,
+                    "automountServiceAccountToken": False,
+                    "nodeSelector": node_selector,
+                    "tolerations": [{"key": p, "operator": "Exists", "effect": GPU_TAINT_EFFECT_K8S}
+                                    for p in sorted({p.taint_key for p in pools})],
+                    "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                        # fill the already-paid reserved nodes before the on-demand pool grows
+                        "weight": 100,
+                        "preference": {"matchExpressions": [{"key": CAPACITY_LABEL, "operator": "In", "values": ["reserved"]}]},
+                    }]}},
+                    "topologySpreadConstraints": [
+                        # ScheduleAnyway: a capacity reservation lives in one zone; spreading must not strand it
+                        {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway",
+                         "labelSelector": {"matchLabels": labels}},
+                        {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+                         "labelSelector": {"matchLabels": labels}},
+                    ],
+                    "initContainers": [fetch],
+                    "containers": [engine],
+                    "volumes": [
+                        weights_volume,
+                        {"name": "scripts", "configMap": {"name": f"{app}-scripts", "defaultMode": 0o555}},
+                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+                    ],
+                },
+            },
+        }
+
+
+def scaled_object_spec(ep: EndpointSpec, deployment: str, namespace: str, prometheus_url: str) -> dict:
+    a = ep.autoscaling
+    assert a is not None  # checked by FloorReplicas before calling (internal invariant)
+    return {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment},
+        "minReplicaCount": ep.floor.base_replicas,
+        "maxReplicaCount": a.max_replicas,
+        "pollingInterval": a.polling_interval_s,
+        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
+            "scaleUp": {
+                "stabilizationWindowSeconds": a.scale_up_stabilization_s,
+                "selectPolicy": "Min",
+                "policies": [{"type": "Pods", "value": a.scale_up_pods_per_period, "periodSeconds": a.scale_up_period_s}],
+            },
+            "scaleDown": {
+                "stabilizationWindowSeconds": a.scale_down_stabilization_s,
+                "selectPolicy": "Min",
+                "policies": [{"type": "Pods", "value": a.scale_down_pods_per_period, "periodSeconds": a.scale_down_period_s}],
+            },
+        }}},
+        "triggers": [
+            {
+                "type": "prometheus",
+                "name": "requests-waiting",
+                "metricType": "AverageValue",
+                "metadata": {
+                    "serverAddress": prometheus_url,
+                    "query": queue_query(namespace, ep.engine.served_model_name),
+                    "threshold": _number(a.target_waiting_per_replica),
+                    # no metric (Prometheus down) must not read as "no queue": hold the current size
+                    "ignoreNullValues": "false",
+                },
+            },
+            *cron_triggers(ep.floor),
+        ],
+    }

@@ -1,0 +1,383 @@
+"""Render the HAProxy gateway configuration from the TopologySpec. Pure: no pulumi import.
+
+One frontend per endpoint (its own port), each with a floor backend (session-sticky consistent
+hashing, `maxconn` = the spec's overflow threshold per replica), a burst backend (Modal, proxy-auth
+headers injected from environment variables that Kubernetes fills from a Secret) and, when the spec
+has a canary, a candidate backend chosen by a stable hash of the user or session.
+
+Secrets never appear in the rendered text: HAProxy expands "${VAR}" at start-up, and a `.if`
+guard refuses to start when one is empty (an empty API key would otherwise match "Bearer ").
+`managed_api` endpoints are not behind this gateway (the client calls the provider directly), so
+they get no frontend. The same `render_gateway_config` output is what the tests run on loopback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Mapping
+from urllib.parse import urlsplit
+
+from components.gateway_lua import GATEWAY_LUA
+from topology.spec import EndpointSpec, TopologySpec
+
+GATEWAY_BASE_PORT = 8080  # endpoint i listens on 8080 + i (spec order)
+STATS_PORT = 8404  # /healthz for probes, /metrics (Prometheus exporter built into HAProxy)
+LUA_FILE = "gateway.lua"
+CONFIG_FILE = "haproxy.cfg"
+MODAL_KEY_ENV = "GW_MODAL_KEY"
+MODAL_SECRET_ENV = "GW_MODAL_SECRET"
+USER_HASH_HEADER = "X-User-Id"  # SPEC: CanarySpec.hash_key == "user" names no header; this is it.
+BODY_WAIT_S = 10  # longest a client may take to upload a (size-capped) body
+HASH_BALANCE_FACTOR = 150  # bounded-load consistent hashing: stickiness until a replica is 1.5x average
+HEADER_ROOM_BYTES = 16384  # headers + the stamped prefix on top of the largest allowed body
+
+
+@dataclass(frozen=True)
+class StaticServers:
+    """Explicit upstream addresses ("host:port"), e.g. fake upstreams in tests."""
+
+    addresses: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DnsServers:
+    """A headless Service: one server slot per pod IP, resolved at run time (per-replica in-flight)."""
+
+    hostname: str
+    port: int
+    slots: int
+
+
+Servers = StaticServers | DnsServers
+
+
+@dataclass(frozen=True)
+class RenderedGateway:
+    files: dict[str, str]
+    secret_env: dict[str, str] = field(default_factory=dict)
+    """Environment variable -> key in the Secret that fills it (API keys, cache salts, Modal auth)."""
+    ports: dict[str, int] = field(default_factory=dict)
+    """Endpoint -> listening port (cluster render) ."""
+
+
+def config_name(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+def env_name(endpoint: str, secret_key: str) -> str:
+    return "GW_" + re.sub(r"[^A-Z0-9]+", "_", f"{endpoint}_{secret_key}".upper()).strip("_")
+
+
+def gated_endpoints(spec: TopologySpec) -> list[EndpointSpec]:
+    """Endpoints served through the gateway: everything except managed_api."""
+    return [e for e in spec.endpoints if e.tier != "managed_api"]
+
+
+def endpoint_ports(spec: TopologySpec) -> dict[str, int]:
+    return {e.name: GATEWAY_BASE_PORT + i for i, e in enumerate(gated_endpoints(spec))}
+
+
+def needs_floor(e: EndpointSpec) -> bool:
+    return e.tier in ("dedicated_only", "floor_plus_burst")
+
+
+def needs_burst(e: EndpointSpec) -> bool:
+    return e.tier in ("serverless_only", "floor_plus_burst")
+
+
+def _ms(seconds: float) -> int:
+    return int(round(seconds * 1000))
+
+
+def _json_error(status: int, message: str, kind: str) -> str:
+    # HAProxy single-quoted string: no escaping needed for these fixed messages
+    return (
+        f"http-request return status {status} content-type application/json "
+        f"string '{{\"error\":{{\"message\":\"{message}\",\"type\":\"{kind}\",\"code\":{status}}}}}'"
+    )
+
+
+def _parse_burst_url(endpoint: str, url: str) -> tuple[str, int, bool]:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"burst URL for endpoint {endpoint!r} must be http(s)://host[:port], got {url!r}")
+    if parts.path not in ("", "/"):
+        raise ValueError(f"burst URL for endpoint {endpoint!r} must have no path, got {url!r}")
+    tls = parts.scheme == "https"
+    return parts.hostname, parts.port or (443 if tls else 80), tls
+
+
+def _is_ip(host: str) -> bool:
+    return bool(re.fullmatch(r"[0-9.]+|\[?[0-9a-fA-F:]+\]?", host))
+
+
+def _server_lines(prefix: str, servers: Servers, options: str) -> list[str]:
+    if isinstance(servers, StaticServers):
+        if not servers.addresses:
+            raise ValueError(f"{prefix}: no server addresses given")
+        return [f"    server {prefix}{i + 1} {a} {options}" for i, a in enumerate(servers.addresses)]
+    if servers.slots < 1:
+        raise ValueError(f"{prefix}: DnsServers.slots must be >= 1, got {servers.slots}")
+    return [
+        f"    server-template {prefix} {servers.slots} {servers.hostname}:{servers.port} "
+        f"{options} resolvers cluster init-addr none"
+    ]
+
+
+def _canary_seed(revision: str) -> int:
+    # a new revision reshuffles who is in the canary; the same revision never does
+    return int.from_bytes(hashlib.sha256(revision.encode()).digest()[:4], "big")
+
+
+def _secret_guards(secret_env: Mapping[str, str]) -> list[str]:
+    lines = []
+    for var, key in secret_env.items():
+        lines += [f'.if streq("${{{var}}}","")', f'.alert "gateway secret {key} (env {var}) is empty"', ".endif"]
+    return lines
+
+
+def render_gateway_config(
+    spec: TopologySpec,
+    *,
+    burst_urls: Mapping[str, str],
+    floor_servers: Mapping[str, Servers],
+    canary_servers: Mapping[str, Servers] | None = None,
+    binds: Mapping[str, str] | None = None,
+    stats_bind: str | None = None,
+    lua_path: str = f"/usr/local/etc/haproxy/{LUA_FILE}",
+    health_check_interval_ms: int = 2000,
+    log_target: str = "stdout format raw local0",
+) -> RenderedGateway:
+    """haproxy.cfg + gateway.lua for every gated endpoint of `spec`.
+
+    burst_urls: endpoint -> Modal web URL (floor_plus_burst and serverless_only endpoints).
+    floor_servers: endpoint -> floor replicas (dedicated_only and floor_plus_burst endpoints).
+    canary_servers: endpoint -> candidate replicas, required when the endpoint's spec has a canary.
+    binds: endpoint -> "addr:port" (default "*:<8080+i>"); stats_bind likewise (default "*:8404").
+    """
+    canary_servers = canary_servers or {}
+    ports = endpoint_ports(spec)
+    binds = dict(binds or {e: f"*:{p}" for e, p in ports.items()})
+    secret_env: dict[str, str] = {}
+    endpoints = gated_endpoints(spec)
+    if not endpoints:
+        raise ValueError("spec has no endpoint behind the gateway (all are managed_api)")
+    max_body = max(e.gateway.max_request_body_bytes for e in endpoints)
+    bufsize = -(-(max_body + HEADER_ROOM_BYTES) // 1024) * 1024
+
+    sections: list[str] = []
+    for e in endpoints:
+        if e.name not in binds:
+            raise ValueError(f"no bind address for endpoint {e.name!r}; given: {sorted(binds)}")
+        sections.append(_endpoint_sections(e, burst_urls, floor_servers, canary_servers, binds[e.name],
+                                           health_check_interval_ms, secret_env))
+
+    head = [
+        "# Rendered by components/gateway_config.py from the TopologySpec "
+        f"(project {spec.project}, environment {spec.environment}, inputs {spec.inputs_sha256[:12]}).",
+        "# Do not edit: re-render.",
+        *_secret_guards(secret_env),
+        "global",
+        f"    log {log_target}",
+        f"    lua-load {lua_path}",
+        # bodies are validated and stamped in one buffer: it must hold the largest allowed body
+        f"    tune.bufsize {bufsize}",
+        "    maxconn 20000",
+        "",
+        "resolvers cluster",
+        "    parse-resolv-conf",
+        "    hold valid 5s",
+        "    accepted_payload_size 8192",
+        "",
+        "defaults",
+        "    mode http",
+        "    log global",
+        '    log-format "%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %tsc %ac/%fc/%bc/%sc/%rc %sq/%bq '
+        '{%[var(txn.tenant)]} {%[var(txn.route)]} %{+Q}r"',
+        "    option abortonclose",  # a client that leaves while queued is dropped, never sent upstream
+        "    option http-no-delay",  # small SSE chunks leave at once (no Nagle/MSG_MORE batching)
+        "    option dontlognull",
+        "    timeout connect 3s",
+        "    timeout client 60s",
+        f"    timeout http-request {BODY_WAIT_S}s",
+        "    timeout http-keep-alive 10s",
+        "    timeout client-fin 5s",
+        "    timeout server-fin 5s",
+        "",
+    ]
+    stats = [
+        "frontend stats",
+        f"    bind {stats_bind or f'*:{STATS_PORT}'}",
+        "    monitor-uri /healthz",
+        "    http-request use-service prometheus-exporter if { path /metrics }",
+        "    no log",
+        "",
+    ]
+    cfg = "\n".join(head + stats + sections) + "\n"
+    return RenderedGateway(files={CONFIG_FILE: cfg, LUA_FILE: GATEWAY_LUA}, secret_env=secret_env, ports=ports)
+
+
+def _endpoint_sections(
+    e: EndpointSpec,
+    burst_urls: Mapping[str, str],
+    floor_servers: Mapping[str, Servers],
+    canary_servers: Mapping[str, Servers],
+    bind: str,
+    health_check_interval_ms: int,
+    secret_env: dict[str, str],
+) -> str:
+    g = e.gateway
+    n = config_name(e.name)
+    fe, be_floor, be_burst, be_canary = f"fe_{n}", f"be_{n}_floor", f"be_{n}_burst", f"be_{n}_canary"
+    has_floor, has_burst = needs_floor(e), needs_burst(e)
+    if has_floor and e.name not in floor_servers:
+        raise ValueError(f"endpoint {e.name!r} ({e.tier}) needs floor servers; none given")
+    if has_burst and e.name not in burst_urls:
+        raise ValueError(f"endpoint {e.name!r} ({e.tier}) needs a burst URL; none given")
+    if g.cache_isolation == "separate_pools":
+        # SPEC: separate pools need one floor service per tenant; EndpointSpec has no such field yet.
+        raise ValueError(
+            f"endpoint {e.name!r}: cache_isolation 'separate_pools' needs per-tenant floor services, "
+            "which the spec does not describe; use 'cache_salt'"
+        )
+    if g.canary is not None and e.name not in canary_servers:
+        raise ValueError(f"endpoint {e.name!r} has a canary ({g.canary.revision}); no canary servers given")
+    if g.max_retries < 0 or not 0 <= g.retry_budget_fraction <= 1:
+        raise ValueError(f"endpoint {e.name!r}: max_retries must be >= 0 and retry_budget_fraction in [0, 1]")
+
+    first_ms, inter_ms = _ms(g.first_byte_timeout_s), _ms(g.inter_chunk_timeout_s)
+    # A non-streamed completion sends nothing until it is done: its only limit is the longest
+    # request the tier may run. SPEC: GatewaySpec has no such field; BurstSpec.timeout_s is it.
+    whole_ms = _ms(e.burst.timeout_s) if e.burst is not None else first_ms
+    whole_ms = max(whole_ms, first_ms)
+    stamp = g.cache_isolation == "cache_salt"
+
+    fl = [f"frontend {fe}", f"    bind {bind}"]
+    # every POST body may get "max_tokens" (and the tenant's cache_salt) stamped in
+    fl.append("    filter lua.llm_body")
+    fl.append(f"    filter lua.llm_stream {first_ms} {inter_ms}")
+    fl.append("    http-request set-var(txn.route) str(rejected)")
+    # tenants: API key (from the Secret, via env) -> tenant
+    for t in g.tenants:
+        key_env = env_name(e.name, t.api_key_secret_key)
+        secret_env[key_env] = t.api_key_secret_key
+        fl.append(
+            f'    http-request set-var(txn.tenant) str({config_name(t.name)}) '
+            f'if {{ req.fhdr(authorization) -m str "Bearer ${{{key_env}}}" }}'
+        )
+    fl.append("    " + _json_error(401, "missing or unknown API key", "authentication_error")
+              + " unless { var(txn.tenant) -m found }")
+    fl.append("    " + _json_error(411, "a Content-Length is required", "invalid_request_error")
+              + " if METH_POST !{ req.hdr(content-length) -m found }")
+    fl.append("    " + _json_error(413, f"request body larger than {g.max_request_body_bytes} bytes",
+                                   "invalid_request_error")
+              + f" if {{ req.hdr(content-length) -m int gt {g.max_request_body_bytes} }}")
+    fl.append(f"    http-request wait-for-body time {BODY_WAIT_S}s if METH_POST")
+    fl.append("    http-request set-var(txn.body_size) req.body_size if METH_POST")
+    # the buffer is sized so a body within the cap is always complete here; refuse anything partial
+    fl.append("    " + _json_error(408, "request body not received in time", "invalid_request_error")
+              + " if METH_POST { req.body_len,sub(txn.body_size) -m int lt 0 }")
+    for t in g.tenants:
+        salt_env = "-"
+        if stamp:
+            if t.cache_salt_secret_key is None:
+                raise ValueError(f"endpoint {e.name!r}: tenant {t.name!r} has no cache_salt_secret_key "
+                                 "but cache_isolation is 'cache_salt'")
+            salt_env = env_name(e.name, t.cache_salt_secret_key)
+            secret_env[salt_env] = t.cache_salt_secret_key
+        fl.append(f"    http-request lua.llm_gate {g.max_tokens} {salt_env} "
+                  f"if METH_POST {{ var(txn.tenant) -m str {config_name(t.name)} }}")
+    fl.append("    http-request return status 400 content-type application/json "
+              "lf-string '{\"error\":{\"message\":\"%[var(txn.gate_error)]\",\"type\":\"invalid_request_error\","
+              "\"code\":400}}' if { var(txn.gate_error) -m found }")
+    fl.append("    http-request set-header Content-Length %[var(txn.gate_len)] if { var(txn.gate_len) -m found }")
+    # nothing the client sends may impersonate the gateway or leak its key upstream
+    for h in ("Authorization", "Modal-Key", "Modal-Secret", "X-Gateway-Tenant"):
+        fl.append(f"    http-request del-header {h}")
+    fl.append("    http-request set-header X-Gateway-Tenant %[var(txn.tenant)]")
+
+    backends_for_budget: list[str] = []
+    if g.canary is not None:
+        hdr = g.sticky_hash_header if g.canary.hash_key == "session" else USER_HASH_HEADER
+        basis_points = int(round(g.canary.percent * 100))
+        fl.append(f"    acl canary_key req.fhdr({hdr}) -m found")
+        fl.append(f"    acl canary_side req.fhdr({hdr}),xxh32({_canary_seed(g.canary.revision)}),mod(10000) "
+                  f"-m int lt {basis_points}")
+        fl.append(f"    use_backend {be_canary} if canary_key canary_side")
+        backends_for_budget.append(be_canary)
+    if has_floor and has_burst:
+        # in-flight on the floor (queued included) vs threshold x replicas that are up
+        fl.append(f"    http-request set-var(txn.floor_conn) be_conn({be_floor})")
+        fl.append(f"    http-request set-var(txn.floor_room) nbsrv({be_floor}),mul({g.overflow_inflight_per_replica}),"
+                  "sub(txn.floor_conn)")
+        fl.append("    acl floor_has_room var(txn.floor_room) -m int gt 0")
+        fl.append(f"    use_backend {be_floor} if floor_has_room")
+        fl.append(f"    default_backend {be_burst}")
+    elif has_floor:
+        fl.append(f"    default_backend {be_floor}")
+    else:
+        fl.append(f"    default_backend {be_burst}")
+    fl.append("    http-after-response set-header X-Accel-Buffering no")
+    fl.append("    http-after-response set-header Cache-Control no-cache if { res.hdr(content-type) -m beg text/event-stream }")
+    fl.append("")
+
+    if has_floor:
+        backends_for_budget.append(be_floor)
+    if has_burst:
+        backends_for_budget.append(be_burst)
+    budget = (f"lua.llm_retry_ok({n},{g.retry_budget_fraction},{'+'.join(backends_for_budget)})")
+
+    def common(role: str) -> list[str]:
+        return [
+            f"    timeout server {whole_ms}",
+            f"    timeout queue {first_ms}",
+            f"    http-request set-timeout server {first_ms} if {{ var(txn.stream) -m int eq 1 }}",
+            f"    retries {g.max_retries}",
+            # only failures before any response byte: the request provably did not run to output
+            "    retry-on conn-failure empty-response",
+            "    option redispatch 1",
+            f"    http-request disable-l7-retry unless {{ {budget} -m bool }}",
+            f"    http-request set-var(txn.route) str({role})",
+            f"    http-response set-header X-Served-By {role}",
+        ]
+
+    bl: list[str] = []
+    floor_opts = (f"check inter {health_check_interval_ms} fall 2 rise 2 "
+                  f"maxconn {g.overflow_inflight_per_replica} maxqueue {g.overflow_inflight_per_replica}")
+    if has_floor:
+        bl += [f"backend {be_floor}",
+               f"    balance hdr({g.sticky_hash_header})",
+               "    hash-type consistent",
+               f"    hash-balance-factor {HASH_BALANCE_FACTOR}",
+               "    option httpchk GET /health",
+               "    http-check expect status 200",
+               *common("floor"),
+               *_server_lines("floor", floor_servers[e.name], floor_opts), ""]
+    if g.canary is not None:
+        bl += [f"backend {be_canary}",
+               f"    balance hdr({g.sticky_hash_header})",
+               "    hash-type consistent",
+               f"    hash-balance-factor {HASH_BALANCE_FACTOR}",
+               "    option httpchk GET /health",
+               "    http-check expect status 200",
+               *common("canary"),
+               *_server_lines("canary", canary_servers[e.name], floor_opts), ""]
+    if has_burst:
+        host, port, tls = _parse_burst_url(e.name, burst_urls[e.name])
+        secret_env[MODAL_KEY_ENV] = "modal-key"
+        secret_env[MODAL_SECRET_ENV] = "modal-secret"
+        opts = ""  # no health check: probing Modal would keep (or wake) a container for nothing
+        if tls:
+            opts += f" ssl verify required ca-file @system-ca sni str({host})"
+        if not _is_ip(host):
+            opts += " resolvers cluster init-addr last,libc,none"
+        host_header = host if port in (80, 443) else f"{host}:{port}"
+        bl += [f"backend {be_burst}",
+               *common("burst"),
+               f"    http-request set-header Host {host_header}",
+               f'    http-request set-header Modal-Key "${{{MODAL_KEY_ENV}}}"',
+               f'    http-request set-header Modal-Secret "${{{MODAL_SECRET_ENV}}}"',
+               f"    server burst {host}:{port}{opts}", ""]
+    return "\n".join(fl + bl)

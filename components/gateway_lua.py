@@ -1,0 +1,281 @@
+"""The Lua half of the gateway: body gate, body stamping, stream-gap watchdog, retry budget.
+
+Kept as a Python string so the renderer ships it next to haproxy.cfg (one source, no second copy).
+Written for HAProxy 2.6 (Lua 5.3): actions cannot rewrite an HTTP body there, so the rewrite is a
+request *filter*; per-gap stream timeouts are a response filter with `filter.wake_time`, because
+2.6 has no `http-response set-timeout` and vLLM sends its headers before the first token anyway.
+"""
+
+GATEWAY_LUA = r'''
+-- Top-level keys of a JSON object, names decoded (so "max\u005ftokens" cannot slip past).
+-- Returns {name = {raw = <number text or nil>}} or nil, error.
+local function decode_key(s)
+  local out = s:gsub("\\u(%x%x%x%x)", function(h)
+    local c = tonumber(h, 16)
+    if c < 128 then return string.char(c) end
+    return "\0" -- non-ASCII never spells a key we care about; keep it distinct
+  end)
+  out = out:gsub('\\(.)', function(c)
+    local map = { n = "\n", t = "\t", r = "\r", b = "\b", f = "\f" }
+    return map[c] or c
+  end)
+  return out
+end
+
+local function read_string(body, i)
+  -- body:sub(i, i) == '"'; returns index after the closing quote, raw inner text
+  local j = i + 1
+  local n = #body
+  while j <= n do
+    local c = body:byte(j)
+    if c == 92 then j = j + 2          -- backslash: skip the escaped char
+    elseif c == 34 then return j + 1, body:sub(i + 1, j - 1)
+    else j = j + 1 end
+  end
+  return nil
+end
+
+local function skip_ws(body, i)
+  local _, e = body:find("^[ \t\r\n]*", i)
+  return e + 1
+end
+
+local function skip_value(body, i)
+  local c = body:sub(i, i)
+  if c == '"' then
+    local j = read_string(body, i)
+    return j
+  elseif c == "{" or c == "[" then
+    local depth = 0
+    local n = #body
+    local j = i
+    while j <= n do
+      local b = body:sub(j, j)
+      if b == '"' then
+        j = read_string(body, j)
+        if not j then return nil end
+      else
+        if b == "{" or b == "[" then depth = depth + 1
+        elseif b == "}" or b == "]" then
+          depth = depth - 1
+          if depth == 0 then return j + 1 end
+        end
+        j = j + 1
+      end
+    end
+    return nil
+  else
+    local _, e = body:find("^[^,}%]%s]+", i)
+    if not e then return nil end
+    return e + 1
+  end
+end
+
+local function top_level_keys(body)
+  local i = skip_ws(body, 1)
+  if body:sub(i, i) ~= "{" then return nil, "the request body must be a JSON object" end
+  local open_at = i
+  local keys = {}
+  local count = 0
+  i = skip_ws(body, i + 1)
+  if body:sub(i, i) == "}" then return keys, nil, open_at, 0 end
+  while true do
+    if body:sub(i, i) ~= '"' then return nil, "malformed JSON body" end
+    local j, raw = read_string(body, i)
+    if not j then return nil, "malformed JSON body" end
+    i = skip_ws(body, j)
+    if body:sub(i, i) ~= ":" then return nil, "malformed JSON body" end
+    i = skip_ws(body, i + 1)
+    local vstart = i
+    local vend = skip_value(body, i)
+    if not vend then return nil, "malformed JSON body" end
+    local name = decode_key(raw)
+    local prev = keys[name]
+    keys[name] = { raw = body:sub(vstart, vend - 1), dup = prev ~= nil }
+    count = count + 1
+    i = skip_ws(body, vend)
+    local c = body:sub(i, i)
+    if c == "}" then return keys, nil, open_at, count end
+    if c ~= "," then return nil, "malformed JSON body" end
+    i = skip_ws(body, i + 1)
+  end
+end
+
+local salts = {}
+local function salt_from_env(name)
+  local v = salts[name]
+  if v == nil then
+    v = os.getenv(name) or ""
+    salts[name] = v
+  end
+  return v
+end
+
+local function json_string(s)
+  return '"' .. s:gsub('[%c"\\]', function(c)
+    if c == '"' then return '\\"' elseif c == "\\" then return "\\\\" end
+    return string.format("\\u%04x", c:byte())
+  end) .. '"'
+end
+
+-- http-request lua.llm_gate <max_tokens> <salt env var or "-">
+-- Validates the buffered body and prepares the prefix the llm_body filter inserts.
+core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, salt_env)
+  local body = txn.f:req_body() or ""
+  local keys, err, _, count = top_level_keys(body)
+  if not keys then txn:set_var("txn.gate_error", err) return end
+  local max_tokens = tonumber(max_tokens_arg)
+  local stamp_salt = salt_env ~= "-"
+  if stamp_salt and keys["cache_salt"] then
+    txn:set_var("txn.gate_error", "cache_salt is set by the gateway; remove it from the request")
+    return
+  end
+  local has_limit = false
+  for _, field in ipairs({ "max_tokens", "max_completion_tokens" }) do
+    local k = keys[field]
+    if k then
+      local v = tonumber(k.raw)
+      if k.raw ~= "null" then
+        if not v or k.dup then
+          txn:set_var("txn.gate_error", field .. " must be a single number")
+          return
+        end
+        if v > max_tokens then
+          txn:set_var("txn.gate_error", field .. " exceeds this endpoint's limit of " .. max_tokens_arg)
+          return
+        end
+        has_limit = true
+      end
+    end
+  end
+  local s = keys["stream"]
+  txn:set_var("txn.stream", (s and s.raw == "true") and 1 or 0)
+  local parts = {}
+  if stamp_salt then
+    local salt = salt_from_env(salt_env)
+    parts[#parts + 1] = '"cache_salt":' .. json_string(salt)
+  end
+  if not has_limit then parts[#parts + 1] = '"max_tokens":' .. max_tokens_arg end
+  if #parts == 0 then return end
+  local prefix = table.concat(parts, ",")
+  if count > 0 then prefix = prefix .. "," end
+  txn:set_var("txn.gate_prefix", prefix)
+  txn:set_var("txn.gate_len", #body + #prefix)
+end, 2)
+
+-- Request filter: inserts txn.gate_prefix right after the body's opening brace.
+local BodyStamp = { id = "llm-body-stamp", flags = filter.FLT_CFG_FL_HTX }
+BodyStamp.__index = BodyStamp
+function BodyStamp:new() return setmetatable({ done = false }, BodyStamp) end
+function BodyStamp:start_analyze(txn, chn)
+  if not chn:is_resp() then filter.register_data_filter(self, chn) end
+  return filter.CONTINUE
+end
+function BodyStamp:http_payload(txn, msg)
+  local n = msg:input()
+  if self.done or n == 0 then return n end
+  local prefix = txn:get_var("txn.gate_prefix")
+  if not prefix then self.done = true return n end
+  local data = msg:body(0, n)
+  local pos = data:find("{", 1, true)
+  if not pos then return n end -- brace not buffered yet; wait-for-body makes this unreachable
+  msg:insert(prefix, pos)
+  self.done = true
+  return n + #prefix
+end
+core.register_filter("llm_body", BodyStamp, function(f, args) return f end)
+
+-- Response filter: per-gap limits on a streamed response. Until the first body byte the
+-- limit is first_byte_ms from the request (covers queueing, prefill, a burst cold start);
+-- afterwards inter_chunk_ms between chunks. On expiry it ends the stream with an SSE error
+-- event; HAProxy then drops the unfinished upstream connection, which aborts the generation.
+local Gap = { id = "llm-stream-gaps", flags = filter.FLT_CFG_FL_HTX }
+Gap.__index = Gap
+local function now_ms()
+  local t = core.now()
+  return t.sec * 1000 + t.usec // 1000
+end
+function Gap:new()
+  return setmetatable({ started = now_ms(), last = nil, active = false, ended = false }, Gap)
+end
+function Gap:start_analyze(txn, chn)
+  if chn:is_resp() then filter.register_data_filter(self, chn) end
+  return filter.CONTINUE
+end
+function Gap:http_headers(txn, msg)
+  local streaming = txn:get_var("txn.stream")
+  self.active = streaming == 1
+  return filter.CONTINUE
+end
+function Gap:http_payload(txn, msg)
+  local n = msg:input()
+  if not self.active or self.ended then return n end
+  local t = now_ms()
+  if n > 0 then self.last = t end
+  local limit, since, what
+  if self.last then
+    limit, since, what = self.args_inter, self.last, "between streamed chunks"
+  else
+    limit, since, what = self.args_first, self.started, "before the first streamed chunk"
+  end
+  local left = since + limit - t
+  if left <= 0 then
+    self.ended = true
+    local event = 'event: error\ndata: {"error":{"message":"upstream sent nothing for ' ..
+      limit .. ' ms ' .. what .. '","type":"gateway_timeout","code":504}}\n\n'
+    msg:append(event)
+    msg:set_eom()
+    txn:set_var("txn.gap_expired", 1)
+    return msg:input()
+  end
+  filter.wake_time(left + 1)
+  return n
+end
+core.register_filter("llm_stream", Gap, function(f, args)
+  f.args_first = tonumber(args[1])
+  f.args_inter = tonumber(args[2])
+  return f
+end)
+
+-- Retry budget: retries allowed only while the retries of the last window stay below
+-- fraction x requests of that window (+1 so a quiet endpoint can still retry once).
+-- A task samples each backend's cumulative counters once a second.
+local budgets = {}   -- key -> { fraction, backends = {...}, ring = {}, ok = true }
+local WINDOW_S = 10
+local function sample(b)
+  local req, retr = 0, 0
+  for _, name in ipairs(b.backends) do
+    local px = core.backends[name]
+    if px then
+      local st = px:get_stats()
+      req = req + (tonumber(st.stot) or 0)
+      retr = retr + (tonumber(st.wretr) or 0)
+    end
+  end
+  return req, retr
+end
+local function refresh(b)
+  local req, retr = sample(b)
+  table.insert(b.ring, { req = req, retr = retr })
+  if #b.ring > WINDOW_S + 1 then table.remove(b.ring, 1) end
+  local old = b.ring[1]
+  b.ok = (retr - old.retr) < b.fraction * (req - old.req) + 1
+end
+-- lua.llm_retry_ok(<key>,<fraction>,<backend>+<backend>...): the budget registers itself on first use.
+core.register_fetches("llm_retry_ok", function(txn, key, fraction, backends)
+  local b = budgets[key]
+  if not b then
+    local names = {}
+    for name in backends:gmatch("[^+]+") do names[#names + 1] = name end
+    b = { fraction = tonumber(fraction), backends = names, ring = {}, ok = true }
+    budgets[key] = b
+  end
+  return b.ok
+end)
+core.register_task(function()
+  while true do
+    for _, b in pairs(budgets) do refresh(b) end
+    core.msleep(1000)
+  end
+end)
+'''

@@ -1,0 +1,141 @@
+"""GpuNodePool: one EKS managed node group per node pool in the spec.
+
+AL2023 NVIDIA AMI (driver and container toolkit baked in, and MIG geometry driven by the node label
+`nvidia.com/mig.config` — Bottlerocket uses boot settings instead), the GPU taint so only GPU
+workloads land here, and the instance store NVMe assembled as RAID0 by nodeadm so the node-local
+weight cache (and the kubelet's ephemeral storage) lives on local disk, not on EBS.
+"""
+
+from __future__ import annotations
+
+import base64
+import textwrap
+from dataclasses import dataclass
+
+import pulumi
+from pulumi_aws import ec2, eks
+
+from topology.catalog import GPU_KINDS, validate_mig_layout
+from topology.spec import NodePoolSpec
+
+from ._common import GPU_TAINT_EFFECT_EKS, MIG_CONFIG_LABEL, MIG_DISABLED, TYPE_PREFIX, child
+
+AMI_TYPE = "AL2023_x86_64_NVIDIA"
+# Where nodeadm mounts the RAID0 of instance-store volumes; the floor pods' weight cache lives under it.
+NVME_MOUNT = "/mnt/k8s-disks/0"
+
+_MIME_BOUNDARY = "LLMSERVING"
+
+
+def node_user_data(local_nvme_gb: int) -> str | None:
+    """nodeadm NodeConfig (MIME part EKS merges into its own) turning instance-store NVMe into RAID0."""
+    if local_nvme_gb <= 0:
+        return None
+    node_config = textwrap.dedent("""\
+        apiVersion: node.eks.aws/v1alpha1
+        kind: NodeConfig
+        spec:
+          instance:
+            localStorage:
+              strategy: RAID0
+        """)
+    doc = (
+        "MIME-Version: 1.0\n"
+        f'Content-Type: multipart/mixed; boundary="{_MIME_BOUNDARY}"\n\n'
+        f"--{_MIME_BOUNDARY}\n"
+        "Content-Type: application/node.eks.aws\n\n"
+        f"{node_config}\n"
+        f"--{_MIME_BOUNDARY}--\n"
+    )
+    return base64.b64encode(doc.encode()).decode()
+
+
+def node_labels(pool: NodePoolSpec) -> dict[str, str]:
+    """The spec's labels, plus the mig-parted config the GPU operator applies on MIG-capable GPUs."""
+    labels = dict(pool.labels)
+    kind = GPU_KINDS.get(pool.gpu_kind)
+    if pool.mig_layout is not None:
+        labels[MIG_CONFIG_LABEL] = pool.mig_layout.name
+    elif kind is not None and kind.mig_profiles:
+        # a whole-GPU pool on a MIG-capable GPU: make "MIG off" explicit rather than inherit a node's past
+        labels[MIG_CONFIG_LABEL] = MIG_DISABLED
+    return dict(sorted(labels.items()))
+
+
+def autoscaler_tags(pool: NodePoolSpec) -> dict[str, str]:
+    """Cluster Autoscaler node-template hints so an empty (0-node) pool can still be chosen for a pending pod."""
+    tags = {f"k8s.io/cluster-autoscaler/node-template/label/{k}": v for k, v in node_labels(pool).items()}
+    tags[f"k8s.io/cluster-autoscaler/node-template/taint/{pool.taint_key}"] = "true:NoSchedule"
+    if pool.mig_layout is not None:
+        for profile, per_gpu in sorted(pool.mig_layout.devices.items()):
+            tags[f"k8s.io/cluster-autoscaler/node-template/resources/nvidia.com/mig-{profile}"] = str(
+                per_gpu * pool.gpus_per_node
+            )
+    else:
+        tags["k8s.io/cluster-autoscaler/node-template/resources/nvidia.com/gpu"] = str(pool.gpus_per_node)
+    return tags
+
+
+@dataclass(frozen=True)
+class GpuNodePoolArgs:
+    pool: NodePoolSpec
+    cluster_name: pulumi.Input[str]
+    node_role_arn: pulumi.Input[str]
+    subnet_ids: pulumi.Input[list[str]]
+    root_volume_gb: int = 100  # OS and images; weights live on the instance-store NVMe where there is one
+    tags: dict[str, str] | None = None
+
+
+class GpuNodePool(pulumi.ComponentResource):
+    node_group_name: pulumi.Output[str]
+
+    def __init__(self, name: str, args: GpuNodePoolArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        pool = args.pool
+        if pool.mig_layout is not None:
+            # fail before declaring anything: a wrong geometry only shows up as mig.config.state=failed on a paid node
+            validate_mig_layout(pool.gpu_kind, pool.mig_layout.devices)
+        super().__init__(f"{TYPE_PREFIX}:GpuNodePool", name, None, opts)
+        tags = {"serving.llm/node-pool": pool.name, **(args.tags or {})}
+
+        # Savings-plan ("reserved") pools are ordinary on-demand instances billed at the committed rate; they
+        # may use any open capacity reservation. On-demand burst pools must not eat those reservations.
+        reservation = "open" if pool.capacity_type == "reserved" else "none"
+        template = ec2.LaunchTemplate(
+            f"{name}-launch-template",
+            region=pool.region,
+            description=f"GPU node pool {pool.name}: {pool.instance_type}, {pool.capacity_type}",
+            update_default_version=True,
+            user_data=node_user_data(pool.local_nvme_gb),
+            block_device_mappings=[{
+                "device_name": "/dev/xvda",
+                "ebs": {"volume_size": args.root_volume_gb, "volume_type": "gp3", "encrypted": "true",
+                        "delete_on_termination": "true"},
+            }],
+            capacity_reservation_specification={"capacity_reservation_preference": reservation},
+            # IMDSv2 only, one hop: pods cannot borrow the node role; they use Pod Identity
+            metadata_options={"http_tokens": "required", "http_put_response_hop_limit": 1, "http_endpoint": "enabled"},
+            tag_specifications=[{"resource_type": "instance", "tags": tags}],
+            tags=tags,
+            opts=child(self),
+        )
+        group = eks.NodeGroup(
+            f"{name}-node-group",
+            cluster_name=args.cluster_name,
+            node_group_name=pool.name,
+            region=pool.region,
+            node_role_arn=args.node_role_arn,
+            subnet_ids=args.subnet_ids,
+            ami_type=AMI_TYPE,
+            instance_types=[pool.instance_type],
+            capacity_type="ON_DEMAND",
+            scaling_config={"min_size": pool.min_nodes, "max_size": pool.max_nodes, "desired_size": pool.min_nodes},
+            labels=node_labels(pool),
+            taints=[{"key": pool.taint_key, "value": "true", "effect": GPU_TAINT_EFFECT_EKS}],
+            launch_template={"id": template.id, "version": template.latest_version.apply(str)},
+            update_config={"max_unavailable": 1},  # drain one GPU node at a time: replicas are few and expensive
+            tags={**tags, **autoscaler_tags(pool)},
+            # the node autoscaler owns the current size; Pulumi owns the bounds
+            opts=child(self, ignore_changes=["scalingConfig.desiredSize"]),
+        )
+        self.node_group_name = group.node_group_name
+        self.register_outputs({"nodeGroupName": self.node_group_name, "launchTemplateId": template.id})

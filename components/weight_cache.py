@@ -1,0 +1,174 @@
+"""WeightCache: one region's copy of the served weights — the only place serving pods load from.
+
+A private, versioned, encrypted S3 bucket (protected against deletion by default: re-filling 70B of
+weights across regions is an outage, not a redeploy), an S3 gateway endpoint so pods pull over the
+VPC rather than NAT, and per endpoint a read-only role, bound to the endpoint's service account by EKS
+Pod Identity, that can read exactly its model's prefix. Replication into the bucket is declared by
+WeightReplication (a source bucket has a single replication configuration for all regions).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pulumi
+from pulumi_aws import ec2, eks, iam, s3
+
+from topology.spec import WeightCacheSpec
+
+from ._common import TYPE_PREFIX, child
+
+_POD_IDENTITY_ASSUME = json.dumps({
+    "Version": "2012-10-17",
+    "Statement": [{"Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"},
+                   "Action": ["sts:AssumeRole", "sts:TagSession"]}],
+}, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class WeightReader:
+    """A service account allowed to read one model prefix."""
+
+    endpoint: str
+    namespace: str
+    service_account: str
+    prefix: str
+
+
+def reader_policy(bucket: str, prefix: str) -> str:
+    """Read-only access to one prefix: list it, get its objects; nothing else in the bucket."""
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "ReadModelPrefix", "Effect": "Allow", "Action": ["s3:GetObject"],
+             "Resource": [f"arn:aws:s3:::{bucket}/{prefix}*"]},
+            {"Sid": "ListModelPrefix", "Effect": "Allow", "Action": ["s3:ListBucket"],
+             "Resource": [f"arn:aws:s3:::{bucket}"],
+             "Condition": {"StringLike": {"s3:prefix": [prefix, f"{prefix}*"]}}},
+        ],
+    }, sort_keys=True)
+
+
+def tls_only_policy(bucket: str) -> str:
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{"Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
+                       "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"],
+                       "Condition": {"Bool": {"aws:SecureTransport": "false"}}}],
+    }, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class WeightCacheArgs:
+    cache: WeightCacheSpec
+    cluster_name: pulumi.Input[str] | None = None  # Pod Identity associations need it; None: no readers
+    cluster_region: str | None = None
+    readers: Sequence[WeightReader] = field(default=())
+    tags: dict[str, str] | None = None
+
+
+class WeightCache(pulumi.ComponentResource):
+    bucket_name: pulumi.Output[str]
+    bucket_arn: pulumi.Output[str]
+    versioning: s3.BucketVersioning
+    reader_role_arns: dict[str, pulumi.Output[str]]
+    pod_identity: dict[str, eks.PodIdentityAssociation]
+
+    def __init__(self, name: str, args: WeightCacheArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(f"{TYPE_PREFIX}:WeightCache", name, None, opts)
+        c = args.cache
+        for r in args.readers:
+            if r.prefix not in c.model_prefixes:
+                raise ValueError(
+                    f"reader {r.endpoint!r} asks for prefix {r.prefix!r}, which weight cache {c.bucket_name} "
+                    f"does not hold; it holds {list(c.model_prefixes)}"
+                )
+        tags = {"serving.llm/weight-cache": c.region, **(args.tags or {})}
+        bucket = s3.Bucket(
+            f"{name}-bucket",
+            bucket=c.bucket_name,
+            region=c.region,
+            force_destroy=False,
+            tags=tags,
+            opts=child(self, protect=c.protect),
+        )
+        self.versioning = s3.BucketVersioning(
+            f"{name}-versioning",
+            bucket=bucket.bucket,
+            region=c.region,
+            versioning_configuration={"status": "Enabled"},  # replication requires it; keeps overwritten revisions
+            opts=child(self),
+        )
+        s3.BucketServerSideEncryptionConfiguration(
+            f"{name}-encryption",
+            bucket=bucket.bucket,
+            region=c.region,
+            # SSE-S3: replicas need no KMS grants and readers no kms:Decrypt
+            rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}, "bucket_key_enabled": True}],
+            opts=child(self),
+        )
+        block = s3.BucketPublicAccessBlock(
+            f"{name}-public-access-block",
+            bucket=bucket.bucket,
+            region=c.region,
+            block_public_acls=True,
+            block_public_policy=True,
+            ignore_public_acls=True,
+            restrict_public_buckets=True,
+            opts=child(self),
+        )
+        s3.BucketPolicy(
+            f"{name}-tls-only",
+            bucket=bucket.bucket,
+            region=c.region,
+            policy=tls_only_policy(c.bucket_name),
+            opts=child(self, depends_on=[block]),
+        )
+        if c.vpc_id is not None:
+            route_tables = ec2.get_route_tables_output(vpc_id=c.vpc_id, region=c.region)
+            ec2.VpcEndpoint(
+                f"{name}-s3-gateway-endpoint",
+                vpc_id=c.vpc_id,
+                region=c.region,
+                service_name=f"com.amazonaws.{c.region}.s3",
+                vpc_endpoint_type="Gateway",  # free, and keeps weight pulls off the NAT gateway
+                route_table_ids=route_tables.ids,
+                tags=tags,
+                opts=child(self),
+            )
+
+        self.reader_role_arns = {}
+        self.pod_identity = {}
+        if args.readers and args.cluster_name is None:
+            raise ValueError(f"weight cache {c.bucket_name}: readers need cluster_name for their Pod Identity associations")
+        for r in sorted(args.readers, key=lambda r: r.endpoint):
+            role = iam.Role(
+                f"{name}-reader-{r.endpoint}",
+                description=f"read {c.bucket_name}/{r.prefix} for {r.namespace}/{r.service_account}",
+                assume_role_policy=_POD_IDENTITY_ASSUME,
+                inline_policies=[{"name": "read-model-prefix", "policy": reader_policy(c.bucket_name, r.prefix)}],
+                tags=tags,
+                opts=child(self),
+            )
+            self.pod_identity[r.endpoint] = eks.PodIdentityAssociation(
+                f"{name}-reader-{r.endpoint}-pod-identity",
+                cluster_name=args.cluster_name,
+                region=args.cluster_region or c.region,
+                namespace=r.namespace,
+                service_account=r.service_account,
+                role_arn=role.arn,
+                opts=child(self),
+            )
+            self.reader_role_arns[r.endpoint] = role.arn
+
+        self.bucket_name = bucket.bucket
+        self.bucket_arn = bucket.arn
+        self.uris = {p: c.uri(p) for p in c.model_prefixes}
+        self.register_outputs({
+            "bucketName": self.bucket_name,
+            "bucketArn": self.bucket_arn,
+            "uris": self.uris,
+            "readerRoleArns": self.reader_role_arns,
+        })

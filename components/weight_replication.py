@@ -1,0 +1,89 @@
+"""WeightReplication: the source-of-truth bucket replicates each model prefix into every regional cache.
+
+S3 keeps exactly one replication configuration per source bucket, so the rules for all regions live in
+one resource here rather than in each WeightCache (two would overwrite each other). Replication copies
+new writes; weights already in the source before this is applied need one S3 Batch Replication job
+(README). The source bucket must have versioning on — it is outside this stack, so that is a prerequisite.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pulumi
+from pulumi_aws import iam, s3
+
+from topology.spec import WeightCacheSpec
+
+from ._common import TYPE_PREFIX, child
+
+_S3_ASSUME = json.dumps({
+    "Version": "2012-10-17",
+    "Statement": [{"Effect": "Allow", "Principal": {"Service": "s3.amazonaws.com"}, "Action": "sts:AssumeRole"}],
+}, sort_keys=True)
+
+
+def replication_policy(source_bucket: str, caches: Sequence[WeightCacheSpec]) -> str:
+    prefixes = sorted({p for c in caches for p in c.model_prefixes})
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Action": ["s3:GetReplicationConfiguration", "s3:ListBucket"],
+             "Resource": [f"arn:aws:s3:::{source_bucket}"]},
+            {"Effect": "Allow",
+             "Action": ["s3:GetObjectVersionForReplication", "s3:GetObjectVersionAcl", "s3:GetObjectVersionTagging"],
+             "Resource": [f"arn:aws:s3:::{source_bucket}/{p}*" for p in prefixes]},
+            {"Effect": "Allow", "Action": ["s3:ReplicateObject", "s3:ReplicateDelete", "s3:ReplicateTags"],
+             "Resource": sorted(f"arn:aws:s3:::{c.bucket_name}/*" for c in caches)},
+        ],
+    }, sort_keys=True)
+
+
+def replication_rules(caches: Sequence[WeightCacheSpec]) -> list[dict]:
+    """One rule per (region, model prefix); the filter keeps other data in the source bucket where it is."""
+    rules = []
+    for cache in sorted(caches, key=lambda c: c.region):
+        for prefix in sorted(cache.model_prefixes):
+            rules.append({
+                "id": f"{cache.region}:{prefix}"[:255],
+                "priority": len(rules) + 1,
+                "status": "Enabled",
+                "filter": {"prefix": prefix},
+                # a deletion in the registry must not pull weights from under running replicas
+                "delete_marker_replication": {"status": "Disabled"},
+                "destination": {"bucket": f"arn:aws:s3:::{cache.bucket_name}", "storage_class": "STANDARD"},
+            })
+    return rules
+
+
+@dataclass(frozen=True)
+class WeightReplicationArgs:
+    source_bucket: str
+    source_region: str
+    caches: Sequence[WeightCacheSpec]
+
+
+class WeightReplication(pulumi.ComponentResource):
+    def __init__(self, name: str, args: WeightReplicationArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(f"{TYPE_PREFIX}:WeightReplication", name, None, opts)
+        sources = {c.source_bucket for c in args.caches}
+        if sources != {args.source_bucket}:
+            raise ValueError(f"weight caches name source buckets {sorted(sources)}; expected only {args.source_bucket!r}")
+        role = iam.Role(
+            f"{name}-role",
+            description=f"S3 replication of model prefixes from {args.source_bucket} to the regional weight caches",
+            assume_role_policy=_S3_ASSUME,
+            inline_policies=[{"name": "replicate-model-prefixes", "policy": replication_policy(args.source_bucket, args.caches)}],
+            opts=child(self),
+        )
+        config = s3.BucketReplicationConfig(
+            f"{name}-config",
+            bucket=args.source_bucket,
+            region=args.source_region,
+            role=role.arn,
+            rules=replication_rules(args.caches),
+            opts=child(self),
+        )
+        self.register_outputs({"roleArn": role.arn, "sourceBucket": config.bucket})
