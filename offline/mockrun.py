@@ -64,14 +64,18 @@ class Recording:
                                            o.get("metadata", {}).get("name", "")))
 
 
-def _strip_secrets(value: Any) -> Any:
-    """Replace Pulumi secret envelopes by a marker: secrets never reach a rendered file."""
+def _canonical(value: Any) -> Any:
+    """Recorded values in a stable form: secrets replaced by a marker (they never reach a rendered file),
+    map keys sorted (protobuf maps carry no order), and whole numbers as ints (the RPC layer sends every
+    number as a double; Kubernetes fields such as `replicas` are integers)."""
     if isinstance(value, dict):
         if value.get(rpc._special_sig_key) == rpc._special_secret_sig:
             return SECRET
-        return {k: _strip_secrets(v) for k, v in value.items()}
+        return {k: _canonical(value[k]) for k in sorted(value)}
     if isinstance(value, list):
-        return [_strip_secrets(v) for v in value]
+        return [_canonical(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     return value
 
 
@@ -94,7 +98,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                 provider=request.provider,
                 dependencies=tuple(request.dependencies),
                 ignore_changes=tuple(request.ignoreChanges),
-                inputs=_strip_secrets(inputs),
+                inputs=_canonical(inputs),
             ))
         return response
 
@@ -181,7 +185,7 @@ def run_program(
         runpy.run_path(str(program), run_name="__main__")
         stack_resource = settings.get_root_resource()
         outputs = dict(getattr(stack_resource, "outputs", {}))
-        return pulumi.Output.all(**outputs).apply(lambda v: recording.outputs.update(_strip_secrets(v)))
+        return pulumi.Output.all(**outputs).apply(lambda v: recording.outputs.update(_canonical(v)))
 
     _run()
     recording.resources = sorted(monitor.recorded, key=lambda r: r.urn)
