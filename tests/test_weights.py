@@ -1,0 +1,228 @@
+"""The weights command against local directories standing in for the bucket prefix and for the volume."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import sys
+
+import pytest
+
+from modal_apps import weights as W
+from modal_apps.settings import ENV_ENDPOINT, ENV_SPEC, ENV_SPEC_FILE, ENV_STACK, REVISION_MARKER, BurstAppConfig
+
+TARGET = W.WeightsTarget("tiny-model", "a" * 40, "models/tiny-model/" + "a" * 40 + "/")
+FILES = {
+    "config.json": b'{"architectures": ["LlamaForCausalLM"]}',
+    "model-00001-of-00002.safetensors": os.urandom(300_000),
+    "model-00002-of-00002.safetensors": os.urandom(200_000),
+    "tokenizer/tokenizer.json": os.urandom(50_000),
+}
+
+
+def publish(bucket, files=FILES):
+    """Lay out a bucket prefix with its SHA256SUMS, as the publishing step writes it."""
+    for rel, data in files.items():
+        (bucket / rel).parent.mkdir(parents=True, exist_ok=True)
+        (bucket / rel).write_bytes(data)
+    (bucket / W.MANIFEST_NAME).write_text(
+        "".join(f"{hashlib.sha256(d).hexdigest()}  {rel}\n" for rel, d in sorted(files.items())))
+
+
+class CountingSource(W.LocalDirSource):
+    """Records every read: which file, from which offset, how many bytes."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.reads: list[tuple[str, int, int]] = []
+
+    def read_from(self, rel, offset):
+        n = 0
+        for chunk in super().read_from(rel, offset):
+            n += len(chunk)
+            yield chunk
+        self.reads.append((rel, offset, n))
+
+
+@pytest.fixture
+def bucket(tmp_path):
+    root = tmp_path / "bucket" / TARGET.prefix
+    root.mkdir(parents=True)
+    publish(root)
+    return root
+
+
+@pytest.fixture
+def volume(tmp_path):
+    v = tmp_path / "volume"
+    v.mkdir()
+    return v
+
+
+def sync(bucket, volume, **kw):
+    source = CountingSource(bucket)
+    report = W.sync_weights(source, volume, TARGET, progress=False, **kw)
+    return source, report
+
+
+def assert_complete(volume):
+    for rel, data in FILES.items():
+        assert (volume / TARGET.prefix / rel).read_bytes() == data
+    assert not list((volume / TARGET.prefix).rglob("*.partial"))
+    marker = json.loads((volume / REVISION_MARKER).read_text())
+    assert (marker["model"], marker["revision"], marker["files"]) == (TARGET.model, TARGET.revision, len(FILES))
+
+
+def test_fresh_sync_copies_and_marks_the_revision(bucket, volume):
+    source, report = sync(bucket, volume)
+    assert sorted(report.copied) == sorted(FILES) and report.bytes_copied == sum(map(len, FILES.values()))
+    assert {r[1] for r in source.reads} == {0}
+    assert_complete(volume)
+
+
+def test_rerun_skips_verified_files_without_reading_or_rehashing(bucket, volume, monkeypatch):
+    sync(bucket, volume)
+    hashed = []
+    real_hash = W.file_sha256
+    monkeypatch.setattr(W, "file_sha256", lambda p: hashed.append(p) or real_hash(p))
+    source, report = sync(bucket, volume)
+    assert source.reads == [] and hashed == [] and sorted(report.skipped) == sorted(FILES)
+    # --verify-all re-hashes everything, still reading nothing from the bucket.
+    source, report = sync(bucket, volume, verify_all=True)
+    assert source.reads == [] and len(hashed) == len(FILES)
+
+
+def test_partial_file_continues_where_it_stopped(bucket, volume):
+    rel = "model-00001-of-00002.safetensors"
+    half = len(FILES[rel]) // 2
+    dest = volume / TARGET.prefix / rel
+    dest.parent.mkdir(parents=True)
+    dest.with_name(dest.name + ".partial").write_bytes(FILES[rel][:half])
+    source, report = sync(bucket, volume)
+    assert (rel, half, len(FILES[rel]) - half) in source.reads, "only the missing bytes are read"
+    assert report.resumed == [rel]
+    assert_complete(volume)
+
+
+def test_interrupted_sync_resumes_with_the_files_already_verified(bucket, volume):
+    class Failing(CountingSource):
+        def read_from(self, rel, offset):
+            if rel.startswith("model-00002"):
+                yield FILES[rel][:1000]
+                raise ConnectionError("connection reset")
+            yield from super().read_from(rel, offset)
+
+    with pytest.raises(ConnectionError):
+        W.sync_weights(Failing(bucket), volume, TARGET, progress=False)
+    assert not (volume / REVISION_MARKER).exists(), "no marker until every file is verified"
+    source, report = sync(bucket, volume)
+    assert sorted(report.skipped) == ["config.json", "model-00001-of-00002.safetensors"]
+    assert report.resumed == ["model-00002-of-00002.safetensors"]
+    assert ("model-00002-of-00002.safetensors", 1000, 199_000) in source.reads
+    assert_complete(volume)
+
+
+def test_corrupted_file_in_the_volume_is_detected_and_fetched_again(bucket, volume):
+    sync(bucket, volume)
+    rel = "model-00002-of-00002.safetensors"
+    f = volume / TARGET.prefix / rel
+    data = bytearray(f.read_bytes())
+    data[1234] ^= 0xFF  # same size, one flipped bit
+    st = f.stat()
+    f.write_bytes(bytes(data))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # even with the old mtime...
+    source, report = sync(bucket, volume, verify_all=True)  # ...a full verification catches it
+    assert report.repaired == [rel] and [r[0] for r in source.reads] == [rel]
+    assert_complete(volume)
+    f.write_bytes(b"truncated")  # a plain corruption (new size and mtime) is caught without --verify-all
+    source, report = sync(bucket, volume)
+    assert report.repaired == [rel]
+    assert_complete(volume)
+
+
+def test_corrupt_partial_is_discarded_and_refetched(bucket, volume):
+    rel = "config.json"
+    dest = volume / TARGET.prefix / rel
+    dest.parent.mkdir(parents=True)
+    dest.with_name(dest.name + ".partial").write_bytes(b"garbage")
+    source, _ = sync(bucket, volume)
+    assert [(r, o) for r, o, _ in source.reads if r == rel] == [(rel, 7), (rel, 0)]
+    assert_complete(volume)
+
+
+def test_corrupt_bucket_copy_is_reported_and_nothing_is_marked(bucket, volume):
+    rel = "model-00001-of-00002.safetensors"
+    (bucket / rel).write_bytes(os.urandom(len(FILES[rel])))
+    with pytest.raises(W.ChecksumMismatch, match=f"{rel}: sha256 is .* SHA256SUMS says {hashlib.sha256(FILES[rel]).hexdigest()}"):
+        sync(bucket, volume)
+    assert not (volume / TARGET.prefix / rel).exists()
+    assert not (volume / REVISION_MARKER).exists()
+
+
+def test_another_revision_is_refused_without_the_flag(bucket, volume):
+    sync(bucket, volume)
+    newer = W.WeightsTarget(TARGET.model, "b" * 40, "models/tiny-model/" + "b" * 40 + "/")
+    other_bucket = bucket.parent / ("b" * 40)
+    other_bucket.mkdir()
+    publish(other_bucket)
+    with pytest.raises(W.RevisionConflict, match=f"serves tiny-model@{'a' * 40}, not tiny-model@{'b' * 40}.*--force-revision"):
+        W.sync_weights(W.LocalDirSource(other_bucket), volume, newer, progress=False)
+    assert not (volume / newer.prefix).exists(), "refused before copying anything"
+    W.sync_weights(W.LocalDirSource(other_bucket), volume, newer, progress=False, force_revision=True)
+    assert json.loads((volume / REVISION_MARKER).read_text())["revision"] == "b" * 40
+
+
+@pytest.mark.parametrize("line, needle", [
+    ("nothex  config.json", "expected '<64 hex digits>  <path>'"),
+    (f"{'0' * 64}  ../../etc/passwd", "must stay inside the prefix"),
+    (f"{'0' * 64}  /abs/path", "must stay inside the prefix"),
+    ("", "lists no files"),
+])
+def test_bad_manifest_lines_are_named(line, needle):
+    with pytest.raises(W.WeightsError, match=needle):
+        W.parse_manifest(line + "\n", "s3://b/p")
+
+
+def test_manifest_accepts_sha256sum_binary_mode():
+    assert W.parse_manifest(f"{'A' * 64} *model.safetensors\n", "x") == {"model.safetensors": "a" * 64}
+
+
+def test_progress_is_shown(bucket, volume, capsys):
+    W.sync_weights(W.LocalDirSource(bucket), volume, TARGET, progress=True)
+    assert f"tiny-model@{'a' * 8}" in capsys.readouterr().err
+
+
+# --- the command line, against the prod stack's assist endpoint ------------------------------------
+
+
+def test_cli_syncs_what_the_burst_server_accepts(planned_stacks, root, tmp_path, monkeypatch, capsys):
+    endpoint = planned_stacks["prod"][1].endpoint("assist")
+    prefix = endpoint.engine.weights_uri_suffix
+    bucket = tmp_path / "cache" / prefix
+    bucket.mkdir(parents=True)
+    publish(bucket)
+    volume = tmp_path / "vol"
+    args = ["sync", "--stack", str(root / "stacks/Pulumi.prod.yaml"), "--endpoint", "assist",
+            "--source-dir", str(bucket), "--dest-dir", str(volume), "--no-progress"]
+    assert W.main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["revision"], out["copied"], out["skipped"]) == (endpoint.model_revision, len(FILES), 0)
+    assert W.main(args) == 0 and json.loads(capsys.readouterr().out)["skipped"] == len(FILES)
+
+    # The burst server's own start-up check accepts the result.
+    for var in (ENV_SPEC_FILE, ENV_STACK, ENV_ENDPOINT):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv(ENV_SPEC, BurstAppConfig.from_endpoint(endpoint).to_json())
+    sys.modules.pop("modal_apps.burst", None)
+    importlib.import_module("modal_apps.burst").check_weights_revision(volume)
+
+
+def test_cli_errors_are_clear(root, tmp_path, capsys):
+    assert W.main(["sync", "--stack", str(root / "stacks/Pulumi.prod.yaml"), "--endpoint", "guard",
+                   "--dest-dir", str(tmp_path)]) == 2
+    assert "'dedicated_only' and no burst capacity" in capsys.readouterr().err
+    assert W.main(["sync", "--stack", str(root / "stacks/Pulumi.dev.yaml"), "--endpoint", "assist",
+                   "--source-dir", str(tmp_path / "empty"), "--dest-dir", str(tmp_path / "v")]) == 1
+    assert "no SHA256SUMS manifest" in capsys.readouterr().err
