@@ -1,0 +1,725 @@
+"""The simulator's engine: one endpoint's requests through its floor, gateway, autoscaler and burst tier.
+
+The model (measured figures come from the inputs, decisions from the spec):
+
+- A replica (dedicated or a burst container) holds at most `c` sequences (the spec's usable concurrency /
+  burst max_inputs). Requests wait FIFO for a slot: per replica a heap of slot-free times, O(log c).
+- Prefill is one server per replica (the GPU runs one prefill at a time): a request's uncached prompt
+  (prompt × (1 − prefix_cache_hit_fraction)) waits for the replica's previous prefill, then runs at the
+  measured prefill tok/s.
+- Decode: the step time at batch b is t(b) = t_min + b·k (t_min reads the weights once; t(max_seqs) =
+  max_seqs / measured decode tok/s — the planner's placement figures). Each token gap also carries the
+  amortised prefill of the other b − 1 sequences (chunked prefill shares the GPU): gap = t(b) + (b−1)·p̄/ō.
+  b is the replica's in-flight count when the request starts. At b = c this reproduces the planner's
+  saturated requests/s; below it, lightly loaded replicas decode faster, as real engines do.
+- Gateway: least-in-flight floor replica; at `overflow_inflight_per_replica` in flight (or no ready
+  floor replica) the request overflows to burst; with no burst tier it queues on the floor, and with no
+  ready replica at all it gets a 503.
+- Dedicated autoscaler (KEDA → HPA), every polling interval: desired = max(cron floor window,
+  ⌈waiting / target⌉, min) ≤ max; scale-up uses the lowest desired over the up-stabilization window,
+  scale-down the highest over the down window; steps capped per period. A new replica is ready after the
+  pod cold start on a node with room, else the node cold start; an emptied on-demand node goes after
+  NODE_SCALE_DOWN_S.
+- Burst (Modal): containers launched when in-flight exceeds target_inputs × containers (+ buffer),
+  up to max_containers; each serves after the (snapshot or not) cold start; an idle container stops
+  after the scaledown window unless the clock-following minimum holds it; billed launch to stop.
+- Managed API: billed per request; its latency is the measured p99 TTFT (lognormal, σ from a 2× p99/p50).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .catalog import GPU_KINDS
+from .costs import SECONDS_PER_HOUR
+from .inputs import CostInputs, EndpointInputs
+from .plan import Placement, floor_windows, placements
+from .sim_traffic import MINUTES_PER_WEEK, Chunk
+from .spec import EndpointSpec
+
+NODE_SCALE_DOWN_S = 600.0  # cluster-autoscaler scale-down-unneeded-time default
+GATEWAY_SWITCH_S = 5.0  # gateway config reload that flips traffic to a warm pool
+HIST_BINS = 3000
+HIST_LO = -5.0  # log10 seconds
+HIST_PER_DECADE = 300  # 0.77 % bin width: percentiles good to < 1 %
+API_P99_OVER_P50 = 2.0
+
+# request flags
+FLOOR, BURST, API, REJECTED = 0, 1, 2, 3
+BAD = 4  # added: served by a bad revision
+
+
+@dataclass(frozen=True)
+class Engine:
+    """Per-replica physics: slots, prefill rate and the decode-gap line gap(b) = a0 + a1·b."""
+
+    slots: int
+    prefill_tokens_per_s: float
+    a0: float
+    a1: float
+    kv_capacity_tokens: float
+    gpus: float  # GPUs one replica bills (fractional for MIG slices)
+
+    def gap_s(self, batch: int) -> float:
+        return self.a0 + self.a1 * batch
+
+
+def engine_for(ep_in: EndpointInputs, pl: Placement, slots: int) -> Engine:
+    """The decode line from the measured figures: t(b) = t_min + b·k plus the amortised prefill of the others."""
+    s, h = ep_in.shape, ep_in.prefix_cache_hit_fraction
+    t_min = pl.decode_step_floor_s
+    # the placement's effective rate is usable / (t_min + usable·k): recover k from it
+    k = max(0.0, (pl.usable_concurrency / pl.decode_tokens_per_s - t_min) / pl.usable_concurrency)
+    interference = s.input_tokens_mean * (1 - h) / pl.prefill_tokens_per_s / s.output_tokens_mean
+    return Engine(
+        slots=slots, prefill_tokens_per_s=pl.prefill_tokens_per_s, a0=t_min - interference, a1=k + interference,
+        kv_capacity_tokens=pl.kv_capacity_tokens, gpus=pl.gpu_fraction_per_replica,
+    )
+
+
+def find_placement(ep_in: EndpointInputs, gpu_kind: str, mig: str | None, gpus: int) -> Placement:
+    ok, _ = placements(ep_in, GPU_KINDS)
+    for p in ok:
+        if p.gpu_kind == gpu_kind and p.mig_profile == mig and p.gpus_per_replica == gpus:
+            return p
+    raise ValueError(f"{ep_in.name}: no placement {gpu_kind} {mig or ''}×{gpus} among the planner's")
+
+
+@dataclass
+class Rollout:
+    """A bad revision goes live at `at_s`; detected `detect_s` later; rolled back warm (N−1 kept) or cold."""
+
+    at_s: float
+    detect_s: float
+    warm: bool
+    recovered_s: float | None = None  # filled by the engine: when the last bad replica stopped serving
+    bad_requests: int = 0
+
+
+@dataclass
+class Abandon:
+    """A share of requests disconnects mid-stream; with propagation the engine aborts them at once."""
+
+    fraction: float
+    propagate: bool
+    wasted_gpu_s: float = 0.0
+    abandoned: int = 0
+
+
+@dataclass
+class Overrides:
+    """What drills change: a different floor by hour or cron lead, no burst minimum, traffic to the API, …"""
+
+    floor_by_hour: tuple[int, ...] | None = None
+    lead_time_s: float | None = None
+    burst_min_schedule: bool = True
+    rollout: Rollout | None = None
+    abandon: Abandon | None = None
+    min_replicas: int | None = None  # replaces the autoscaler's minimum (a drill's zero floor)
+    burst_min_by_hour: tuple[int, ...] | None = None  # replaces the burst minimum schedule
+    focus: tuple[float, float] | None = None  # [start_s, end_s): tally this span by minute
+
+
+@dataclass
+class Tally:
+    """Running totals; the result is built from these."""
+
+    start_s: float
+    end_s: float
+    hours: int
+    arrivals: np.ndarray = field(init=False)
+    met: np.ndarray = field(init=False)
+    burst_requests: np.ndarray = field(init=False)
+    rejected: np.ndarray = field(init=False)
+    floor_replica_s: np.ndarray = field(init=False)
+    container_s: np.ndarray = field(init=False)
+    waiting_peak: np.ndarray = field(init=False)
+    ttft_hist: np.ndarray = field(init=False)
+    itl_hist: np.ndarray = field(init=False)
+    ttft_max: float = 0.0
+    focus: tuple[float, float] | None = None
+    minute_arrivals: np.ndarray = field(init=False)
+    minute_met: np.ndarray = field(init=False)
+    focus_ttft_max: float = 0.0
+
+    def __post_init__(self) -> None:
+        m = int(math.ceil((self.focus[1] - self.focus[0]) / 60.0)) if self.focus else 0
+        self.minute_arrivals = np.zeros(m)
+        self.minute_met = np.zeros(m)
+        h = self.hours
+        self.arrivals = np.zeros(h)
+        self.met = np.zeros(h)
+        self.burst_requests = np.zeros(h)
+        self.rejected = np.zeros(h)
+        self.floor_replica_s = np.zeros(h)
+        self.container_s = np.zeros(h)
+        self.waiting_peak = np.zeros(h)
+        self.ttft_hist = np.zeros(HIST_BINS)
+        self.itl_hist = np.zeros(HIST_BINS)
+
+
+def hist_index(x: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = (np.log10(np.maximum(x, 1e-12)) - HIST_LO) * HIST_PER_DECADE
+    v = np.where(np.isfinite(x), v, HIST_BINS - 1)
+    return np.clip(v, 0, HIST_BINS - 1).astype(np.int64)
+
+
+def hist_quantile(hist: np.ndarray, q: float) -> float:
+    total = hist.sum()
+    if total <= 0:
+        return float("nan")
+    i = int(np.searchsorted(np.cumsum(hist), q * total))
+    i = min(i, HIST_BINS - 1)
+    if i == HIST_BINS - 1:
+        return float("inf")
+    return float(10 ** (HIST_LO + (i + 1) / HIST_PER_DECADE))  # bin's upper edge: never optimistic
+
+
+class EndpointSim:
+    """One endpoint, one run. `feed(chunk)` in time order, then `finish()`."""
+
+    def __init__(self, inputs: CostInputs, ep_in: EndpointInputs, ep: EndpointSpec, start_s: float, end_s: float,
+                 rng: np.random.Generator, ov: Overrides | None = None) -> None:
+        self.inp, self.ep_in, self.ep, self.rng = inputs, ep_in, ep, rng
+        self.ov = ov or Overrides()
+        self.start_s, self.end_s = start_s, end_s
+        hours = int(math.ceil((end_s - start_s) / 3600.0 - 1e-9))
+        self.tally = Tally(start_s, end_s, max(1, hours), focus=self.ov.focus)
+        self.ttft_slo = ep_in.slo.ttft_p99_ms / 1000.0
+        self.itl_slo = ep_in.slo.inter_token_p99_ms / 1000.0
+        self.hit = ep_in.prefix_cache_hit_fraction
+        cap = ep.capacity
+        self.has_floor = ep.tier in ("dedicated_only", "floor_plus_burst")
+        self.has_burst = ep.burst is not None and ep.tier in ("serverless_only", "floor_plus_burst")
+        self.is_api = ep.tier == "managed_api"
+        prices = inputs.prices
+        # --- dedicated floor
+        if self.has_floor:
+            pl = find_placement(ep_in, cap.gpu_kind, cap.mig_profile, cap.gpus_per_replica)
+            self.floor_pl = pl
+            self.feng = engine_for(ep_in, pl, cap.usable_concurrency)
+            self.rpn = pl.replicas_per_node
+            od = prices.dedicated_on_demand_usd_per_gpu_hour[pl.gpu_kind]
+            self.od_node_usd_s = od * pl.gpus_per_node / SECONDS_PER_HOUR
+            self.res_node_usd_s = od * (1 - prices.reserved_discount_fraction) * pl.gpus_per_node / SECONDS_PER_HOUR
+            self.gpus_per_node = pl.gpus_per_node
+            self.reserved_nodes = math.ceil(ep.floor.reserved_replicas / self.rpn) if ep.floor.reserved_replicas else 0
+            self.cron = self._cron_by_minute()
+        # --- burst
+        if self.has_burst:
+            b = ep.burst
+            assert b is not None
+            gpus = int(b.gpu.split(":")[1]) if ":" in b.gpu else 1
+            spl = find_placement(ep_in, b.gpu_kind, None, gpus)
+            self.beng = engine_for(ep_in, spl, b.max_inputs)
+            self.b_gpus = gpus
+            self.b_usd_s = (prices.serverless_usd_per_gpu_second[b.gpu_kind] * ep_in.serverless.region_price_multiplier
+                            * gpus)
+            self.b_cold = ep.serverless_cold_start_s
+            self.b_min = self._burst_min_by_minute()
+        # --- API
+        if self.is_api:
+            api = ep_in.managed_api
+            assert api is not None
+            self.api_usd = None
+            p99 = api.measured_ttft_p99_ms / 1000.0
+            self.api_sigma = math.log(API_P99_OVER_P50) / 2.3263
+            self.api_mu = math.log(p99) - 2.3263 * self.api_sigma
+            self.api_in = api.usd_per_million_input_tokens / 1e6
+            self.api_out = api.usd_per_million_output_tokens / 1e6
+        self._init_state()
+
+    # ------------------------------------------------------------------ schedules
+    def _cron_by_minute(self) -> np.ndarray:
+        fl = self.ep.floor
+        floor = list(self.ov.floor_by_hour) if self.ov.floor_by_hour is not None else list(fl.replicas_by_hour)
+        base = min(floor)
+        lead = fl.lead_time_s if self.ov.lead_time_s is None else self.ov.lead_time_s
+        windows = (fl.windows if self.ov.floor_by_hour is None and self.ov.lead_time_s is None
+                   else floor_windows(floor, base, lead))
+        out = np.full(MINUTES_PER_WEEK, base, dtype=np.int64)
+        for w in windows:
+            _fill_window(out, w.start_minute_of_week, w.end_minute_of_week, w.replicas)
+        return out
+
+    def _burst_min_by_minute(self) -> np.ndarray:
+        b = self.ep.burst
+        assert b is not None
+        if self.ov.burst_min_by_hour is not None:
+            return np.repeat(np.asarray(self.ov.burst_min_by_hour, dtype=np.int64), 60)
+        out = np.full(MINUTES_PER_WEEK, b.min_containers, dtype=np.int64)
+        if self.ov.burst_min_schedule:
+            for w in b.min_containers_schedule:
+                _fill_window(out, w.start_minute_of_week, w.end_minute_of_week, w.min_containers)
+        else:
+            out[:] = 0
+        return out
+
+    # ------------------------------------------------------------------ state
+    def _init_state(self) -> None:
+        t0 = self.start_s
+        self.bad_revision = False
+        self._rb_next: float | None = None
+        self.done: list[tuple[float, int]] = []
+        # floor replicas: parallel lists indexed by replica id
+        self.f_inflight: list[int] = []
+        self.f_slots: list[list[float]] = []
+        self.f_pfree: list[float] = []
+        self.f_state: list[int] = []  # 1 starting, 2 ready, 3 draining, 0 gone
+        self.f_ready_at: list[float] = []
+        self.f_bad: list[bool] = []
+        self.routable: list[int] = []
+        self.nodes_up = 0
+        self.node_surplus_since: float | None = None
+        self.od_node_s = 0.0
+        self.res_node_s = 0.0
+        self.pod_starts = 0
+        self.node_starts = 0
+        self.hpa_hist: deque[tuple[float, int]] = deque()
+        self.scale_events: deque[tuple[float, int]] = deque()
+        self.waiting_peak_total = 0
+        self.last_tick = t0
+        if self.has_floor:
+            n0 = int(self.cron[int(t0 // 60) % MINUTES_PER_WEEK])
+            n0 = max(n0, self._min_replicas())
+            self.nodes_up = max(self.reserved_nodes, math.ceil(n0 / self.rpn))
+            for _ in range(n0):
+                self._add_replica(t0, ready=True)
+        # burst containers
+        self.c_inflight: list[int] = []
+        self.c_slots: list[list[float]] = []
+        self.c_pfree: list[float] = []
+        self.c_ready: list[float] = []
+        self.c_launch: list[float] = []
+        self.c_last: list[float] = []
+        self.c_bad: list[bool] = []
+        self.live: list[int] = []
+        self.container_usd_s = 0.0
+        self.container_s_total = 0.0
+        self.container_launches = 0
+        self.cold_waits = 0
+        self.burst_inflight = 0
+        self.burst_waiting_peak = 0
+        if self.has_burst:
+            m0 = int(self.b_min[int(t0 // 60) % MINUTES_PER_WEEK])
+            for _ in range(m0):
+                self._launch_container(t0, warm=True)
+        self.api_usd_total = 0.0
+        self.n_api = 0
+        self.n_burst = 0
+        self.n_rejected = 0
+        self.n_total = 0
+
+    def _min_replicas(self) -> int:
+        if self.ov.min_replicas is not None:
+            return self.ov.min_replicas
+        return self.ep.autoscaling.min_replicas if self.ep.autoscaling else 0
+
+    def _add_replica(self, t: float, ready: bool, in_place: bool = False) -> None:
+        c = self.feng.slots
+        alive = sum(1 for s in self.f_state if s in (1, 2, 3))
+        if ready:
+            ready_at = t
+        elif in_place or alive < self.nodes_up * self.rpn:
+            ready_at = t + self.ep.pod_cold_start_s
+            self.pod_starts += 1
+        else:
+            self.nodes_up += 1
+            self.node_starts += 1
+            ready_at = t + self.ep.node_cold_start_s
+        rid = len(self.f_state)
+        self.f_inflight.append(0)
+        self.f_slots.append([ready_at] * c)
+        self.f_pfree.append(ready_at)
+        self.f_state.append(2 if ready else 1)
+        self.f_ready_at.append(ready_at)
+        self.f_bad.append(self.bad_revision)
+        if ready:
+            self.routable.append(rid)
+
+    def _launch_container(self, t: float, warm: bool = False) -> int:
+        ready = t if warm else t + self.b_cold
+        j = len(self.c_ready)
+        self.c_inflight.append(0)
+        self.c_slots.append([ready] * self.beng.slots)
+        self.c_pfree.append(ready)
+        self.c_ready.append(ready)
+        self.c_launch.append(t)
+        self.c_last.append(ready)
+        self.c_bad.append(self.bad_revision)
+        self.live.append(j)
+        if not warm:
+            self.container_launches += 1
+        return j
+
+    def _stop_container(self, j: int, at: float) -> None:
+        self.live.remove(j)
+        dur = max(0.0, at - self.c_launch[j])
+        self.container_s_total += dur
+        self.container_usd_s += dur * self.b_usd_s
+        self._spread(self.tally.container_s, self.c_launch[j], at)
+        self.c_slots[j] = []
+
+    def _spread(self, arr: np.ndarray, a: float, b: float) -> None:
+        """Add the seconds of [a, b) to each hour they cover (for the hourly timeline)."""
+        a, b = max(a, self.start_s), min(b, self.end_s)
+        while a < b:
+            h = int((a - self.start_s) // 3600)
+            edge = min(b, self.start_s + (h + 1) * 3600.0)
+            if 0 <= h < len(arr):
+                arr[h] += edge - a
+            a = edge
+
+    # ------------------------------------------------------------------ autoscaler tick
+    def tick(self, now: float) -> None:
+        dt = now - self.last_tick
+        self.last_tick = now
+        self._pop_done(now)
+        hour = int((now - self.start_s) // 3600)
+        if self.has_floor:
+            self._tick_floor(now, dt, hour)
+        if self.has_burst:
+            self._tick_burst(now)
+        self._tick_rollout(now)
+
+    def _tick_floor(self, now: float, dt: float, hour: int) -> None:
+        st, c = self.f_state, self.feng.slots
+        ready_n = 0
+        waiting = 0
+        for i, s in enumerate(st):
+            if s == 1 and self.f_ready_at[i] <= now:
+                st[i] = 2
+                self.routable.append(i)
+                s = 2
+            if s == 3 and self.f_inflight[i] == 0:
+                st[i] = 0
+                s = 0
+            if s in (2, 3):
+                ready_n += s == 2
+                w = self.f_inflight[i] - c
+                if w > 0:
+                    waiting += w
+        if 0 <= hour < self.tally.hours:
+            self.tally.floor_replica_s[hour] += ready_n * dt
+            if waiting > self.tally.waiting_peak[hour]:
+                self.tally.waiting_peak[hour] = waiting
+        self.waiting_peak_total = max(self.waiting_peak_total, waiting)
+        a = self.ep.autoscaling
+        cron = int(self.cron[int(now // 60) % MINUTES_PER_WEEK])
+        if a is None:
+            desired_raw, up_w, down_w = cron, 0, 0
+        else:
+            q = math.ceil(waiting / a.target_waiting_per_replica) if waiting > 0 else 0
+            desired_raw = min(a.max_replicas, max(cron, q, self._min_replicas()))
+            up_w, down_w = a.scale_up_stabilization_s, a.scale_down_stabilization_s
+        hist = self.hpa_hist
+        hist.append((now, desired_raw))
+        keep = max(up_w, down_w)
+        while hist and hist[0][0] < now - keep:
+            hist.popleft()
+        current = sum(1 for s in st if s in (1, 2))
+        if desired_raw > current:
+            rec = min(v for t, v in hist if t >= now - up_w)
+            if rec > current:
+                step_cap, period = (a.scale_up_pods_per_period, a.scale_up_period_s) if a else (10**6, 1)
+                recent = sum(n for t, n in self.scale_events if t > now - period and n > 0)
+                add = min(rec - current, max(0, step_cap - recent))
+                for _ in range(add):
+                    self._add_replica(now, ready=False)
+                if add:
+                    self.scale_events.append((now, add))
+        elif desired_raw < current:
+            rec = max(v for t, v in hist if t >= now - down_w)
+            if rec < current:
+                cap, period = (a.scale_down_pods_per_period, a.scale_down_period_s) if a else (10**6, 1)
+                recent = -sum(n for t, n in self.scale_events if t > now - period and n < 0)
+                remove = min(current - rec, max(0, cap - recent))
+                for _ in range(remove):
+                    self._drain_one()
+                if remove:
+                    self.scale_events.append((now, -remove))
+        while self.scale_events and self.scale_events[0][0] < now - 3600:
+            self.scale_events.popleft()
+        # nodes: on-demand ones beyond the reserved go once unneeded for NODE_SCALE_DOWN_S
+        alive = sum(1 for s in st if s)
+        need = max(self.reserved_nodes, math.ceil(alive / self.rpn))
+        if self.nodes_up > need:
+            if self.node_surplus_since is None:
+                self.node_surplus_since = now
+            elif now - self.node_surplus_since >= NODE_SCALE_DOWN_S:
+                self.nodes_up = need
+                self.node_surplus_since = None
+        else:
+            self.node_surplus_since = None
+        self.res_node_s += self.reserved_nodes * dt
+        self.od_node_s += max(0, self.nodes_up - self.reserved_nodes) * dt
+
+    def _drain_one(self) -> None:
+        st = self.f_state
+        # a starting replica is cancelled first, else the newest ready one drains
+        for i in range(len(st) - 1, -1, -1):
+            if st[i] == 1:
+                st[i] = 0
+                return
+        for i in range(len(st) - 1, -1, -1):
+            if st[i] == 2:
+                st[i] = 3
+                self.routable.remove(i)
+                return
+
+    def _tick_burst(self, now: float) -> None:
+        b = self.ep.burst
+        assert b is not None
+        minimum = int(self.b_min[int(now // 60) % MINUTES_PER_WEEK])
+        while len(self.live) < min(minimum, b.max_containers):
+            self._launch_container(now)
+        for j in list(self.live):
+            if len(self.live) <= minimum:
+                break
+            idle_from = max(self.c_last[j], self.c_ready[j])
+            if self.c_inflight[j] == 0 and now - idle_from >= b.scaledown_window_s:
+                self._stop_container(j, idle_from + b.scaledown_window_s)
+        waiting = sum(max(0, self.c_inflight[j] - self.beng.slots) for j in self.live)
+        self.burst_waiting_peak = max(self.burst_waiting_peak, waiting)
+
+    def _tick_rollout(self, now: float) -> None:
+        ro = self.ov.rollout
+        if ro is None:
+            return
+        if not self.bad_revision and ro.recovered_s is None and now >= ro.at_s:
+            self.bad_revision = True
+            for i in range(len(self.f_bad)):
+                self.f_bad[i] = True
+            for j in range(len(self.c_bad)):
+                self.c_bad[j] = True
+        if self.bad_revision and now >= ro.at_s + ro.detect_s:
+            if ro.warm:
+                # N−1 kept warm: the gateway flips to it; no capacity is lost
+                if now >= ro.at_s + ro.detect_s + GATEWAY_SWITCH_S:
+                    self.bad_revision = False
+                    self.f_bad = [False] * len(self.f_bad)
+                    self.c_bad = [False] * len(self.c_bad)
+                    ro.recovered_s = now
+            else:
+                self._cold_rollback(now, ro)
+
+    def _cold_rollback(self, now: float, ro: Rollout) -> None:
+        """Roll the previous revision out again: replace bad replicas a capped step at a time (maxUnavailable),
+        each back after a pod cold start; bad burst containers stop and new ones cold-start."""
+        self.bad_revision = False  # what starts from now on runs the good revision
+        st = self.f_state
+        a = self.ep.autoscaling
+        step = a.scale_up_pods_per_period if a else 1
+        period = a.scale_up_period_s if a else 60
+        if self._rb_next is None:
+            self._rb_next = now
+        if now >= self._rb_next:
+            bad_ready = [i for i in range(len(st)) if st[i] in (1, 2) and self.f_bad[i]]
+            for i in bad_ready[:step]:
+                if st[i] == 2:
+                    self.routable.remove(i)
+                st[i] = 3  # terminated (maxUnavailable): its GPU takes the previous revision's pod
+                self._add_replica(now, ready=False, in_place=True)
+            self._rb_next = now + period
+        for j in list(self.live):
+            if self.c_bad[j]:
+                self._stop_container(j, now)
+        still_bad = any(st[i] == 2 and self.f_bad[i] for i in range(len(st)))
+        if not still_bad and ro.recovered_s is None:
+            ro.recovered_s = now
+
+    # ------------------------------------------------------------------ completions
+    def _pop_done(self, now: float) -> None:
+        done = self.done
+        fi, ci = self.f_inflight, self.c_inflight
+        while done and done[0][0] <= now:
+            _, rid = heapq.heappop(done)
+            if rid >= 0:
+                fi[rid] -= 1
+            else:
+                ci[-1 - rid] -= 1
+                self.burst_inflight -= 1
+
+    # ------------------------------------------------------------------ requests
+    def feed(self, chunk: Chunk, tick_s: float, next_tick: float) -> float:
+        """Serve one chunk of arrivals; returns the next tick time."""
+        T = chunk.arrival_s.tolist()
+        IN = (chunk.input_tokens * (1.0 - self.hit)).tolist()
+        OUT = chunk.output_tokens.tolist()
+        n = len(T)
+        ttft = [0.0] * n
+        itl = [0.0] * n
+        flag = [0] * n
+        ab = self.ov.abandon
+        ab_pos = None
+        if ab is not None:
+            u = self.rng.random(n)
+            ab_pos = np.where(u < ab.fraction, self.rng.random(n), -1.0).tolist()
+        heappush, heappop, heapreplace = heapq.heappush, heapq.heappop, heapq.heapreplace
+        done = self.done
+        fi, fslots, fpfree, fbad = self.f_inflight, self.f_slots, self.f_pfree, self.f_bad
+        routable = self.routable
+        has_burst, is_api = self.has_burst, self.is_api
+        overflow = self.ep.gateway.overflow_inflight_per_replica if has_burst else 1 << 60
+        if self.has_floor:
+            fe = self.feng
+            c, inv_p, a0, a1, gpus = fe.slots, 1.0 / fe.prefill_tokens_per_s, fe.a0, fe.a1, fe.gpus
+        ci = self.c_inflight
+        key = fi.__getitem__
+        for i in range(n):
+            t = T[i]
+            while t >= next_tick:
+                self.tick(next_tick)
+                next_tick += tick_s
+                routable = self.routable
+                fbad = self.f_bad
+            while done and done[0][0] <= t:
+                rid = heappop(done)[1]
+                if rid >= 0:
+                    fi[rid] -= 1
+                else:
+                    ci[-1 - rid] -= 1
+                    self.burst_inflight -= 1
+            r = -1
+            if routable:
+                r = routable[0] if len(routable) == 1 else min(routable, key=key)
+                if fi[r] >= overflow:
+                    r = -1
+            if r >= 0:
+                sl = fslots[r]
+                s0 = sl[0]
+                start = t if s0 < t else s0
+                ps = fpfree[r]
+                if ps < start:
+                    ps = start
+                pe = ps + IN[i] * inv_p
+                fpfree[r] = pe
+                b = fi[r] + 1
+                if b > c:
+                    b = c
+                gap = a0 + a1 * b
+                o = OUT[i]
+                fin = pe + o * gap
+                if ab_pos is not None and ab_pos[i] >= 0:
+                    fin = self._abandon(pe + gap, fin, ab_pos[i], gpus / b)
+                heapreplace(sl, fin)
+                heappush(done, (fin, r))
+                fi[r] += 1
+                ttft[i] = pe + gap - t
+                itl[i] = gap if o > 1 else 0.0
+                if fbad[r]:
+                    flag[i] = BAD
+            elif has_burst:
+                ttft[i], itl[i], bad = self._burst(t, IN[i], OUT[i], ab_pos[i] if ab_pos is not None else -1.0)
+                flag[i] = BURST | (BAD if bad else 0)
+            elif is_api:
+                ttft[i] = math.exp(self.api_mu + self.api_sigma * float(self.rng.standard_normal()))
+                itl[i] = 0.0
+                self.api_usd_total += IN[i] / (1.0 - self.hit) * self.api_in + OUT[i] * self.api_out
+                flag[i] = API
+            else:
+                ttft[i] = math.inf
+                flag[i] = REJECTED
+        self._record(chunk.arrival_s, np.asarray(ttft), np.asarray(itl), np.asarray(flag))
+        return next_tick
+
+    def _abandon(self, first: float, fin: float, pos: float, gpu_share: float) -> float:
+        ab = self.ov.abandon
+        assert ab is not None
+        ab.abandoned += 1
+        leave = first + pos * (fin - first)
+        if ab.propagate:
+            return leave
+        ab.wasted_gpu_s += (fin - leave) * gpu_share
+        return fin
+
+    def _burst(self, t: float, uncached: float, out: float, ab_pos: float) -> tuple[float, float, bool]:
+        b = self.ep.burst
+        assert b is not None
+        live, ci = self.live, self.c_inflight
+        self.burst_inflight += 1
+        want = min(b.max_containers, math.ceil(self.burst_inflight / b.target_inputs) + b.buffer_containers)
+        while len(live) < want:
+            self._launch_container(t)
+        best, best_n = -1, 1 << 60
+        for j in live:
+            if self.c_ready[j] <= t and ci[j] < best_n and ci[j] < b.max_inputs:
+                best, best_n = j, ci[j]
+        if best < 0:  # every ready container is full: the earliest free slot, a starting container included
+            best = min(live, key=lambda j: self.c_slots[j][0])
+        eng = self.beng
+        sl = self.c_slots[best]
+        start = max(t, sl[0])
+        if self.c_ready[best] > t and start >= self.c_ready[best]:
+            self.cold_waits += 1
+        ps = max(start, self.c_pfree[best])
+        pe = ps + uncached / eng.prefill_tokens_per_s
+        self.c_pfree[best] = pe
+        bsz = min(eng.slots, ci[best] + 1)
+        gap = eng.gap_s(bsz)
+        fin = pe + out * gap
+        if ab_pos >= 0:
+            fin = self._abandon(pe + gap, fin, ab_pos, eng.gpus / bsz)
+        heapq.heapreplace(sl, fin)
+        heapq.heappush(self.done, (fin, -1 - best))
+        ci[best] += 1
+        if fin > self.c_last[best]:
+            self.c_last[best] = fin
+        self.burst_waiting_peak = max(self.burst_waiting_peak, self.burst_inflight - len(live) * eng.slots)
+        return pe + gap - t, (gap if out > 1 else 0.0), self.c_bad[best]
+
+    def _record(self, t: np.ndarray, ttft: np.ndarray, itl: np.ndarray, flag: np.ndarray) -> None:
+        if len(t) == 0:
+            return
+        tl = self.tally
+        hour = np.clip(((t - self.start_s) // 3600).astype(np.int64), 0, tl.hours - 1)
+        tier = flag & 3
+        met = (ttft <= self.ttft_slo) & (itl <= self.itl_slo) & ((flag & BAD) == 0) & (tier != REJECTED)
+        tl.arrivals += np.bincount(hour, minlength=tl.hours)
+        tl.met += np.bincount(hour, weights=met, minlength=tl.hours)
+        tl.burst_requests += np.bincount(hour, weights=tier == BURST, minlength=tl.hours)
+        tl.rejected += np.bincount(hour, weights=tier == REJECTED, minlength=tl.hours)
+        tl.ttft_hist += np.bincount(hist_index(ttft), minlength=HIST_BINS)
+        has_gap = itl > 0
+        tl.itl_hist += np.bincount(hist_index(itl[has_gap]), minlength=HIST_BINS)
+        fin = ttft[np.isfinite(ttft)]
+        if fin.size:
+            tl.ttft_max = max(tl.ttft_max, float(fin.max()))
+        if tl.focus is not None:
+            a, b = tl.focus
+            sel = (t >= a) & (t < b)
+            if sel.any():
+                m = ((t[sel] - a) // 60).astype(np.int64)
+                tl.minute_arrivals += np.bincount(m, minlength=len(tl.minute_arrivals))[: len(tl.minute_arrivals)]
+                tl.minute_met += np.bincount(m, weights=met[sel], minlength=len(tl.minute_arrivals))[
+                    : len(tl.minute_arrivals)]
+                tl.focus_ttft_max = max(tl.focus_ttft_max, float(np.max(np.where(np.isfinite(ttft[sel]), ttft[sel], 1e9))))
+        self.n_total += len(t)
+        self.n_burst += int((tier == BURST).sum())
+        self.n_api += int((tier == API).sum())
+        self.n_rejected += int((tier == REJECTED).sum())
+        if self.ov.rollout is not None:
+            self.ov.rollout.bad_requests += int(((flag & BAD) != 0).sum())
+
+    def finish(self) -> None:
+        """Close the books at the window's end: running containers are billed to the end."""
+        end = self.end_s
+        for j in list(self.live):
+            self.container_s_total += end - self.c_launch[j]
+            self.container_usd_s += (end - self.c_launch[j]) * self.b_usd_s
+            self._spread(self.tally.container_s, self.c_launch[j], end)
+        self.live = []
+
+
+def _fill_window(out: np.ndarray, start: int, end: int, value: int) -> None:
+    if end > start:
+        out[start:end] = np.maximum(out[start:end], value)
+    else:  # wraps past Sunday
+        out[start:] = np.maximum(out[start:], value)
+        out[:end] = np.maximum(out[:end], value)

@@ -1,0 +1,327 @@
+"""Traffic for the simulator: a synthetic week from the inputs, or a real trace replayed at the endpoint's rate.
+
+Every source becomes the same thing: arrivals (seconds from Monday 00:00 local) with prompt and output
+token counts, produced in time-ordered chunks so a week of millions of requests never sits in memory.
+
+- synthetic: the hour-of-week profile, each minute's rate multiplied by a Gamma(α, 1/α) factor (mean 1)
+  whose α makes the busiest of an hour's 60 minutes ≈ `within_hour_peak_factor` × the hour's mean;
+  Poisson arrivals inside each minute; token counts lognormal, fitted to the shape's mean and p99.
+- per-request traces (Azure 2023 CSV, Mooncake JSONL): the trace's arrival pattern is time-rescaled onto
+  the endpoint's hour-of-week rate (arrival k of the tiled trace lands where the week's cumulative expected
+  count reaches k), so the trace keeps its burstiness and the week keeps its rhythm; token counts are
+  scaled so their means match the endpoint's shape (keeping the trace's distribution) unless raw.
+- rate traces (ServeGen CSV of 10-minute windows): the first week of windows, scaled to the endpoint's
+  mean rate, with the same within-minute Poisson arrivals and a Gamma factor for the burstiness the
+  10-minute windows do not show.
+
+Sources: Azure/AzurePublicDataset (CC-BY-4.0), kvcache-ai/Mooncake (Apache-2.0), alibaba/ServeGen
+(Apache-2.0) — see traces/README.md.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .inputs import EndpointInputs
+from .loading import InputError
+
+SECONDS_PER_WEEK = 604800
+MINUTES_PER_WEEK = 10080
+Z_PEAK_MINUTE = 2.13  # standard normal quantile at 60/61: the expected largest of 60 draws
+
+
+@dataclass(frozen=True)
+class Spike:
+    """Traffic multiplied by `factor` for `minutes` from `start_s` (seconds from Monday 00:00)."""
+
+    factor: float
+    start_s: float
+    minutes: float
+
+
+@dataclass(frozen=True)
+class RequestTrace:
+    name: str
+    arrival_s: np.ndarray  # from 0, sorted
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    duration_s: float
+
+    @property
+    def mean_rate(self) -> float:
+        return len(self.arrival_s) / self.duration_s
+
+
+@dataclass(frozen=True)
+class RateTrace:
+    name: str
+    window_s: float
+    rates: np.ndarray  # requests/s per window, from local Monday 00:00
+
+
+Trace = RequestTrace | RateTrace
+
+
+def _bad_trace(path: Path, why: str) -> InputError:
+    return InputError(
+        f"--trace {str(path)!r}: {why}. Allowed: an Azure 2023 CSV (TIMESTAMP,ContextTokens,GeneratedTokens), "
+        "a Mooncake JSONL (timestamp ms, input_length, output_length) or a ServeGen rate CSV "
+        "(window_start_s,total_rate_rps)"
+    )
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Read a trace file, detecting its kind from its columns; errors name the file, the row and the fix."""
+    p = Path(path)
+    if not p.is_file():
+        raise _bad_trace(p, "no such file")
+    if p.suffix == ".jsonl":
+        return _load_mooncake(p)
+    try:
+        with p.open(newline="") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if header is None:
+                raise _bad_trace(p, "the file is empty")
+            cols = [h.strip() for h in header]
+            if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= set(cols):
+                return _load_azure(p, cols, reader)
+            if {"window_start_s", "total_rate_rps"} <= set(cols):
+                return _load_rate(p, cols, reader)
+    except UnicodeDecodeError as e:
+        raise _bad_trace(p, f"not a text file ({e.reason})") from None
+    raise _bad_trace(p, f"unrecognised columns {cols}")
+
+
+def _load_azure(p: Path, cols: list[str], reader) -> RequestTrace:
+    it, ic, ig = cols.index("TIMESTAMP"), cols.index("ContextTokens"), cols.index("GeneratedTokens")
+    ts, ins, outs = [], [], []
+    for n, row in enumerate(reader, start=2):
+        try:
+            ts.append(dt.datetime.fromisoformat(row[it].strip()[:26]).timestamp())
+            ins.append(float(row[ic]))
+            outs.append(float(row[ig]))
+        except (ValueError, IndexError):
+            raise _bad_trace(p, f"row {n} is not TIMESTAMP,ContextTokens,GeneratedTokens: {row}") from None
+    return _request_trace(p, np.asarray(ts), np.asarray(ins), np.asarray(outs))
+
+
+def _load_mooncake(p: Path) -> RequestTrace:
+    ts, ins, outs = [], [], []
+    try:
+        with p.open() as f:
+            for n, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    d = json.loads(line)
+                    ts.append(float(d["timestamp"]) / 1000.0)
+                    ins.append(float(d["input_length"]))
+                    outs.append(float(d["output_length"]))
+                except (ValueError, KeyError, TypeError):
+                    raise _bad_trace(p, f"line {n} lacks numeric timestamp/input_length/output_length") from None
+    except UnicodeDecodeError as e:
+        raise _bad_trace(p, f"not a text file ({e.reason})") from None
+    return _request_trace(p, np.asarray(ts), np.asarray(ins), np.asarray(outs))
+
+
+def _request_trace(p: Path, ts: np.ndarray, ins: np.ndarray, outs: np.ndarray) -> RequestTrace:
+    if len(ts) < 2:
+        raise _bad_trace(p, f"needs at least 2 requests, has {len(ts)}")
+    order = np.argsort(ts, kind="stable")
+    ts, ins, outs = ts[order] - ts[order][0], ins[order], outs[order]
+    span = float(ts[-1])
+    if span <= 0:
+        raise _bad_trace(p, "all requests share one timestamp")
+    if (ins < 0).any() or (outs < 0).any():
+        raise _bad_trace(p, "token counts must be ≥ 0")
+    duration = span * len(ts) / (len(ts) - 1)  # one mean gap after the last arrival, so tiles do not overlap
+    return RequestTrace(p.name, ts, np.maximum(ins, 1.0), np.maximum(outs, 1.0), duration)
+
+
+def _load_rate(p: Path, cols: list[str], reader) -> RateTrace:
+    iw, ir = cols.index("window_start_s"), cols.index("total_rate_rps")
+    starts, rates = [], []
+    for n, row in enumerate(reader, start=2):
+        try:
+            starts.append(float(row[iw]))
+            rates.append(float(row[ir]))
+        except (ValueError, IndexError):
+            raise _bad_trace(p, f"row {n} is not window_start_s,total_rate_rps: {row}") from None
+    if len(starts) < 2:
+        raise _bad_trace(p, "needs at least 2 windows")
+    width = starts[1] - starts[0]
+    if width <= 0 or MINUTES_PER_WEEK * 60 % width or width % 60:
+        raise _bad_trace(p, f"windows must be whole minutes dividing a week, got {width:g} s")
+    need = int(SECONDS_PER_WEEK // width)
+    if len(rates) < need:
+        raise _bad_trace(p, f"covers {len(rates)} windows of {width:g} s; a week needs {need}")
+    r = np.asarray(rates[:need])
+    if (r < 0).any() or r.sum() <= 0:
+        raise _bad_trace(p, "rates must be ≥ 0 and not all zero")
+    return RateTrace(p.name, width, r)
+
+
+# --------------------------------------------------------------------------------------------------
+# Shapes and burstiness
+# --------------------------------------------------------------------------------------------------
+
+
+def lognormal_params(mean: float, p99: float) -> tuple[float, float]:
+    """μ, σ of the lognormal with this mean and 99th percentile (the narrower of the two solutions)."""
+    z = 2.3263
+    r = math.log(p99 / mean)  # = zσ − σ²/2
+    disc = z * z - 2 * r
+    sigma = z - math.sqrt(disc) if disc > 0 else z
+    return math.log(mean) - sigma * sigma / 2, sigma
+
+
+def gamma_alpha_for_peak(peak_factor: float) -> float | None:
+    """α of a mean-1 Gamma whose expected largest of 60 draws is `peak_factor` (Wilson–Hilferty); None = flat."""
+    if peak_factor <= 1.0 + 1e-9:
+        return None
+
+    def q(alpha: float) -> float:
+        return (1 - 1 / (9 * alpha) + Z_PEAK_MINUTE / (3 * math.sqrt(alpha))) ** 3
+
+    lo, hi = 0.05, 1e7
+    for _ in range(100):
+        mid = math.sqrt(lo * hi)
+        if q(mid) > peak_factor:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def minute_rates(ep: EndpointInputs, trace: Trace | None) -> tuple[np.ndarray, float | None]:
+    """Base requests/s for each of the week's 10,080 minutes, and the Gamma α for within-minute-set burstiness."""
+    profile = np.asarray(ep.traffic.hourly_mean_requests_per_s or [0.0] * 168, dtype=float)
+    pf = ep.traffic.within_hour_peak_factor
+    if isinstance(trace, RateTrace):
+        per = int(trace.window_s // 60)
+        base = np.repeat(trace.rates, per)[:MINUTES_PER_WEEK].astype(float)
+        mean = profile.mean()
+        base *= mean / base.mean() if base.mean() > 0 else 0.0
+        # the windows already show part of the hour's peak: the Gamma factor adds only the rest
+        hours = base.reshape(168, 60)
+        hmean = hours.mean(axis=1)
+        shown = float(np.mean(hours.max(axis=1)[hmean > 0] / hmean[hmean > 0])) if (hmean > 0).any() else 1.0
+        return base, gamma_alpha_for_peak(pf / shown)
+    base = np.repeat(profile, 60)
+    if isinstance(trace, RequestTrace):
+        return base, None  # the trace carries its own burstiness
+    return base, gamma_alpha_for_peak(pf)
+
+
+def _clip_tokens(ep: EndpointInputs, ins: np.ndarray, outs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    s = ep.shape
+    outs = np.clip(np.rint(outs), 1, s.max_tokens)
+    ins = np.clip(np.rint(ins), 1, s.product_max_context_tokens - outs)
+    return ins, outs
+
+
+# --------------------------------------------------------------------------------------------------
+# Arrivals
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Chunk:
+    arrival_s: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+
+
+def arrivals(
+    ep: EndpointInputs,
+    trace: Trace | None,
+    start_s: float,
+    end_s: float,
+    rng: np.random.Generator,
+    *,
+    spike: Spike | None = None,
+    raw_tokens: bool = False,
+    chunk_s: float = 600.0,
+    rate_scale: float = 1.0,
+) -> Iterator[Chunk]:
+    """Time-ordered chunks of arrivals in [start_s, end_s) (the week repeats when end_s > one week)."""
+    base, alpha = minute_rates(ep, trace)
+    base = base * rate_scale
+    n_min = int(math.ceil(end_s / 60.0))
+    first_min = int(start_s // 60)
+    mins = np.arange(first_min, n_min)
+    rates = base[mins % MINUTES_PER_WEEK]
+    if alpha is not None:
+        # one Gamma factor per minute, renormalised within each hour so the hour keeps its mean
+        g = rng.gamma(alpha, 1.0 / alpha, size=len(mins))
+        hour = (mins // 60) - (first_min // 60)
+        sums = np.bincount(hour, weights=g)
+        counts = np.bincount(hour)
+        g = g / (sums[hour] / counts[hour])
+        rates = rates * g
+    if spike is not None:
+        mid = (mins + 0.5) * 60.0
+        on = (mid >= spike.start_s) & (mid < spike.start_s + spike.minutes * 60.0)
+        rates = np.where(on, rates * spike.factor, rates)
+    if isinstance(trace, RequestTrace):
+        yield from _trace_arrivals(ep, trace, mins, rates, start_s, end_s, rng, raw_tokens, chunk_s)
+        return
+    mu_in, sg_in = lognormal_params(ep.shape.input_tokens_mean, ep.shape.input_tokens_p99)
+    mu_out, sg_out = lognormal_params(ep.shape.output_tokens_mean, ep.shape.output_tokens_p99)
+    per_chunk = max(1, int(chunk_s // 60))
+    for i in range(0, len(mins), per_chunk):
+        m = mins[i : i + per_chunk]
+        lam = rates[i : i + per_chunk] * 60.0
+        counts = rng.poisson(lam)
+        n = int(counts.sum())
+        t = np.repeat(m * 60.0, counts) + rng.random(n) * 60.0
+        t.sort()
+        keep = (t >= start_s) & (t < end_s)
+        t = t[keep]
+        ins = rng.lognormal(mu_in, sg_in, size=len(t))
+        outs = rng.lognormal(mu_out, sg_out, size=len(t))
+        ins, outs = _clip_tokens(ep, ins, outs)
+        yield Chunk(t, ins, outs)
+
+
+def _trace_arrivals(
+    ep: EndpointInputs, trace: RequestTrace, mins: np.ndarray, rates: np.ndarray, start_s: float, end_s: float,
+    rng: np.random.Generator, raw_tokens: bool, chunk_s: float,
+) -> Iterator[Chunk]:
+    # cumulative expected arrivals at each minute boundary of the window
+    cum = np.concatenate([[0.0], np.cumsum(rates * 60.0)])
+    n = len(trace.arrival_s)
+    unit = trace.arrival_s * trace.mean_rate  # trace arrivals in units of expected arrivals
+    k_in = 1.0 if raw_tokens else ep.shape.input_tokens_mean / float(trace.input_tokens.mean())
+    k_out = 1.0 if raw_tokens else ep.shape.output_tokens_mean / float(trace.output_tokens.mean())
+    offset = float(rng.random()) * n  # a random phase in the tiled trace: seeds give different replays
+    per_chunk = max(1, int(chunk_s // 60))
+    for i in range(0, len(mins), per_chunk):
+        lo, hi = cum[i] + offset, cum[min(i + per_chunk, len(mins))] + offset
+        if hi <= lo:
+            continue
+        tiles = np.arange(int(lo // n), int(hi // n) + 1)
+        u = (tiles[:, None] * float(n) + unit[None, :]).ravel()
+        idx = np.tile(np.arange(n), len(tiles))
+        sel = (u >= lo) & (u < hi)
+        u, idx = u[sel] - offset, idx[sel]
+        # invert the piecewise-linear cumulative count: which minute, and where inside it
+        j = np.searchsorted(cum, u, side="right") - 1
+        j = np.clip(j, 0, len(mins) - 1)
+        frac = (u - cum[j]) / np.maximum(rates[j] * 60.0, 1e-12)
+        t = (mins[j] + np.clip(frac, 0.0, 1.0)) * 60.0
+        order = np.argsort(t, kind="stable")
+        t, idx = t[order], idx[order]
+        keep = (t >= start_s) & (t < end_s)
+        t, idx = t[keep], idx[keep]
+        ins, outs = _clip_tokens(ep, trace.input_tokens[idx] * k_in, trace.output_tokens[idx] * k_out)
+        yield Chunk(t, ins, outs)

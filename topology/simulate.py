@@ -1,0 +1,480 @@
+"""Replay a week of traffic (synthetic or a real trace) through a TopologySpec and run the failure drills.
+
+The planner's SLO and cost claims come from formulas; this checks them by serving requests. Ground truth
+(engine rates, cold starts, prices, shape, traffic, SLO) comes from the inputs; the spec supplies the
+decisions under test (floor by hour, autoscaling, gateway overflow, burst sizing). The model is described
+in topology/sim_engine.py; traffic sources in topology/sim_traffic.py; drills in topology/sim_drills.py.
+
+    python -m topology simulate stacks/Pulumi.prod.yaml [--trace traces/azure2023_conv.csv]
+        [--drill morning-cold-start|spike|long-prompt|disconnect|rollback] [--plot out/week.png] [--markdown]
+
+For the plan report: `plan_check(inputs, spec)` → one `PlanComparison` per endpoint (simulated goodput and
+monthly cost next to the planner's, `ok` false beyond COST_TOLERANCE_FRACTION or below GOODPUT_TARGET);
+`format_plan_check(...)` renders it.
+
+Pure: no clock reads, no network; randomness from an explicit seed; matplotlib and tqdm load lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .costs import SECONDS_PER_HOUR, WEEKS_PER_MONTH
+from .inputs import CostInputs
+from .loading import InputError
+from .sim_engine import EndpointSim, Overrides, hist_quantile
+from .sim_traffic import SECONDS_PER_WEEK, Spike, Trace, arrivals, load_trace
+from .spec import EndpointSpec, TopologySpec
+
+GOODPUT_TARGET = 0.99  # share of requests meeting both the TTFT and inter-token SLOs (the SLOs are p99s)
+PEAK_HOURS_FRACTION = 0.10  # "SLO met at peak": the busiest 10% of simulated hours must meet the target too
+COST_TOLERANCE_FRACTION = 0.15  # simulated vs planned monthly cost: beyond ±15% the plan report warns
+CHUNK_S = 600.0
+WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+
+
+@dataclass(frozen=True)
+class EndpointResult:
+    """What one endpoint did over the simulated window."""
+
+    endpoint: str
+    tier: str
+    start_h: float
+    end_h: float
+    requests: int
+    goodput: float  # share meeting both SLOs
+    peak_hours_goodput: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    itl_p50_s: float
+    itl_p99_s: float
+    ttft_slo_s: float
+    itl_slo_s: float
+    cost_usd: dict[str, float]  # reserved, on_demand, serverless, api — over the window
+    gpu_hours: dict[str, float]  # dedicated (billed nodes), serverless (containers)
+    burst_share: float
+    rejected: int
+    pod_cold_starts: int
+    node_cold_starts: int
+    container_cold_starts: int
+    requests_waiting_on_cold_container: int
+    floor_queue_peak: int
+    burst_queue_peak: int
+    hourly_requests: tuple[float, ...]
+    hourly_goodput: tuple[float, ...]
+    hourly_floor_replicas: tuple[float, ...]
+    hourly_burst_containers: tuple[float, ...]
+    hourly_burst_requests: tuple[float, ...]
+    worst_hours: tuple[tuple[int, float], ...]  # (hour of week, goodput) below target, worst first
+    planning_requests_per_s: float
+    serverless_requests_per_s: float
+
+    @property
+    def full_week(self) -> bool:
+        return self.end_h - self.start_h >= 168 - 1e-9
+
+    @property
+    def meets_slo(self) -> bool:
+        return self.goodput >= GOODPUT_TARGET and self.peak_hours_goodput >= GOODPUT_TARGET
+
+    @property
+    def cost_total_usd(self) -> float:
+        return float(sum(self.cost_usd.values()))
+
+    def monthly_usd(self) -> float | None:
+        """Variable cost scaled to a month (only from a full simulated week)."""
+        return self.cost_total_usd * WEEKS_PER_MONTH if self.full_week else None
+
+
+@dataclass(frozen=True)
+class SimResult:
+    environment: str
+    source: str
+    seed: int
+    endpoints: tuple[EndpointResult, ...]
+    wall_requests: int = 0
+    notes: tuple[str, ...] = ()
+
+    def endpoint(self, name: str) -> EndpointResult:
+        for e in self.endpoints:
+            if e.endpoint == name:
+                return e
+        raise KeyError(name)
+
+
+# --------------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------------
+
+
+def simulate_endpoint(
+    inputs: CostInputs, spec: TopologySpec, name: str, *, seed: int = 0, trace: Trace | None = None,
+    start_h: float = 0.0, end_h: float = 168.0, spike: Spike | None = None, overrides: Overrides | None = None,
+    raw_tokens: bool = False, progress: Callable[[int], None] | None = None, rate_scale: float = 1.0,
+) -> EndpointResult:
+    """Serve one endpoint's traffic over [start_h, end_h) hours of the week (Monday 00:00 local = 0)."""
+    ep = spec.endpoint(name)
+    ep_in = next(e for e in inputs.endpoints if e.name == name)
+    rng = np.random.default_rng([seed, _stable_hash(name)])
+    start_s, end_s = start_h * SECONDS_PER_HOUR, end_h * SECONDS_PER_HOUR
+    sim = EndpointSim(inputs, ep_in, ep, start_s, end_s, rng, overrides)
+    tick_s = float(ep.autoscaling.polling_interval_s) if ep.autoscaling else 15.0
+    next_tick = start_s + tick_s
+    for chunk in arrivals(ep_in, trace, start_s, end_s, rng, spike=spike, raw_tokens=raw_tokens, chunk_s=CHUNK_S,
+                          rate_scale=rate_scale):
+        next_tick = sim.feed(chunk, tick_s, next_tick)
+        if progress is not None:
+            progress(len(chunk.arrival_s))
+    while next_tick <= end_s:
+        sim.tick(next_tick)
+        next_tick += tick_s
+    sim.finish()
+    return _result(sim, ep, start_h, end_h)
+
+
+def simulate_week(
+    inputs: CostInputs, spec: TopologySpec, *, seed: int = 0, trace: Trace | None = None, start_h: float = 0.0,
+    end_h: float = 168.0, endpoints: Sequence[str] | None = None, raw_tokens: bool = False, progress: bool = False,
+    spike: Spike | None = None,
+) -> SimResult:
+    """Every endpoint (or the named ones) of a stack over the window; progress shows a bar on a terminal."""
+    names = list(endpoints) if endpoints else [e.name for e in spec.endpoints]
+    bar = _progress_bar(inputs, names, start_h, end_h) if progress else None
+    out = []
+    for n in names:
+        out.append(simulate_endpoint(
+            inputs, spec, n, seed=seed, trace=trace, start_h=start_h, end_h=end_h, raw_tokens=raw_tokens,
+            progress=bar.update if bar is not None else None, spike=spike,
+        ))
+    if bar is not None:
+        bar.close()
+    src = f"trace {getattr(trace, 'name', '')}" if trace is not None else "synthetic week"
+    return SimResult(spec.environment, src, seed, tuple(out), sum(e.requests for e in out))
+
+
+def _progress_bar(inputs: CostInputs, names: Sequence[str], start_h: float, end_h: float):
+    from tqdm import tqdm  # optional, heavy: only for long runs on a terminal
+
+    expected = 0.0
+    for e in inputs.endpoints:
+        if e.name in names and e.traffic.hourly_mean_requests_per_s:
+            prof = np.asarray(e.traffic.hourly_mean_requests_per_s)
+            hours = np.arange(math.floor(start_h), math.ceil(end_h)) % 168
+            expected += float(prof[hours].sum()) * SECONDS_PER_HOUR
+    return tqdm(total=int(expected), unit="req", unit_scale=True, file=sys.stderr, disable=not sys.stderr.isatty())
+
+
+def _stable_hash(s: str) -> int:
+    h = 0
+    for ch in s.encode():
+        h = (h * 131 + ch) % (2**31)
+    return h
+
+
+def _result(sim: EndpointSim, ep: EndpointSpec, start_h: float, end_h: float) -> EndpointResult:
+    tl = sim.tally
+    n = max(1, sim.n_total)
+    hourly_goodput = np.where(tl.arrivals > 0, tl.met / np.maximum(tl.arrivals, 1), 1.0)
+    busy = np.argsort(-tl.arrivals)[: max(1, int(math.ceil(len(tl.arrivals) * PEAK_HOURS_FRACTION)))]
+    peak_good = float(tl.met[busy].sum() / max(1.0, tl.arrivals[busy].sum()))
+    first_hour = int(math.floor(start_h))
+    bad_hours = [(int((first_hour + h) % 168), float(hourly_goodput[h])) for h in range(len(hourly_goodput))
+                 if tl.arrivals[h] > 0 and hourly_goodput[h] < GOODPUT_TARGET]
+    bad_hours.sort(key=lambda x: x[1])
+    window_s = (end_h - start_h) * SECONDS_PER_HOUR
+    cost = {"reserved": 0.0, "on_demand": 0.0, "serverless": 0.0, "api": 0.0}
+    gpu_h = {"dedicated": 0.0, "serverless": 0.0}
+    if sim.has_floor:
+        cost["reserved"] = sim.res_node_s * sim.res_node_usd_s
+        cost["on_demand"] = sim.od_node_s * sim.od_node_usd_s
+        gpu_h["dedicated"] = (sim.res_node_s + sim.od_node_s) * sim.gpus_per_node / SECONDS_PER_HOUR
+    if sim.has_burst:
+        cost["serverless"] = sim.container_usd_s
+        gpu_h["serverless"] = sim.container_s_total * sim.b_gpus / SECONDS_PER_HOUR
+    cost["api"] = sim.api_usd_total
+    hours_len = np.full(len(tl.arrivals), SECONDS_PER_HOUR)
+    hours_len[-1] = window_s - SECONDS_PER_HOUR * (len(tl.arrivals) - 1) or SECONDS_PER_HOUR
+    sls_rps = 0.0
+    if sim.has_burst:
+        sls_rps = next((a for a in _sls_planning_rps(sim)), 0.0)
+    return EndpointResult(
+        endpoint=ep.name, tier=ep.tier, start_h=start_h, end_h=end_h, requests=sim.n_total,
+        goodput=float(tl.met.sum() / n), peak_hours_goodput=peak_good,
+        ttft_p50_s=hist_quantile(tl.ttft_hist, 0.5), ttft_p99_s=hist_quantile(tl.ttft_hist, 0.99),
+        itl_p50_s=hist_quantile(tl.itl_hist, 0.5), itl_p99_s=hist_quantile(tl.itl_hist, 0.99),
+        ttft_slo_s=sim.ttft_slo, itl_slo_s=sim.itl_slo,
+        cost_usd={k: round(v, 2) for k, v in cost.items()}, gpu_hours={k: round(v, 2) for k, v in gpu_h.items()},
+        burst_share=sim.n_burst / n, rejected=sim.n_rejected,
+        pod_cold_starts=sim.pod_starts, node_cold_starts=sim.node_starts,
+        container_cold_starts=sim.container_launches, requests_waiting_on_cold_container=sim.cold_waits,
+        floor_queue_peak=int(sim.waiting_peak_total), burst_queue_peak=int(max(0, sim.burst_waiting_peak)),
+        hourly_requests=tuple(float(x) for x in tl.arrivals / (hours_len)),
+        hourly_goodput=tuple(float(x) for x in hourly_goodput),
+        hourly_floor_replicas=tuple(float(x) for x in tl.floor_replica_s / hours_len),
+        hourly_burst_containers=tuple(float(x) for x in tl.container_s / hours_len),
+        hourly_burst_requests=tuple(float(x) for x in tl.burst_requests / hours_len),
+        worst_hours=tuple(bad_hours[:10]),
+        planning_requests_per_s=ep.capacity.planning_requests_per_s, serverless_requests_per_s=sls_rps,
+    )
+
+
+def _sls_planning_rps(sim: EndpointSim):
+    b = sim.ep.burst
+    assert b is not None
+    # SPEC: no serverless planning req/s in the spec; target_inputs per container over the per-request slot time
+    eng = sim.beng
+    s = sim.ep_in.shape
+    slot_s = s.input_tokens_mean * (1 - sim.hit) / eng.prefill_tokens_per_s + s.output_tokens_mean * eng.gap_s(b.target_inputs)
+    yield b.target_inputs / slot_s
+
+
+# --------------------------------------------------------------------------------------------------
+# Comparison with the planner (for `python -m topology plan`)
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanComparison:
+    endpoint: str
+    simulated_goodput: float
+    goodput_target: float
+    simulated_monthly_usd: float | None  # variable cost from the simulated week + the plan's fixed shares
+    planned_monthly_usd: float
+    cost_delta_fraction: float | None  # (simulated − planned) / planned
+    cost_tolerance_fraction: float
+    ttft_p99_s: float
+    itl_p99_s: float
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return not self.warnings
+
+
+def compare_with_plan(result: EndpointResult, ep: EndpointSpec) -> PlanComparison:
+    """The simulated SLO attainment and cost next to the planner's claim (SLO met at peak; its monthly cost)."""
+    winner = next((a for a in ep.alternatives if a.option == ep.tier), None)
+    fixed = sum(v for k, v in (winner.breakdown_usd.items() if winner else ()) if k.endswith("_fixed"))
+    sim_month = result.monthly_usd()
+    sim_total = None if sim_month is None else sim_month + fixed
+    delta = None if sim_total is None or ep.monthly_usd <= 0 else (sim_total - ep.monthly_usd) / ep.monthly_usd
+    warns = []
+    if not result.meets_slo:
+        worst = ", ".join(f"{_how(h)} {g:.1%}" for h, g in result.worst_hours[:3])
+        warns.append(
+            f"{ep.name}: simulated goodput {result.goodput:.2%} (busiest hours {result.peak_hours_goodput:.2%}) is below "
+            f"the {GOODPUT_TARGET:.0%} the plan's p99 SLO implies" + (f"; worst hours: {worst}" if worst else "")
+        )
+    if delta is not None and abs(delta) > COST_TOLERANCE_FRACTION:
+        warns.append(
+            f"{ep.name}: simulated cost ${sim_total:,.0f}/month differs from the plan's ${ep.monthly_usd:,.0f} by "
+            f"{delta:+.0%} (tolerance ±{COST_TOLERANCE_FRACTION:.0%})"
+        )
+    return PlanComparison(
+        endpoint=ep.name, simulated_goodput=result.goodput, goodput_target=GOODPUT_TARGET,
+        simulated_monthly_usd=None if sim_total is None else round(sim_total, 2), planned_monthly_usd=ep.monthly_usd,
+        cost_delta_fraction=None if delta is None else round(delta, 4), cost_tolerance_fraction=COST_TOLERANCE_FRACTION,
+        ttft_p99_s=result.ttft_p99_s, itl_p99_s=result.itl_p99_s, warnings=tuple(warns),
+    )
+
+
+def plan_check(inputs: CostInputs, spec: TopologySpec, *, seed: int = 0, progress: bool = False) -> list[PlanComparison]:
+    """Simulate the synthetic week of every endpoint and compare with the plan (what the plan report shows)."""
+    res = simulate_week(inputs, spec, seed=seed, progress=progress)
+    return [compare_with_plan(r, spec.endpoint(r.endpoint)) for r in res.endpoints]
+
+
+def format_plan_check(rows: Sequence[PlanComparison], markdown: bool = False) -> str:
+    head = ["endpoint", "sim goodput", "target", "sim TTFT p99", "sim ITL p99", "sim $/month", "plan $/month", "Δ cost"]
+    body = []
+    for r in rows:
+        body.append([
+            r.endpoint, f"{r.simulated_goodput:.2%}", f"≥ {r.goodput_target:.0%}", _s(r.ttft_p99_s), _s(r.itl_p99_s),
+            "—" if r.simulated_monthly_usd is None else f"${r.simulated_monthly_usd:,.0f}", f"${r.planned_monthly_usd:,.0f}",
+            "—" if r.cost_delta_fraction is None else f"{r.cost_delta_fraction:+.1%} (±{r.cost_tolerance_fraction:.0%})",
+        ])
+    text = _table(head, body, markdown)
+    warns = [w for r in rows for w in r.warnings]
+    if warns:
+        text += "\n" + "\n".join(("- ⚠ " if markdown else "WARNING: ") + w for w in warns)
+    return text
+
+
+# --------------------------------------------------------------------------------------------------
+# Reports
+# --------------------------------------------------------------------------------------------------
+
+
+def _s(x: float) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    if math.isinf(x):
+        return "∞"
+    return f"{x * 1000:.0f} ms" if x < 10 else f"{x:.1f} s"
+
+
+def _how(h: int) -> str:
+    return f"{WEEKDAYS[(h // 24) % 7]} {h % 24:02d}:00"
+
+
+def _table(head: list[str], rows: list[list[str]], markdown: bool) -> str:
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        return "\n".join(lines)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*head), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows])
+
+
+def summary(res: SimResult, markdown: bool = False) -> str:
+    """Terminal (or Markdown, for PR comments) summary of a simulation."""
+    title = (f"Simulated {res.environment}: {res.source}, seed {res.seed}, "
+             f"hours {res.endpoints[0].start_h:g}–{res.endpoints[0].end_h:g} of the week" if res.endpoints else "")
+    head = ["endpoint", "tier", "requests", "goodput", "peak-hours", "TTFT p50/p99 (SLO)", "ITL p50/p99 (SLO)",
+            "burst", "cost USD (res/od/sls/api)", "GPU-h (ded/sls)", "cold starts (pod/node/ctr)", "queue peak"]
+    rows = []
+    for e in res.endpoints:
+        c, g = e.cost_usd, e.gpu_hours
+        rows.append([
+            e.endpoint, e.tier, f"{e.requests:,}", f"{e.goodput:.2%}" + ("" if e.meets_slo else " ✗"),
+            f"{e.peak_hours_goodput:.2%}",
+            f"{_s(e.ttft_p50_s)}/{_s(e.ttft_p99_s)} ({_s(e.ttft_slo_s)})",
+            f"{_s(e.itl_p50_s)}/{_s(e.itl_p99_s)} ({_s(e.itl_slo_s)})",
+            f"{e.burst_share:.1%}",
+            f"{c['reserved']:,.0f}/{c['on_demand']:,.0f}/{c['serverless']:,.0f}/{c['api']:,.0f}",
+            f"{g['dedicated']:,.0f}/{g['serverless']:,.0f}",
+            f"{e.pod_cold_starts}/{e.node_cold_starts}/{e.container_cold_starts}",
+            f"{e.floor_queue_peak}/{e.burst_queue_peak}",
+        ])
+    out = [("### " if markdown else "") + title, "", _table(head, rows, markdown)]
+    crit = (f"Goodput = share of requests meeting both TTFT and inter-token SLOs; an endpoint meets its SLO at ≥ "
+            f"{GOODPUT_TARGET:.0%} overall and over its busiest {PEAK_HOURS_FRACTION:.0%} of hours.")
+    out += ["", crit]
+    for e in res.endpoints:
+        if e.worst_hours:
+            hrs = ", ".join(f"{_how(h)} {g:.1%}" for h, g in e.worst_hours[:5])
+            out.append(("- " if markdown else "  ") + f"{e.endpoint}: hours below target: {hrs}")
+        if e.rejected:
+            out.append(("- " if markdown else "  ") + f"{e.endpoint}: {e.rejected:,} requests got 503 (no ready replica)")
+    out += [("- " if markdown else "  ") + n for n in res.notes]
+    return "\n".join(out)
+
+
+def plot_week(res: SimResult, path: str | Path) -> Path:
+    """One row per endpoint: demand vs floor and burst capacity (req/s), and hourly SLO attainment."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    eps = res.endpoints
+    fig, axes = plt.subplots(len(eps), 1, figsize=(14, 3.4 * len(eps)), squeeze=False)
+    for ax, e in zip(axes[:, 0], eps):
+        hours = np.arange(len(e.hourly_requests)) + math.floor(e.start_h)
+        floor_cap = np.asarray(e.hourly_floor_replicas) * e.planning_requests_per_s
+        burst_cap = np.asarray(e.hourly_burst_containers) * e.serverless_requests_per_s
+        ax.fill_between(hours, 0, e.hourly_requests, step="post", color="#9ecae1", label="demand (req/s, hourly mean)")
+        ax.step(hours, floor_cap, where="post", color="#08519c", lw=1.6, label="floor capacity at planning load")
+        ax.step(hours, floor_cap + burst_cap, where="post", color="#e6550d", lw=1.2,
+                label="floor + burst containers running")
+        ax.step(hours, e.hourly_burst_requests, where="post", color="#fd8d3c", lw=0.8, ls="--",
+                label="served by burst (req/s)")
+        ax.set_ylabel("requests/s")
+        ax.set_title(f"{res.environment} / {e.endpoint} ({e.tier}): goodput {e.goodput:.2%}, "
+                     f"TTFT p99 {_s(e.ttft_p99_s)} (SLO {_s(e.ttft_slo_s)}), ITL p99 {_s(e.itl_p99_s)} "
+                     f"(SLO {_s(e.itl_slo_s)})", fontsize=10, loc="left")
+        ax2 = ax.twinx()
+        good = np.asarray(e.hourly_goodput) * 100
+        ax2.step(hours, good, where="post", color="#31a354", lw=1.0, label="SLO attainment % (right)")
+        ax2.axhline(GOODPUT_TARGET * 100, color="#31a354", ls=":", lw=0.8)
+        ax2.set_ylim(min(90.0, float(good.min()) - 1), 100.5)
+        ax2.set_ylabel("goodput %", color="#31a354")
+        for d in range(int(hours[0] // 24), int(hours[-1] // 24) + 2):
+            ax.axvline(d * 24, color="#bbbbbb", lw=0.5)
+        ticks = [d * 24 + 12 for d in range(int(hours[0] // 24), int(hours[-1] // 24) + 1)]
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([WEEKDAYS[(t // 24) % 7] for t in ticks])
+        ax.set_xlim(hours[0], hours[-1] + 1)
+        lines = ax.get_legend_handles_labels()
+        lines2 = ax2.get_legend_handles_labels()
+        ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper right", fontsize=7, ncol=3)
+    fig.tight_layout()
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from .sim_drills import DRILLS
+
+    parser.add_argument("stack", help="stacks/Pulumi.<env>.yaml (or an inputs file)")
+    parser.add_argument("--trace", help="per-request (Azure CSV, Mooncake JSONL) or rate (ServeGen CSV) trace to replay")
+    parser.add_argument("--drill", help=f"run a failure drill instead of the week: {', '.join(DRILLS)}")
+    parser.add_argument("--plot", help="write a PNG of the week (demand, floor, burst, SLO attainment)")
+    parser.add_argument("--markdown", action="store_true", help="print a PR-comment version")
+    parser.add_argument("--endpoint", action="append", help="only this endpoint (repeatable)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--hours", default="0:168", help="window START:END in hours of the week, Monday 00:00 = 0")
+    parser.add_argument("--raw-tokens", action="store_true", help="keep a trace's token counts (default: scale to the shape)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--spike-factor", type=float, default=3.0, help="spike drill: traffic multiplier (default 3)")
+    parser.add_argument("--spike-minutes", type=float, default=10.0, help="spike drill: duration (default 10)")
+    parser.add_argument("--abandon-fraction", type=float, default=0.2, help="disconnect drill: share abandoning (default 0.2)")
+    parser.add_argument("--detect-minutes", type=float, default=10.0, help="rollback drill: minutes to detect (default 10)")
+
+
+def parse_hours(text: str) -> tuple[float, float]:
+    try:
+        a, b = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise InputError(f"--hours {text!r}: expected START:END in hours of the week, e.g. 6:12 or 0:168") from None
+    if not (0 <= a < b <= 168 * 4):
+        raise InputError(f"--hours {text!r}: need 0 ≤ START < END ≤ 672 (up to four weeks)")
+    return a, b
+
+
+def cli_main(args: argparse.Namespace) -> int:
+    from .loading import load_inputs
+    from .plan import plan
+    from .sim_drills import DRILLS, run_drill
+
+    inputs = load_inputs(args.stack)
+    spec = plan(inputs)
+    names = [e.name for e in spec.endpoints]
+    for n in args.endpoint or []:
+        if n not in names:
+            raise InputError(f"--endpoint {n!r}: no such endpoint; {Path(args.stack).name} has {', '.join(names)}")
+    start_h, end_h = parse_hours(args.hours)
+    trace = load_trace(args.trace) if args.trace else None
+    if args.drill is not None:
+        if args.drill not in DRILLS:
+            raise InputError(f"--drill {args.drill!r}: unknown drill; allowed: {', '.join(DRILLS)}")
+        text = run_drill(args.drill, inputs, spec, args, markdown=args.markdown)
+        print(text)
+        return 0
+    res = simulate_week(inputs, spec, seed=args.seed, trace=trace, start_h=start_h, end_h=end_h,
+                        endpoints=args.endpoint, raw_tokens=args.raw_tokens, progress=not args.no_progress)
+    print(summary(res, markdown=args.markdown))
+    if all(e.full_week for e in res.endpoints):
+        print()
+        print(format_plan_check([compare_with_plan(e, spec.endpoint(e.endpoint)) for e in res.endpoints],
+                                markdown=args.markdown))
+    if args.plot:
+        p = plot_week(res, args.plot)
+        print(f"\nplot: {p}")
+    return 0 if all(e.meets_slo for e in res.endpoints) else 1
