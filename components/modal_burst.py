@@ -33,6 +33,17 @@ from topology.spec import EndpointSpec
 
 from ._common import TYPE_PREFIX, child
 
+
+@dataclass(frozen=True)
+class ModalBurstArgs:
+    endpoint: EndpointSpec
+    """The endpoint whose `burst` spec is deployed; its tier must have burst capacity."""
+    environment: str
+    """Modal environment to deploy into (usually the stack's environment, e.g. 'prod')."""
+    python: str | None = None
+    """Interpreter that runs `-m modal_apps.deploy`; default: this program's, relative to the project."""
+
+
 TOKEN_ID_KEY = "modalTokenId"
 TOKEN_SECRET_KEY = "modalTokenSecret"
 TOKEN_ENV = {TOKEN_ID_KEY: "MODAL_TOKEN_ID", TOKEN_SECRET_KEY: "MODAL_TOKEN_SECRET"}
@@ -44,16 +55,6 @@ APP_SOURCES = ("modal_apps/burst.py", "modal_apps/settings.py", "modal_apps/depl
 
 class ModalTokenError(ValueError):
     """The Modal token is configured in a way that would leak it."""
-
-
-@dataclass(frozen=True)
-class ModalBurstArgs:
-    endpoint: EndpointSpec
-    """The endpoint whose `burst` spec is deployed; its tier must have burst capacity."""
-    environment: str
-    """Modal environment to deploy into (usually the stack's environment, e.g. 'prod')."""
-    python: str | None = None
-    """Interpreter that runs `-m modal_apps.deploy`; default: this program's, relative to the project."""
 
 
 def code_sha256(root: Path = _ROOT) -> str:

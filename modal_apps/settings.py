@@ -109,8 +109,9 @@ def _config_from_document(data: Any, source: str, endpoint: str | None) -> Burst
             return BurstAppConfig.from_endpoint(EndpointSpec.model_validate(data))
         return BurstAppConfig.model_validate(data)
     except ValidationError as e:
+        first = e.errors()[0]
         raise BurstConfigError(
-            f"{source}: not a BurstAppConfig, EndpointSpec or TopologySpec: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}"
+            f"{source}: not a BurstAppConfig, EndpointSpec or TopologySpec: {first['loc']}: {first['msg']}"
         ) from None
 
 

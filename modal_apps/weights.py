@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m modal_apps.weights", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("sync", help="copy the endpoint's weights from its region-local cache into its Modal Volume")
-    p.add_argument("--stack", help="stack file to plan (e.g. stacks/Pulumi.prod.yaml); default: LLM_SERVING_* variables")
+    p.add_argument("--stack", help="stack file to plan, e.g. stacks/Pulumi.prod.yaml (default: LLM_SERVING_* vars)")
     p.add_argument("--endpoint", help="endpoint with burst capacity (e.g. assist)")
     p.add_argument("--environment", help="Modal environment of the volume (default: the spec's burst.environment)")
     p.add_argument("--force-revision", action="store_true", help="switch a volume that serves another revision")

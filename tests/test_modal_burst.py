@@ -80,7 +80,8 @@ def test_built_app_matches_the_spec_through_function_info(stack, monkeypatch):
         assert info.gpus == [parse_gpu(b.gpu)]
         assert info.regions == [b.region]
         assert info.startup_timeout == b.startup_timeout_s and info.timeout == b.timeout_s
-        assert (info.concurrency_info.max_inputs, info.concurrency_info.target_inputs) == (b.max_inputs, b.target_inputs)
+        concurrency = info.concurrency_info
+        assert (concurrency.max_inputs, concurrency.target_inputs) == (b.max_inputs, b.target_inputs)
         # Weights: the endpoint's volume, read-only, where the model path points.
         assert {p: (v.name, v.read_only) for p, v in info.volumes.items()} == {S.WEIGHTS_MOUNT: (b.volume_name, True)}
         assert burst.settings.model_path.startswith(S.WEIGHTS_MOUNT + "/")

@@ -155,7 +155,8 @@ def test_corrupt_partial_is_discarded_and_refetched(bucket, volume):
 def test_corrupt_bucket_copy_is_reported_and_nothing_is_marked(bucket, volume):
     rel = "model-00001-of-00002.safetensors"
     (bucket / rel).write_bytes(os.urandom(len(FILES[rel])))
-    with pytest.raises(W.ChecksumMismatch, match=f"{rel}: sha256 is .* SHA256SUMS says {hashlib.sha256(FILES[rel]).hexdigest()}"):
+    expected = hashlib.sha256(FILES[rel]).hexdigest()
+    with pytest.raises(W.ChecksumMismatch, match=f"{rel}: sha256 is .* SHA256SUMS says {expected}"):
         sync(bucket, volume)
     assert not (volume / TARGET.prefix / rel).exists()
     assert not (volume / REVISION_MARKER).exists()
@@ -167,7 +168,8 @@ def test_another_revision_is_refused_without_the_flag(bucket, volume):
     other_bucket = bucket.parent / ("b" * 40)
     other_bucket.mkdir()
     publish(other_bucket)
-    with pytest.raises(W.RevisionConflict, match=f"serves tiny-model@{'a' * 40}, not tiny-model@{'b' * 40}.*--force-revision"):
+    conflict = f"serves tiny-model@{'a' * 40}, not tiny-model@{'b' * 40}.*--force-revision"
+    with pytest.raises(W.RevisionConflict, match=conflict):
         W.sync_weights(W.LocalDirSource(other_bucket), volume, newer, progress=False)
     assert not (volume / newer.prefix).exists(), "refused before copying anything"
     W.sync_weights(W.LocalDirSource(other_bucket), volume, newer, progress=False, force_revision=True)
