@@ -181,9 +181,10 @@ class BurstServer:
 
     @modal.exit()
     def stop(self) -> None:
-        if self.engine is not None and self.engine.poll() is None:
-            self.engine.terminate()
-            self.engine.wait(timeout=30)
+        engine = getattr(self, "engine", None)  # absent when start-up failed before launching it
+        if engine is not None and engine.poll() is None:
+            engine.terminate()
+            engine.wait(timeout=30)
 
 
 # ## A minimum that follows the clock
