@@ -90,47 +90,67 @@ def check_weights_revision(root: Path = Path(settings.weights_mount)) -> None:
         raise RuntimeError(f"{config.engine.weights_uri_suffix} is missing from volume {settings.volume_name!r}")
 
 
-# ## Talking to the local vLLM server
+# ## The engine: the floor's command line, warmed before it counts as ready
 #
 # The server is a subprocess running the floor's exact command line (`engine.vllm_args`, plus flags
-# that only change how it binds and sleeps). These helpers wait for it, warm it with a real
-# generation, and put it to sleep around the snapshot.
-
-LOCAL = f"http://127.0.0.1:{settings.port}"
+# that only change how it binds and sleeps). `Engine` starts it, waits for health, warms it with a real
+# generation, and puts it to sleep and wakes it around the snapshot.
 
 
-def http(method: str, path: str, body: dict | None = None, timeout_s: float = 30.0) -> bytes:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(LOCAL + path, data=data, method=method, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        return resp.read()
+class Engine:
+    def __init__(self, command: tuple[str, ...], port: int, served_model_name: str, startup_timeout_s: float):
+        self.command = command
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.served_model_name = served_model_name
+        self.startup_timeout_s = startup_timeout_s
+        self.process: subprocess.Popen | None = None
 
+    def http(self, method: str, path: str, body: dict | None = None, timeout_s: float = 30.0) -> bytes:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base_url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.read()
 
-def wait_ready(process: subprocess.Popen, deadline_s: float) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"vLLM exited with code {process.returncode} before becoming healthy")
-        try:
-            http("GET", "/health", timeout_s=2)
-            return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            time.sleep(1)
-    raise TimeoutError(f"vLLM was not healthy within {deadline_s:.0f} s (startup_timeout_s in the spec)")
+    def start(self) -> None:
+        print("starting:", " ".join(self.command), flush=True)
+        self.process = subprocess.Popen(list(self.command))
+        self.wait_ready()
+        self.warm_up()
 
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                code = None if self.process is None else self.process.returncode
+                raise RuntimeError(f"vLLM is not running (exit code {code}); see the container log above")
+            try:
+                self.http("GET", "/health", timeout_s=2)
+                return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(0.5)
+        raise TimeoutError(f"vLLM was not healthy within {self.startup_timeout_s:.0f} s (burst.startup_timeout_s)")
 
-def warm_up() -> None:
-    """A real generation: readiness means the engine has produced tokens, not that a port is open."""
-    reply = json.loads(
-        http(
-            "POST",
-            "/v1/completions",
-            {"model": config.engine.served_model_name, "prompt": "Warm-up:", "max_tokens": 8, "temperature": 0},
-            timeout_s=settings.startup_timeout_s,
-        )
-    )
-    if not reply.get("choices") or reply.get("usage", {}).get("completion_tokens", 0) < 1:
-        raise RuntimeError(f"warm-up generation returned no tokens: {reply}")
+    def warm_up(self) -> None:
+        """A real generation: ready means the engine has produced tokens, not that a port is open."""
+        body = {"model": self.served_model_name, "prompt": "Warm-up:", "max_tokens": 8, "temperature": 0}
+        reply = json.loads(self.http("POST", "/v1/completions", body, timeout_s=self.startup_timeout_s))
+        if not reply.get("choices") or reply.get("usage", {}).get("completion_tokens", 0) < 1:
+            raise RuntimeError(f"warm-up generation returned no tokens: {reply}")
+
+    def sleep(self) -> None:
+        # Level 1 moves the weights to host memory and drops the KV cache: a smaller snapshot.
+        self.http("POST", "/sleep?level=1", timeout_s=120)
+
+    def wake(self) -> None:
+        self.http("POST", "/wake_up", timeout_s=120)
+        self.wait_ready()
+        self.warm_up()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
 
 
 # ## The server class
@@ -153,27 +173,19 @@ class BurstServer:
     @modal.enter(snap=True)
     def start_before_snapshot(self) -> None:
         check_weights_revision()
-        self.engine: subprocess.Popen | None = None
+        self.engine = Engine(settings.server_command, settings.port, config.engine.served_model_name,
+                             settings.startup_timeout_s)
         if SNAPSHOTS_HOLD_ENGINE:
-            self.start_engine()
-            # Level 1 keeps the weights in host memory and frees the KV cache: a smaller snapshot.
-            http("POST", "/sleep?level=1", timeout_s=120)
+            self.engine.start()
+            self.engine.sleep()
 
     @modal.enter(snap=False)
     def start_after_restore(self) -> None:
         if SNAPSHOTS_HOLD_ENGINE:
             weights_readonly.reload()  # field note: restores with volumes are reliable only after a reload
-            http("POST", "/wake_up", timeout_s=120)
-            wait_ready(self.engine, settings.startup_timeout_s)
-            warm_up()
+            self.engine.wake()
         else:
-            self.start_engine()
-
-    def start_engine(self) -> None:
-        print("starting:", " ".join(settings.server_command), flush=True)
-        self.engine = subprocess.Popen(list(settings.server_command))
-        wait_ready(self.engine, settings.startup_timeout_s)
-        warm_up()
+            self.engine.start()
 
     @modal.web_server(**settings.web_server_kwargs())
     def serve(self) -> None:
@@ -181,10 +193,8 @@ class BurstServer:
 
     @modal.exit()
     def stop(self) -> None:
-        engine = getattr(self, "engine", None)  # absent when start-up failed before launching it
-        if engine is not None and engine.poll() is None:
-            engine.terminate()
-            engine.wait(timeout=30)
+        if hasattr(self, "engine"):  # absent when start-up failed before creating it
+            self.engine.stop()
 
 
 # ## A minimum that follows the clock
