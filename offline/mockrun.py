@@ -11,7 +11,7 @@ import hashlib
 import json
 import runpy
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,6 +103,24 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         return response
 
 
+    def ReadResource(self, request):  # noqa: N802 (gRPC method name)
+        # reads of existing resources (StackReference, `get` calls) are part of what a program depends on
+        response = super().ReadResource(request)
+        self.recorded.append(RecordedResource(
+            type=request.type,
+            name=request.name,
+            urn=response.urn,
+            parent=request.parent,
+            custom=True,
+            protect=False,
+            provider=request.provider,
+            dependencies=tuple(request.dependencies),
+            ignore_changes=(),
+            inputs=_canonical(rpc.deserialize_properties(request.properties, keep_unknowns=False)),
+        ))
+        return response
+
+
 def _mock_id(type_: str, name: str) -> str:
     return f"{name}-{hashlib.sha256(f'{type_}/{name}'.encode()).hexdigest()[:8]}"
 
@@ -157,6 +175,37 @@ def read_stack_config(stack_file: str | Path) -> tuple[str, dict[str, Any]]:
     return name, doc["config"]
 
 
+def run_function(
+    fn: Callable[[], Any],
+    *,
+    stack: str = "test",
+    config: Mapping[str, Any] | None = None,
+    project: str = "llm-serving",
+    stack_reference_outputs: Mapping[str, Any] | None = None,
+) -> Recording:
+    """Run `fn` (which declares resources) under mocks and record it; exceptions propagate."""
+    if str(PROJECT_ROOT) not in sys.path:
+        sys.path.insert(0, str(PROJECT_ROOT))
+    settings.ROOT.set(None)  # a fresh root stack: several programs may run in one process
+    pulumi.runtime.set_all_config(
+        {k: v if isinstance(v, str) else json.dumps(v) for k, v in (config or {}).items()}
+    )
+    monitor = RecordingMonitor(ServingMocks(stack_reference_outputs))
+    pulumi.runtime.set_mocks(monitor.mocks, project=project, stack=stack, preview=False, monitor=monitor)
+    recording = Recording(stack=stack)
+
+    @pulumi.runtime.test
+    def _run():
+        fn()
+        stack_resource = settings.get_root_resource()
+        outputs = dict(getattr(stack_resource, "outputs", {}))
+        return pulumi.Output.all(**outputs).apply(lambda v: recording.outputs.update(_canonical(v)))
+
+    _run()
+    recording.resources = sorted(monitor.recorded, key=lambda r: r.urn)
+    return recording
+
+
 def run_program(
     stack: str,
     config: Mapping[str, Any],
@@ -170,26 +219,10 @@ def run_program(
     `config` maps "project:key" to values as in a stack file; objects are passed as JSON like the CLI does.
     Errors raised by the program (bad config, an invalid MIG layout) propagate to the caller.
     """
-    if str(PROJECT_ROOT) not in sys.path:
-        sys.path.insert(0, str(PROJECT_ROOT))
-    settings.ROOT.set(None)  # a fresh root stack: several programs may run in one process
-    pulumi.runtime.set_all_config(
-        {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
+    return run_function(
+        lambda: runpy.run_path(str(program), run_name="__main__"),
+        stack=stack, config=config, project=project, stack_reference_outputs=stack_reference_outputs,
     )
-    monitor = RecordingMonitor(ServingMocks(stack_reference_outputs))
-    pulumi.runtime.set_mocks(monitor.mocks, project=project, stack=stack, preview=False, monitor=monitor)
-    recording = Recording(stack=stack)
-
-    @pulumi.runtime.test
-    def _run():
-        runpy.run_path(str(program), run_name="__main__")
-        stack_resource = settings.get_root_resource()
-        outputs = dict(getattr(stack_resource, "outputs", {}))
-        return pulumi.Output.all(**outputs).apply(lambda v: recording.outputs.update(_canonical(v)))
-
-    _run()
-    recording.resources = sorted(monitor.recorded, key=lambda r: r.urn)
-    return recording
 
 
 def run_stack_file(stack_file: str | Path, **kwargs: Any) -> Recording:

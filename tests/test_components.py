@@ -1,0 +1,290 @@
+"""Doctrine properties of what `__main__.py` declares, for every stack in stacks/ (run under Pulumi mocks)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+
+import pytest
+import yaml
+
+from components.floor_replicas import WEIGHTS_MOUNT
+from pulumi_support import by_name, desired_replicas, env_of, objects, recording
+from topology.catalog import GPU_KINDS, validate_mig_layout
+
+GPU_AMI = "AL2023_x86_64_NVIDIA"
+HUB_MARKERS = ("huggingface.co", "hf.co/", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+def gpu_node_groups(rec):
+    return [r for r in rec.of_type("aws:eks/nodeGroup:NodeGroup") if r.inputs.get("amiType") == GPU_AMI]
+
+
+def mig_configs(rec) -> dict:
+    cms = [o for o in objects(rec, "ConfigMap") if o["metadata"]["name"] == "llm-serving-mig-parted-config"]
+    if not cms:
+        return {}
+    return yaml.safe_load(cms[0]["data"]["config.yaml"])["mig-configs"]
+
+
+def vllm_container(deployment) -> dict:
+    return next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm")
+
+
+def floor_endpoints(spec):
+    return [e for e in spec.endpoints if e.node_pools]
+
+
+# ── node pools and MIG ─────────────────────────────────────────────────────────────────────────
+
+
+def test_one_gpu_node_group_per_spec_pool_with_taint_bounds_and_nvme(stack):
+    name, _inputs, spec = stack
+    rec = recording(name)
+    groups = {r.inputs["nodeGroupName"]: r for r in gpu_node_groups(rec)}
+    assert sorted(groups) == sorted(p.name for p in spec.node_pools)
+    templates = {r.urn: r for r in rec.of_type("aws:ec2/launchTemplate:LaunchTemplate")}
+    for pool in spec.node_pools:
+        g = groups[pool.name].inputs
+        assert g["instanceTypes"] == [pool.instance_type]
+        assert g["scalingConfig"]["minSize"] == pool.min_nodes and g["scalingConfig"]["maxSize"] == pool.max_nodes
+        assert {"key": pool.taint_key, "value": "true", "effect": "NO_SCHEDULE"} in g["taints"]
+        assert all(g["labels"][k] == v for k, v in pool.labels.items() if k != "nvidia.com/mig.config")
+        assert "scalingConfig.desiredSize" in groups[pool.name].ignore_changes  # the node autoscaler owns it
+        lt = next(t for t in templates.values() if t.name == groups[pool.name].name.replace("-node-group", "-launch-template"))
+        if pool.local_nvme_gb > 0:
+            assert "strategy: RAID0" in base64.b64decode(lt.inputs["userData"]).decode()
+
+
+def test_mig_label_names_a_valid_layout_and_pods_request_that_slice(stack):
+    name, _inputs, spec = stack
+    rec = recording(name)
+    configs = mig_configs(rec)
+    groups = gpu_node_groups(rec)
+    for g in groups:
+        pool = next(p for p in spec.node_pools if p.name == g.inputs["nodeGroupName"])
+        label = g.inputs["labels"].get("nvidia.com/mig.config")
+        assert label in configs, f"{pool.name}: label {label!r} names no config in the mig-parted ConfigMap"
+        layout = configs[label][0]
+        if layout["mig-enabled"]:
+            validate_mig_layout(pool.gpu_kind, layout["mig-devices"])
+            assert layout["mig-devices"] == pool.mig_layout.devices
+    for d in objects(rec, "Deployment"):
+        ep = spec.endpoint(d["metadata"]["labels"]["serving.llm/endpoint"])
+        pod = d["spec"]["template"]["spec"]
+        selector = pod["nodeSelector"]
+        matching = [g for g in groups if all(g.inputs["labels"].get(k) == v for k, v in selector.items())]
+        assert matching, f"{ep.name}: no node group carries labels {selector}"
+        requests = vllm_container(d)["resources"]["requests"]
+        layout = configs[selector["nvidia.com/mig.config"]][0]
+        if layout["mig-enabled"]:
+            (resource, count), = requests.items()
+            assert resource.startswith("nvidia.com/mig-") and count == "1"
+            assert resource.removeprefix("nvidia.com/mig-") in layout["mig-devices"]
+            assert resource == f"nvidia.com/mig-{ep.capacity.mig_profile}"
+        else:
+            assert requests == {"nvidia.com/gpu": str(ep.engine.tensor_parallel_size)}
+
+
+def test_gpu_operator_runs_mig_manager_with_mixed_strategy_and_generated_config(stack):
+    name, _inputs, spec = stack
+    rec = recording(name)
+    releases = {r.inputs["name"]: r.inputs for r in rec.of_type("kubernetes:helm.sh/v3:Release")}
+    if not spec.node_pools:
+        assert "gpu-operator" not in releases
+        return
+    values = releases["gpu-operator"]["values"]
+    assert values["mig"]["strategy"] == "mixed"
+    assert values["migManager"]["enabled"] is True
+    assert values["migManager"]["config"]["name"] == "llm-serving-mig-parted-config"
+    assert "all-disabled" in mig_configs(rec)
+
+
+# ── autoscaling ────────────────────────────────────────────────────────────────────────────────
+
+
+def test_autoscaling_is_queue_based_with_capped_steps(stack):
+    name, _inputs, spec = stack
+    rec = recording(name)
+    scaled = by_name(objects(rec, "ScaledObject"))
+    deployments = by_name(objects(rec, "Deployment"))
+    assert sorted(scaled) == sorted(f"{e.name}-vllm" for e in floor_endpoints(spec))
+    for e in floor_endpoints(spec):
+        so = scaled[f"{e.name}-vllm"]["spec"]
+        a = e.autoscaling
+        assert so["scaleTargetRef"]["name"] in deployments
+        assert so["minReplicaCount"] == e.floor.base_replicas and so["maxReplicaCount"] == a.max_replicas
+        queue = [t for t in so["triggers"] if t["type"] == "prometheus"]
+        assert len(queue) == 1
+        assert queue[0]["metricType"] == "AverageValue"
+        assert "vllm:num_requests_waiting" in queue[0]["metadata"]["query"]
+        assert float(queue[0]["metadata"]["threshold"]) == a.target_waiting_per_replica
+        assert {t["type"] for t in so["triggers"]} <= {"prometheus", "cron"}  # no cpu/memory/GPU-util trigger
+        assert not any("util" in json.dumps(t).lower() for t in so["triggers"])
+        behavior = so["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+        assert behavior["scaleUp"]["policies"] == [
+            {"type": "Pods", "value": a.scale_up_pods_per_period, "periodSeconds": a.scale_up_period_s}
+        ]
+        assert behavior["scaleUp"]["stabilizationWindowSeconds"] == a.scale_up_stabilization_s
+        assert behavior["scaleDown"]["stabilizationWindowSeconds"] == a.scale_down_stabilization_s
+
+
+def test_cron_windows_start_the_cold_start_lead_before_each_rise(stack):
+    name, _inputs, spec = stack
+    rec = recording(name)
+    scaled = by_name(objects(rec, "ScaledObject"))
+    for e in floor_endpoints(spec):
+        so = scaled[f"{e.name}-vllm"]
+        for t in so["spec"]["triggers"]:
+            if t["type"] == "cron":
+                assert t["metadata"]["timezone"] == e.floor.timezone
+                assert all(isinstance(v, str) for v in t["metadata"].values())
+        by_hour = e.floor.replicas_by_hour
+        lead_min = math.ceil(e.floor.lead_time_s / 60)
+        for h in range(168):
+            for m in range(h * 60, h * 60 + 60):  # the schedule holds through every hour
+                assert desired_replicas(so, m) >= by_hour[h], f"{e.name}: minute {m} below the floor"
+            if by_hour[h] > by_hour[h - 1]:  # a rise: ready the lead ahead of it
+                for m in range(h * 60 - lead_min, h * 60):
+                    assert desired_replicas(so, m % 10080) >= by_hour[h], (
+                        f"{e.name}: {by_hour[h]} replicas needed at hour {h}, not scheduled {lead_min} min ahead"
+                    )
+
+
+# ── the floor replica's pod ────────────────────────────────────────────────────────────────────
+
+
+def test_readiness_probe_runs_the_warm_up_generation_script(stack):
+    name, _inputs, spec = stack
+    rec = recording(name)
+    config_maps = by_name(objects(rec, "ConfigMap"))
+    for d in objects(rec, "Deployment"):
+        ep = spec.endpoint(d["metadata"]["labels"]["serving.llm/endpoint"])
+        c = vllm_container(d)
+        probe = c["readinessProbe"]["exec"]["command"]
+        assert probe[0] == "python3"
+        mount = next(m for m in c["volumeMounts"] if probe[1].startswith(m["mountPath"] + "/"))
+        volume = next(v for v in d["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+        script = config_maps[volume["configMap"]["name"]]["data"][probe[1].rsplit("/", 1)[1]]
+        assert "/v1/completions" in script and "completion_tokens" in script
+        env = env_of(c)
+        assert env["WARMUP_MODEL"] == ep.engine.served_model_name and int(env["WARMUP_MAX_TOKENS"]) >= 1
+        startup = c["startupProbe"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= ep.pod_cold_start_s
+
+
+def test_no_container_can_reach_a_model_hub_at_boot(stack):
+    name, _inputs, spec = stack
+    rec = recording(name)
+    caches = {c.bucket_name for c in spec.weight_caches if c.region == spec.cluster_region}
+    for d in objects(rec, "Deployment"):
+        ep = spec.endpoint(d["metadata"]["labels"]["serving.llm/endpoint"])
+        pod = d["spec"]["template"]["spec"]
+        for c in pod["containers"] + pod.get("initContainers", []):
+            env = env_of(c)
+            assert env.get("HF_HUB_OFFLINE") == "1" and env.get("TRANSFORMERS_OFFLINE") == "1", c["name"]
+            text = json.dumps(c)
+            assert not any(marker in text for marker in HUB_MARKERS), c["name"]
+            assert ep.engine.tokenizer.split("@")[0] not in text  # the hub id of the tokenizer, e.g. meta-llama/...
+        engine = vllm_container(d)
+        model_path = engine["command"][2]
+        assert model_path.startswith(WEIGHTS_MOUNT + "/"), model_path
+        assert engine["command"] == ep.engine.vllm_args(model_path)  # the spec is the single source of flags
+        fetch = next(c for c in pod["initContainers"] if c["name"] == "fetch-weights")
+        uri = env_of(fetch)["WEIGHTS_URI"]
+        assert uri.startswith("s3://") and uri.split("/")[2] in caches
+        assert uri.endswith(ep.engine.weights_uri_suffix)
+        assert int(env_of(fetch)["START_JITTER_S"]) == ep.herd.start_jitter_s
+
+
+def test_max_model_len_is_the_product_limit(stack):
+    name, inputs, _spec = stack
+    rec = recording(name)
+    limits = {e.name: e.shape.product_max_context_tokens for e in inputs.endpoints}
+    for d in objects(rec, "Deployment"):
+        cmd = vllm_container(d)["command"]
+        assert int(cmd[cmd.index("--max-model-len") + 1]) == limits[d["metadata"]["labels"]["serving.llm/endpoint"]]
+
+
+def test_floor_replicas_spread_across_zones_with_a_pdb_and_a_service(stack):
+    name, _inputs, spec = stack
+    rec = recording(name)
+    pdbs, services = by_name(objects(rec, "PodDisruptionBudget")), by_name(objects(rec, "Service"))
+    deployment_resources = {r.inputs["metadata"]["name"]: r for r in rec.of_type("kubernetes:apps/v1:Deployment")}
+    for d in objects(rec, "Deployment"):
+        n = d["metadata"]["name"]
+        pod = d["spec"]["template"]["spec"]
+        assert any(t["topologyKey"] == "topology.kubernetes.io/zone" for t in pod["topologySpreadConstraints"])
+        assert pdbs[n]["spec"]["selector"]["matchLabels"] == d["spec"]["selector"]["matchLabels"]
+        assert services[n]["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
+        assert "spec.replicas" in deployment_resources[n].ignore_changes  # KEDA owns the count
+
+
+def test_dev_declares_no_floor_replicas_but_its_weight_caches():
+    from topology import load_inputs, plan
+    from pulumi_support import ROOT
+
+    spec = plan(load_inputs(ROOT / "stacks" / "Pulumi.dev.yaml"))
+    rec = recording("dev")
+    assert not gpu_node_groups(rec)
+    assert not objects(rec, "Deployment") and not objects(rec, "ScaledObject")
+    assert not rec.of_type("kubernetes:helm.sh/v3:Release")
+    assert sorted(r.inputs["bucket"] for r in rec.of_type("aws:s3/bucket:Bucket")) == sorted(
+        c.bucket_name for c in spec.weight_caches
+    )
+
+
+# ── weight caches ──────────────────────────────────────────────────────────────────────────────
+
+
+def test_weight_buckets_are_versioned_encrypted_private_and_protected(stack):
+    name, _inputs, spec = stack
+    rec = recording(name)
+    buckets = {r.inputs["bucket"]: r for r in rec.of_type("aws:s3/bucket:Bucket")}
+    assert sorted(buckets) == sorted(c.bucket_name for c in spec.weight_caches)
+
+    def attached(type_: str, bucket: str) -> list[dict]:
+        return [r.inputs for r in rec.of_type(type_) if r.inputs.get("bucket") == bucket]
+
+    for b, r in buckets.items():
+        assert r.protect is True and r.inputs.get("forceDestroy") is False
+        (v,) = attached("aws:s3/bucketVersioning:BucketVersioning", b)
+        assert v["versioningConfiguration"]["status"] == "Enabled"
+        (sse,) = attached("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration", b)
+        assert sse["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] in ("AES256", "aws:kms")
+        (pab,) = attached("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", b)
+        assert all(pab[k] is True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets"))
+
+
+def test_replication_and_gateway_endpoint_and_prefix_limited_readers(stack):
+    name, _inputs, spec = stack
+    rec = recording(name)
+    (repl,) = rec.of_type("aws:s3/bucketReplicationConfig:BucketReplicationConfig")
+    assert repl.inputs["bucket"] == spec.weight_caches[0].source_bucket
+    wanted = {(f"arn:aws:s3:::{c.bucket_name}", p) for c in spec.weight_caches for p in c.model_prefixes}
+    assert {(r["destination"]["bucket"], r["filter"]["prefix"]) for r in repl.inputs["rules"]} == wanted
+    endpoints = rec.of_type("aws:ec2/vpcEndpoint:VpcEndpoint")
+    assert sorted(e.inputs["vpcId"] for e in endpoints) == sorted(c.vpc_id for c in spec.weight_caches if c.vpc_id)
+    assert all(e.inputs["vpcEndpointType"] == "Gateway" and e.inputs["routeTableIds"] for e in endpoints)
+    associations = {a.inputs["serviceAccount"]: a.inputs for a in rec.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")}
+    assert sorted(associations) == sorted(f"{e.name}-vllm" for e in floor_endpoints(spec))
+    roles = {r.urn: r for r in rec.of_type("aws:iam/role:Role")}
+    for e in floor_endpoints(spec):
+        role = next(r for r in roles.values() if r.name.endswith(f"-reader-{e.name}"))
+        policy = json.loads(role.inputs["inlinePolicies"][0]["policy"])
+        actions = {a for s in policy["Statement"] for a in s["Action"]}
+        assert actions == {"s3:GetObject", "s3:ListBucket"}
+        get = next(s for s in policy["Statement"] if s["Action"] == ["s3:GetObject"])
+        assert all(res.endswith(f"/{e.engine.weights_uri_suffix}*") for res in get["Resource"])
+
+
+def test_exports_name_the_spec_costs_buckets_and_endpoints(stack):
+    name, _inputs, spec = stack
+    out = recording(name).outputs
+    assert out["specSha256"] == spec.sha256()
+    assert out["costReport"]["monthlyUsdTotal"] == pytest.approx(spec.monthly_usd_total)
+    assert out["weightBuckets"] == {c.region: c.bucket_name for c in spec.weight_caches}
+    assert sorted(out["endpoints"]) == sorted(e.name for e in spec.endpoints)
+    for e in spec.endpoints:
+        assert (out["endpoints"][e.name]["floorService"] is not None) == bool(e.node_pools)

@@ -1,0 +1,242 @@
+"""Behaviour of the pieces the floor pods run (warm-up probe, weight fetch) and of the components' guards:
+invalid MIG layouts, wrapping floor windows, bad stack settings, the stack-reference cluster mode."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from components.floor_replicas import cron_triggers, minute_of_week_cron
+from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
+from components.gpu_operator import GpuOperator, GpuOperatorArgs, mig_parted_config
+from offline.mockrun import read_stack_config, run_function, run_program
+from pulumi_support import ROOT, cron_active, cron_minute_of_week, recording
+from topology.catalog import MigLayoutError
+from topology.loading import InputError
+from topology.spec import FloorSchedule, FloorWindow, MigLayoutSpec
+
+WARMUP = ROOT / "components" / "warmup_probe.py"
+FETCH = ROOT / "components" / "fetch_weights.sh"
+
+
+# ── the warm-up readiness probe against a fake vLLM server ─────────────────────────────────────
+
+
+class _FakeEngine(BaseHTTPRequestHandler):
+    completion_tokens = 1
+    requests: list = []
+
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+    def do_GET(self):  # noqa: N802
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append((self.path, body))
+        n = type(self).completion_tokens
+        payload = json.dumps({"choices": [{"text": " ready" if n else ""}], "usage": {"completion_tokens": n}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+@pytest.fixture
+def fake_engine():
+    handler = type("Engine", (_FakeEngine,), {"requests": [], "completion_tokens": 1})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, handler
+    server.shutdown()
+
+
+def _probe(port: int, sentinel: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WARMUP_PORT": str(port), "WARMUP_MODEL": "llama-guard-3-1b", "WARMUP_MAX_TOKENS": "1",
+           "WARMUP_SENTINEL": str(sentinel), "WARMUP_TIMEOUT_S": "5"}
+    return subprocess.run([sys.executable, str(WARMUP)], env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_probe_is_not_ready_until_a_generation_returns_a_token(fake_engine, tmp_path):
+    server, engine = fake_engine
+    sentinel = tmp_path / "warm"
+    engine.completion_tokens = 0  # the engine answers /health but generates nothing
+    r = _probe(server.server_port, sentinel)
+    assert r.returncode == 1 and not sentinel.exists() and "no tokens" in r.stderr
+    engine.completion_tokens = 1
+    r = _probe(server.server_port, sentinel)
+    assert r.returncode == 0 and sentinel.exists()
+    path, body = engine.requests[-1]
+    assert path == "/v1/completions" and body["model"] == "llama-guard-3-1b" and body["max_tokens"] >= 1
+    n = len(engine.requests)
+    assert _probe(server.server_port, sentinel).returncode == 0
+    assert len(engine.requests) == n  # once warm, the probe only checks /health
+
+
+def test_probe_fails_when_the_engine_is_down(tmp_path):
+    r = _probe(1, tmp_path / "warm")  # nothing listens on port 1
+    assert r.returncode == 1 and not (tmp_path / "warm").exists()
+
+
+def test_rendered_probe_script_is_the_tested_one():
+    (cm,) = [o for o in recording("prod").kubernetes_objects()
+             if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "guard-vllm-scripts"]
+    assert cm["data"]["warmup_probe.py"] == WARMUP.read_text()
+    assert cm["data"]["fetch_weights.sh"] == FETCH.read_text()
+
+
+# ── the weight fetch init container, with a fake `aws` ─────────────────────────────────────────
+
+
+def _fetch(tmp_path: Path, source: Path) -> subprocess.CompletedProcess:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    calls = tmp_path / "aws-calls"
+    fake_aws = bin_dir / "aws"
+    # stands in for `aws s3 sync SRC DEST`: copies a local folder and logs the call
+    fake_aws.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nmkdir -p "$6"\ncp -R {source}/. "$6"/\n')
+    fake_aws.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "WEIGHTS_URI": "s3://cache/models/m/rev/",
+           "LOCAL_DIR": str(tmp_path / "nvme" / "models" / "m" / "rev"), "START_JITTER_S": "0", "STALE_LOCK_MIN": "30"}
+    return subprocess.run(["/bin/sh", str(FETCH)], env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_fetch_copies_weights_once_per_node(tmp_path):
+    source = tmp_path / "bucket"
+    source.mkdir()
+    (source / "model.safetensors").write_text("weights")
+    r = _fetch(tmp_path, source)
+    assert r.returncode == 0, r.stderr
+    local = tmp_path / "nvme" / "models" / "m" / "rev"
+    assert (local / "model.safetensors").read_text() == "weights" and (local / ".complete").exists()
+    assert "s3 sync" in (tmp_path / "aws-calls").read_text() and "s3://cache/models/m/rev/" in (tmp_path / "aws-calls").read_text()
+    r = _fetch(tmp_path, source)
+    assert r.returncode == 0 and "already on this node" in r.stdout
+    assert (tmp_path / "aws-calls").read_text().count("s3 sync") == 1
+    assert not (tmp_path / "nvme" / "models" / "m" / "rev.lock").exists()
+
+
+def test_fetch_fails_when_the_cache_holds_no_weights(tmp_path):
+    source = tmp_path / "bucket"
+    source.mkdir()
+    r = _fetch(tmp_path, source)
+    assert r.returncode == 1 and "replication" in r.stderr
+    assert not (tmp_path / "nvme" / "models" / "m" / "rev" / ".complete").exists()
+
+
+# ── MIG layouts the catalog rejects ────────────────────────────────────────────────────────────
+
+
+def _bad_pool():
+    from topology import load_inputs, plan
+
+    spec = plan(load_inputs(ROOT / "stacks" / "Pulumi.prod.yaml"))
+    pool = next(p for p in spec.node_pools if p.mig_layout is not None)
+    # the public blueprint's mistake: 8 compute slices on one GPU
+    bad = MigLayoutSpec(name="mixed-bad", devices={"1g.10gb": 3, "2g.20gb": 1, "3g.40gb": 1})
+    return pool.model_copy(update={"mig_layout": bad, "labels": {**pool.labels, "nvidia.com/mig.config": "mixed-bad"}})
+
+
+def test_invalid_layout_fails_naming_gpu_profiles_and_slice_counts():
+    pool = _bad_pool()
+    with pytest.raises(MigLayoutError) as err:
+        mig_parted_config([pool])
+    msg = str(err.value)
+    for part in (pool.name, "H100-80GB", "1g.10gb:3", "2g.20gb:1", "3g.40gb:1", "8 compute slices", "max 7"):
+        assert part in msg
+
+
+def test_invalid_layout_fails_before_anything_is_declared():
+    pool = _bad_pool()
+    for declare in (
+        lambda: GpuOperator("gpu-operator", GpuOperatorArgs(node_pools=[pool])),
+        lambda: GpuNodePool("pool", GpuNodePoolArgs(pool=pool, cluster_name="c", node_role_arn="arn", subnet_ids=["s"])),
+    ):
+        declared = []
+        with pytest.raises(MigLayoutError, match="compute slices"):
+            declared.append(run_function(declare))
+        assert not declared
+
+
+def test_one_layout_name_cannot_mean_two_geometries():
+    pool = _bad_pool()
+    a = pool.model_copy(update={"name": "a", "mig_layout": MigLayoutSpec(name="x", devices={"1g.10gb": 7})})
+    b = pool.model_copy(update={"name": "b", "mig_layout": MigLayoutSpec(name="x", devices={"3g.40gb": 2})})
+    with pytest.raises(MigLayoutError, match="give different geometries different names"):
+        mig_parted_config([a, b])
+
+
+# ── floor windows as cron triggers ─────────────────────────────────────────────────────────────
+
+
+def test_cron_expressions_round_trip_every_minute_of_the_week():
+    assert minute_of_week_cron(0) == "0 0 * * 1"  # Monday 00:00
+    assert minute_of_week_cron(10079) == "59 23 * * 0"  # Sunday 23:59
+    assert all(cron_minute_of_week(minute_of_week_cron(m)) == m for m in range(0, 10080, 7))
+
+
+def test_a_window_wrapping_past_sunday_midnight_stays_active_across_it():
+    floor = FloorSchedule(
+        timezone="Europe/Berlin", replicas_by_hour=(1,) * 168, base_replicas=1, reserved_replicas=1, lead_time_s=600,
+        windows=(FloorWindow(start_minute_of_week=10020, end_minute_of_week=60, replicas=3,
+                             demand_rise_minute_of_week=10030),),
+    )
+    (t,) = cron_triggers(floor)
+    m = t["metadata"]
+    assert m == {"timezone": "Europe/Berlin", "start": "0 23 * * 0", "end": "0 1 * * 1", "desiredReplicas": "3"}
+    start, end = cron_minute_of_week(m["start"]), cron_minute_of_week(m["end"])
+    assert all(cron_active(start, end, x) for x in (10020, 10079, 0, 59))
+    assert not any(cron_active(start, end, x) for x in (60, 5000, 10019))
+
+
+# ── stack settings and cluster modes ───────────────────────────────────────────────────────────
+
+
+def test_bad_cluster_setting_names_field_value_and_allowed():
+    stack, config = read_stack_config(ROOT / "stacks" / "Pulumi.prod.yaml")
+    config = {**config, "llm-serving:cluster": {"mode": "borrowed", "name": "x"}}
+    with pytest.raises(InputError) as err:
+        run_program(stack, config)
+    assert "cluster.mode = 'borrowed'" in str(err.value) and "'existing' or 'create'" in str(err.value)
+
+
+def test_missing_cluster_setting_is_a_clear_error():
+    stack, config = read_stack_config(ROOT / "stacks" / "Pulumi.dev.yaml")
+    config = {k: v for k, v in config.items() if k != "llm-serving:cluster"}
+    with pytest.raises(InputError, match="missing config key 'cluster'"):
+        run_program(stack, config)
+
+
+def test_existing_cluster_from_a_stack_reference():
+    stack, config = read_stack_config(ROOT / "stacks" / "Pulumi.prod.yaml")
+    config = {**config, "llm-serving:cluster": {"mode": "existing", "stackReference": {"name": "acme/platform/prod"}}}
+    outputs = {"clusterName": "platform-from-ref", "nodeRoleArn": "arn:aws:iam::1:role/gpu-nodes",
+               "privateSubnetIds": ["subnet-a", "subnet-b"], "kubeconfig": "{}"}
+    rec = run_program(stack, config, stack_reference_outputs=outputs)
+    (ref,) = rec.of_type("pulumi:pulumi:StackReference")
+    assert ref.inputs["name"] == "acme/platform/prod"
+    groups = rec.of_type("aws:eks/nodeGroup:NodeGroup")
+    assert groups and all(g.inputs["clusterName"] == "platform-from-ref" for g in groups)
+    assert all(g.inputs["subnetIds"] == ["subnet-a", "subnet-b"] for g in groups)
+    assert not rec.of_type("aws:eks/cluster:Cluster")
+    (provider,) = rec.of_type("pulumi:providers:kubernetes")
+    assert provider.inputs["kubeconfig"] == "[secret]"  # the kubeconfig never appears in a recording
+
+
+def test_dev_creates_a_minimal_cluster_with_pod_identity():
+    rec = recording("dev")
+    (cluster,) = rec.of_type("aws:eks/cluster:Cluster")
+    assert cluster.inputs["name"] == "llm-serving-dev"
+    addons = {a.inputs["addonName"] for a in rec.of_type("aws:eks/addon:Addon")}
+    assert "eks-pod-identity-agent" in addons
