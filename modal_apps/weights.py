@@ -15,8 +15,8 @@ prefix) written when the weights were published. The copy is:
   name, so a volume switched by mistake would take the burst tier down).
 
 The core (`sync_weights`) copies from a `Source` into a local directory. For the Modal Volume, that
-directory is a staging area, uploaded with `Volume.batch_upload` at the end (marker last, in the same
-commit). Tests use local directories for the bucket and for the volume.
+directory is a staging area, uploaded with `Volume.batch_upload` at the end (the marker last, once
+every file is listed in the volume at its size). Tests use local directories for the bucket and for the volume.
 """
 
 from __future__ import annotations
@@ -318,33 +318,47 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def read_volume_marker(volume) -> dict | None:
-    import modal
-
     try:
         return json.loads(b"".join(volume.read_file(REVISION_MARKER)))
-    except modal.exception.NotFoundError:
+    except FileNotFoundError:  # what Volume.read_file raises for a missing path
         return None
 
 
-def upload_to_volume(volume, staging: Path, target: WeightsTarget) -> int:
-    """Upload the staged files the volume lacks (or holds at another size), the marker in the same commit."""
+def _remote_sizes(volume, prefix: str) -> dict[str, int]:
     import modal
 
     try:
-        remote = {e.path: e.size for e in volume.listdir(target.prefix, recursive=True)}
-    except modal.exception.NotFoundError:
-        remote = {}
-    uploaded = 0
-    with volume.batch_upload(force=True) as batch:
-        for path in sorted((staging / target.prefix).rglob("*")):
-            if not path.is_file() or path.name.endswith(".partial"):
-                continue
-            rel = path.relative_to(staging).as_posix()
-            if remote.get(rel) != path.stat().st_size:
+        return {e.path.lstrip("/"): e.size for e in volume.listdir(prefix, recursive=True)}
+    except (FileNotFoundError, modal.exception.NotFoundError):
+        return {}
+
+
+def upload_to_volume(volume, staging: Path, target: WeightsTarget) -> int:
+    """Upload the staged files the volume lacks (or holds at another size), then the revision marker.
+
+    The staged files were verified against the manifest; afterwards every one must be listed in the
+    volume at its size, or the upload is reported as incomplete (and the next run uploads the rest).
+    """
+    remote = _remote_sizes(volume, target.prefix)
+    staged = {
+        path.relative_to(staging).as_posix(): path
+        for path in sorted((staging / target.prefix).rglob("*"))
+        if path.is_file() and not path.name.endswith(".partial")
+    }
+    todo = {rel: path for rel, path in staged.items() if remote.get(rel) != path.stat().st_size}
+    if todo:
+        with volume.batch_upload(force=True) as batch:
+            for rel, path in todo.items():
                 batch.put_file(path, rel)
-                uploaded += 1
+    after = _remote_sizes(volume, target.prefix)
+    missing = [rel for rel, path in staged.items() if after.get(rel) != path.stat().st_size]
+    if missing:
+        raise WeightsError(f"upload incomplete, {len(missing)} file(s) missing or short in the volume, "
+                           f"e.g. {missing[0]}; run the sync again")
+    # The marker last, once the weights are all there: the server starts only on a complete copy.
+    with volume.batch_upload(force=True) as batch:
         batch.put_file(staging / REVISION_MARKER, REVISION_MARKER)
-    return uploaded
+    return len(todo)
 
 
 # --- command line ----------------------------------------------------------------------------------

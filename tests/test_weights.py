@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
 import os
+import shutil
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -228,3 +231,61 @@ def test_cli_errors_are_clear(root, tmp_path, capsys):
     assert W.main(["sync", "--stack", str(root / "stacks/Pulumi.dev.yaml"), "--endpoint", "assist",
                    "--source-dir", str(tmp_path / "empty"), "--dest-dir", str(tmp_path / "v")]) == 1
     assert "no SHA256SUMS manifest" in capsys.readouterr().err
+
+
+# --- the upload into the Modal Volume, against a stand-in with the same methods --------------------
+
+
+class FakeVolume:
+    """A directory behind the subset of modal.Volume the upload uses (listdir, read_file, batch_upload)."""
+
+    def __init__(self, root, drop: str | None = None):
+        self.root, self.drop, self.batches = root, drop, []
+
+    def listdir(self, path, recursive=False):
+        base = self.root / path
+        if not base.exists():
+            raise FileNotFoundError(path)
+        return [SimpleNamespace(path=p.relative_to(self.root).as_posix(), size=p.stat().st_size)
+                for p in sorted(base.rglob("*")) if p.is_file()]
+
+    def read_file(self, path):
+        if not (self.root / path).exists():
+            raise FileNotFoundError(path)
+        yield (self.root / path).read_bytes()
+
+    @contextlib.contextmanager
+    def batch_upload(self, force=False):
+        puts = []
+        yield SimpleNamespace(put_file=lambda local, remote: puts.append((local, remote)))
+        self.batches.append(sorted(r for _, r in puts))
+        for local, remote in puts:  # committed together when the context exits
+            if remote.endswith(self.drop or "\0"):
+                continue  # a file lost on the way
+            (self.root / remote).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(local, self.root / remote)
+
+
+def test_upload_sends_what_the_volume_lacks_and_the_marker_last(bucket, tmp_path):
+    staging = tmp_path / "staging"
+    W.sync_weights(W.LocalDirSource(bucket), staging, TARGET, progress=False)
+    vol = FakeVolume(tmp_path / "modal-volume")
+    assert W.read_volume_marker(vol) is None
+    assert W.upload_to_volume(vol, staging, TARGET) == len(FILES)
+    assert vol.batches == [sorted(TARGET.prefix + rel for rel in FILES), [REVISION_MARKER]]
+    assert_complete(vol.root)
+    assert W.read_volume_marker(vol)["revision"] == TARGET.revision
+    # Nothing to send the second time; a file shortened in the volume is sent again.
+    assert W.upload_to_volume(vol, staging, TARGET) == 0
+    (vol.root / TARGET.prefix / "config.json").write_bytes(b"{}")
+    assert W.upload_to_volume(vol, staging, TARGET) == 1
+    assert_complete(vol.root)
+
+
+def test_incomplete_upload_is_reported_and_leaves_no_marker(bucket, tmp_path):
+    staging = tmp_path / "staging"
+    W.sync_weights(W.LocalDirSource(bucket), staging, TARGET, progress=False)
+    vol = FakeVolume(tmp_path / "modal-volume", drop="model-00002-of-00002.safetensors")
+    with pytest.raises(W.WeightsError, match="upload incomplete, 1 file.*model-00002-of-00002.safetensors"):
+        W.upload_to_volume(vol, staging, TARGET)
+    assert W.read_volume_marker(vol) is None
