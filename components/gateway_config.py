@@ -149,6 +149,7 @@ def render_gateway_config(
     lua_path: str = f"/usr/local/etc/haproxy/{LUA_FILE}",
     health_check_interval_ms: int = 2000,
     log_target: str = "stdout format raw local0",
+    max_connections: int = 10000,
 ) -> RenderedGateway:
     """haproxy.cfg + gateway.lua for every gated endpoint of `spec`.
 
@@ -184,7 +185,7 @@ def render_gateway_config(
         f"    lua-load {lua_path}",
         # bodies are validated and stamped in one buffer: it must hold the largest allowed body
         f"    tune.bufsize {bufsize}",
-        "    maxconn 20000",
+        f"    maxconn {max_connections}",
         "",
         "resolvers cluster",
         "    parse-resolv-conf",
@@ -205,6 +206,12 @@ def render_gateway_config(
         "    timeout http-keep-alive 10s",
         "    timeout client-fin 5s",
         "    timeout server-fin 5s",
+        # HAProxy's own errors as OpenAI-style JSON, so clients parse every failure the same way
+        *[f"    http-error status {code} content-type application/json string "
+          f"'{{\"error\":{{\"message\":\"{msg}\",\"type\":\"gateway_error\",\"code\":{code}}}}}'"
+          for code, msg in ((502, "upstream failed before responding"),
+                            (503, "no upstream available"),
+                            (504, "upstream sent no response in time"))],
         "",
     ]
     stats = [
@@ -299,26 +306,28 @@ def _endpoint_sections(
     fl.append("    http-request set-header X-Gateway-Tenant %[var(txn.tenant)]")
 
     backends_for_budget: list[str] = []
+    route: list[str] = []
     if g.canary is not None:
         hdr = g.sticky_hash_header if g.canary.hash_key == "session" else USER_HASH_HEADER
         basis_points = int(round(g.canary.percent * 100))
-        fl.append(f"    acl canary_key req.fhdr({hdr}) -m found")
-        fl.append(f"    acl canary_side req.fhdr({hdr}),xxh32({_canary_seed(g.canary.revision)}),mod(10000) "
+        route.append(f"    acl canary_key req.fhdr({hdr}) -m found")
+        route.append(f"    acl canary_side req.fhdr({hdr}),xxh32({_canary_seed(g.canary.revision)}),mod(10000) "
                   f"-m int lt {basis_points}")
-        fl.append(f"    use_backend {be_canary} if canary_key canary_side")
+        route.append(f"    use_backend {be_canary} if canary_key canary_side")
         backends_for_budget.append(be_canary)
     if has_floor and has_burst:
         # in-flight on the floor (queued included) vs threshold x replicas that are up
         fl.append(f"    http-request set-var(txn.floor_conn) be_conn({be_floor})")
         fl.append(f"    http-request set-var(txn.floor_room) nbsrv({be_floor}),mul({g.overflow_inflight_per_replica}),"
                   "sub(txn.floor_conn)")
-        fl.append("    acl floor_has_room var(txn.floor_room) -m int gt 0")
-        fl.append(f"    use_backend {be_floor} if floor_has_room")
-        fl.append(f"    default_backend {be_burst}")
+        route.append("    acl floor_has_room var(txn.floor_room) -m int gt 0")
+        route.append(f"    use_backend {be_floor} if floor_has_room")
+        route.append(f"    default_backend {be_burst}")
     elif has_floor:
-        fl.append(f"    default_backend {be_floor}")
+        route.append(f"    default_backend {be_floor}")
     else:
-        fl.append(f"    default_backend {be_burst}")
+        route.append(f"    default_backend {be_burst}")
+    fl += route
     fl.append("    http-after-response set-header X-Accel-Buffering no")
     fl.append("    http-after-response set-header Cache-Control no-cache if { res.hdr(content-type) -m beg text/event-stream }")
     fl.append("")

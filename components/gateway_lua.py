@@ -166,7 +166,8 @@ end, 2)
 -- Request filter: inserts txn.gate_prefix right after the body's opening brace.
 local BodyStamp = { id = "llm-body-stamp", flags = filter.FLT_CFG_FL_HTX }
 BodyStamp.__index = BodyStamp
-function BodyStamp:new() return setmetatable({ done = false }, BodyStamp) end
+-- HAProxy calls new() on the per-declaration copy that holds the filter's arguments: inherit from it
+function BodyStamp:new() return setmetatable({ done = false }, { __index = self }) end
 function BodyStamp:start_analyze(txn, chn)
   if not chn:is_resp() then filter.register_data_filter(self, chn) end
   return filter.CONTINUE
@@ -196,7 +197,7 @@ local function now_ms()
   return t.sec * 1000 + t.usec // 1000
 end
 function Gap:new()
-  return setmetatable({ started = now_ms(), last = nil, active = false, ended = false }, Gap)
+  return setmetatable({ started = now_ms(), last = nil, active = false, ended = false }, { __index = self })
 end
 function Gap:start_analyze(txn, chn)
   if chn:is_resp() then filter.register_data_filter(self, chn) end

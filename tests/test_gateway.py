@@ -1,0 +1,382 @@
+"""The gateway as a real HAProxy on 127.0.0.1, running exactly the config the renderer produces.
+
+The prod spec is used with its gateway timeouts and overflow threshold scaled down (model_copy on
+GatewaySpec), so streams and timeouts take a second, not a minute. Upstreams are tests/fake_upstream.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+import uuid
+
+import pytest
+
+from components.gateway_config import DnsServers, StaticServers, env_name, render_gateway_config
+from tests.fake_upstream import FakeUpstream
+from tests.gateway_harness import HaproxyProcess, free_port, lua_path, require_haproxy
+from topology.spec import CanarySpec
+
+SALTS = {"acme": "salt-acme-7f3a", "globex": "salt-globex-19c2", "initech": "salt-initech-d00d"}
+KEYS = {"acme": "key-acme-1", "globex": "key-globex-2", "initech": "key-initech-3", "default": "key-default-4"}
+MODAL = {"GW_MODAL_KEY": "wk-test-modal", "GW_MODAL_SECRET": "ws-test-modal"}
+
+
+def scaled_spec(spec):
+    """Prod spec with test-sized gateway figures (same renderer, smaller numbers)."""
+    eps = []
+    for e in spec.endpoints:
+        update = {"first_byte_timeout_s": 2, "inter_chunk_timeout_s": 1}
+        if e.name == "assist":
+            update |= {"overflow_inflight_per_replica": 2,
+                       "canary": CanarySpec(percent=30.0, revision="assist-rev-b", hash_key="user")}
+        eps.append(e.model_copy(update={"gateway": e.gateway.model_copy(update=update)}))
+    return spec.model_copy(update={"endpoints": tuple(eps)})
+
+
+@pytest.fixture(scope="module")
+def gw(planned_stacks, tmp_path_factory):
+    require_haproxy()
+    spec = scaled_spec(planned_stacks["prod"][1])
+    ups = {n: FakeUpstream(n).start() for n in ("floor1", "floor2", "burst", "canary", "guard")}
+    dead = [free_port(), free_port(), free_port()]  # nothing listens: connections are refused
+    ports = {"assist": free_port(), "autocomplete": free_port(), "guard": free_port()}
+    workdir = tmp_path_factory.mktemp("gw")
+    rendered = render_gateway_config(
+        spec,
+        burst_urls={"assist": f"http://{ups['burst'].address}", "autocomplete": f"http://127.0.0.1:{dead[0]}"},
+        floor_servers={"assist": StaticServers((ups["floor1"].address, ups["floor2"].address)),
+                       "autocomplete": StaticServers((f"127.0.0.1:{dead[1]}",)),
+                       "guard": StaticServers((f"127.0.0.1:{dead[2]}", ups["guard"].address))},
+        canary_servers={"assist": StaticServers((ups["canary"].address,))},
+        binds={k: f"127.0.0.1:{p}" for k, p in ports.items()},
+        stats_bind=f"127.0.0.1:{free_port()}",
+        lua_path=lua_path(workdir),
+        # checks stay out of the way: the refusal tests need the dead server still marked up
+        health_check_interval_ms=60000,
+        max_connections=2000,
+    )
+    env = dict(MODAL)
+    for t, k in KEYS.items():
+        for ep in ("assist", "autocomplete", "guard"):
+            env[env_name(ep, f"{t}-api-key")] = k
+    for t, s in SALTS.items():
+        env[env_name("assist", f"{t}-cache-salt")] = s
+    proc = HaproxyProcess(rendered, workdir, env, list(ports.values()))
+    yield {"ports": ports, "ups": ups, "proc": proc, "spec": spec}
+    proc.stop()
+    for u in ups.values():
+        u.stop()
+
+
+def body(**extra) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": "hello"}], **extra}
+
+
+def post(port: int, payload: dict | bytes, key: str | None = KEYS["acme"], headers: dict | None = None,
+         timeout: float = 10.0):
+    """POST and read the whole response: (status, headers, body bytes, request id)."""
+    rid = str(uuid.uuid4())
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    h = {"Content-Type": "application/json", "X-Request-Id": rid, **(headers or {})}
+    if key is not None:
+        h["Authorization"] = f"Bearer {key}"
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", "/v1/chat/completions", body=data, headers=h)
+        resp = conn.getresponse()
+        try:
+            content = resp.read()
+        except http.client.IncompleteRead as exc:
+            content = exc.partial
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, content, rid
+    finally:
+        conn.close()
+
+
+def records(gw, rid: str):
+    return [(name, r) for name, u in gw["ups"].items() for r in u.log.completions() if r.request_id == rid]
+
+
+def wait_until(pred, timeout_s: float = 5.0, step_s: float = 0.01):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step_s)
+    return pred()
+
+
+def log_for(gw, rid_marker: str) -> list[str]:
+    return [ln for ln in gw["proc"].log_lines() if rid_marker in ln]
+
+
+# 1. streaming is incremental --------------------------------------------------------------
+
+def test_first_chunk_reaches_client_before_upstream_finishes(gw):
+    port = gw["ports"]["assist"]
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    rid = str(uuid.uuid4())
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body(stream=True)).encode(),
+                 headers={"Authorization": f"Bearer {KEYS['acme']}", "X-Request-Id": rid,
+                          "Content-Type": "application/json", "X-Fake-Chunks": "5", "X-Fake-Interval-Ms": "300"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.getheader("X-Accel-Buffering") == "no"
+    assert resp.getheader("Content-Type").startswith("text/event-stream")
+    arrivals = []
+    while True:
+        line = resp.readline()
+        if not line:
+            break
+        if line.startswith(b"data: "):
+            arrivals.append((time.time(), line))
+    conn.close()
+    events = [json.loads(l[6:]) for _, l in arrivals if l.strip() != b"data: [DONE]"]
+    assert [e["index"] for e in events] == [0, 1, 2, 3, 4]
+    # the first chunk was in the client's hands long before the upstream sent its last one
+    first_arrival = arrivals[0][0]
+    assert first_arrival < events[-1]["sent_at"] - 0.9
+    # and each chunk arrived promptly after the upstream sent it (no batching on the way)
+    assert all(t - e["sent_at"] < 0.2 for (t, _), e in zip(arrivals, events))
+
+
+# 2. overflow to burst ----------------------------------------------------------------------
+
+def test_saturated_floor_overflows_to_burst_without_loss_or_duplicates(gw):
+    ups, port = gw["ups"], gw["ports"]["assist"]
+    import concurrent.futures as cf
+
+    for u in ups.values():
+        u.release_event.clear()
+    floor_before = len(ups["floor1"].log.completions()) + len(ups["floor2"].log.completions())
+    burst_before = len(ups["burst"].log.completions())
+    held_headers = {"X-Fake-Hold": "1", "X-Fake-Chunks": "2"}
+    with cf.ThreadPoolExecutor(max_workers=10) as pool:
+        # threshold 2 per replica x 2 replicas = 4 streams fill the floor
+        held = [pool.submit(post, port, body(stream=True), headers=held_headers) for _ in range(4)]
+        assert wait_until(lambda: len(ups["floor1"].log.completions()) + len(ups["floor2"].log.completions())
+                          - floor_before == 4)
+        extra = [pool.submit(post, port, body(stream=True)) for _ in range(6)]
+        extra_results = [f.result(timeout=10) for f in extra]
+        for u in ups.values():
+            u.release()
+        held_results = [f.result(timeout=10) for f in held]
+    assert all(r[0] == 200 for r in extra_results + held_results)
+    assert all(b"[DONE]" in r[2] for r in extra_results + held_results)
+    assert {r[1]["x-served-by"] for r in held_results} == {"floor"}
+    assert {r[1]["x-served-by"] for r in extra_results} == {"burst"}
+    assert len(ups["burst"].log.completions()) - burst_before == 6
+    for r in extra_results + held_results:  # each request reached exactly one upstream, once
+        assert len(records(gw, r[3])) == 1
+    # Modal's proxy-auth came from the environment (the Secret), and only on the burst path
+    burst_rec = records(gw, extra_results[0][3])[0][1]
+    assert burst_rec.headers["modal-key"] == MODAL["GW_MODAL_KEY"]
+    assert burst_rec.headers["modal-secret"] == MODAL["GW_MODAL_SECRET"]
+    floor_rec = records(gw, held_results[0][3])[0][1]
+    assert "modal-key" not in floor_rec.headers
+
+
+def test_same_session_lands_on_same_floor_replica(gw):
+    port = gw["ports"]["assist"]
+    for session in ("s-alpha", "s-beta", "s-gamma", "s-delta"):
+        sides = set()
+        for _ in range(3):
+            status, _, _, rid = post(port, body(), headers={"X-Session-Id": session})
+            assert status == 200
+            sides |= {name for name, _ in records(gw, rid)}
+        assert len(sides) == 1 and sides <= {"floor1", "floor2"}
+
+
+# 3. disconnects ----------------------------------------------------------------------------
+
+def test_client_disconnect_reaches_upstream_within_one_second(gw):
+    port = gw["ports"]["assist"]
+    rid = str(uuid.uuid4())
+    payload = json.dumps(body(stream=True)).encode()
+    req = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEYS['acme']}\r\n"
+           f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nX-Request-Id: {rid}\r\n"
+           "X-Fake-Chunks: 200\r\nX-Fake-Interval-Ms: 50\r\n\r\n").encode() + payload
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(req)
+    got = b""
+    while b"data: " not in got:
+        chunk = sock.recv(4096)
+        assert chunk, "gateway closed before the first chunk"
+        got += chunk
+    sock.close()
+    closed_at = time.monotonic()
+    assert wait_until(lambda: any(r.aborted_at for _, r in records(gw, rid)), timeout_s=3)
+    (_, rec), = records(gw, rid)
+    assert rec.aborted_at - closed_at < 1.0
+    assert not rec.completed
+
+
+# 4. per-gap timeouts -----------------------------------------------------------------------
+
+def test_idle_gap_longer_than_inter_chunk_limit_ends_stream_with_error(gw):
+    status, headers, content, rid = post(gw["ports"]["assist"], body(stream=True),
+                                         headers={"X-Fake-Chunks": "3", "X-Fake-Gap-After": "0",
+                                                  "X-Fake-Gap-Ms": "1600"})
+    assert status == 200
+    text = content.decode()
+    assert '"index": 0' in text and '"index": 1' not in text
+    assert "event: error" in text and "gateway_timeout" in text and "between streamed chunks" in text
+    # the gateway dropped the upstream connection, so the engine would abort the generation
+    assert wait_until(lambda: any(r.aborted_at for _, r in records(gw, rid)), timeout_s=3)
+
+
+def test_long_stream_with_regular_chunks_is_never_cut(gw):
+    # 9 chunks x 300 ms: longer than both the first-byte (2 s) and inter-chunk (1 s) limits in total
+    status, _, content, _ = post(gw["ports"]["assist"], body(stream=True),
+                                 headers={"X-Fake-Chunks": "9", "X-Fake-Interval-Ms": "300"})
+    assert status == 200
+    assert content.decode().count('"index"') == 9 and "[DONE]" in content.decode()
+    assert "event: error" not in content.decode()
+
+
+def test_no_first_byte_within_limit_is_a_json_504(gw):
+    status, _, content, _ = post(gw["ports"]["assist"], body(stream=True), headers={"X-Fake-Ttfb-Ms": "2600"})
+    assert status == 504
+    assert json.loads(content)["error"]["code"] == 504
+
+
+# 5. retries only before generation ---------------------------------------------------------
+
+def test_refused_connection_is_retried_once_on_another_replica(gw):
+    # guard's floor: one dead replica, one live; every request must succeed, each seen once
+    rids = []
+    for i in range(8):
+        status, _, _, rid = post(gw["ports"]["guard"], body(), key=KEYS["default"],
+                                 headers={"X-Session-Id": f"guard-session-{i}"})
+        assert status == 200
+        rids.append(rid)
+    assert all(len(records(gw, rid)) == 1 for rid in rids)
+    lines = [ln for ln in gw["proc"].log_lines() if "fe_guard" in ln]
+    retries = [ln.split()[8].split("/")[-1] for ln in lines]  # %ac/%fc/%bc/%sc/%rc
+    assert "+1" in retries or "1" in retries  # some request hit the dead replica and was redispatched
+    assert all(r.lstrip("+") in ("0", "1") for r in retries)
+
+
+def test_refused_everywhere_is_one_retry_then_json_503(gw):
+    status, _, content, _ = post(gw["ports"]["autocomplete"], body(), key=KEYS["default"])
+    assert status == 503
+    assert json.loads(content)["error"]["code"] == 503
+    line = [ln for ln in gw["proc"].log_lines() if "fe_autocomplete" in ln][-1]
+    assert line.split()[8].split("/")[-1].lstrip("+") == "1"  # exactly one retry
+
+
+def test_close_before_any_byte_is_retried_once(gw):
+    status, _, _, rid = post(gw["ports"]["assist"], body(), headers={"X-Fake-Fail": "close-before-response"})
+    assert status == 502
+    assert len(records(gw, rid)) == 2  # the first attempt and one retry, no more
+
+
+def test_failure_after_first_byte_is_never_retried(gw):
+    status, _, content, rid = post(gw["ports"]["assist"], body(stream=True),
+                                   headers={"X-Fake-Fail": "close-after-first-chunk"})
+    assert status == 200
+    assert '"index": 0' in content.decode() and "[DONE]" not in content.decode()
+    time.sleep(0.3)  # a retry, if any, would have reached an upstream by now
+    assert len(records(gw, rid)) == 1
+
+
+# 6. input caps and authentication ----------------------------------------------------------
+
+def test_oversized_body_gets_413_and_reaches_no_upstream(gw):
+    limit = gw["spec"].endpoint("assist").gateway.max_request_body_bytes
+    big = json.dumps(body(messages=[{"role": "user", "content": "x" * (limit + 10)}])).encode()
+    status, _, content, rid = post(gw["ports"]["assist"], big)
+    assert status == 413
+    assert json.loads(content)["error"]["code"] == 413
+    assert records(gw, rid) == []
+
+
+def test_wrong_or_missing_api_key_gets_401(gw):
+    for key in ("not-a-key", None, KEYS["default"]):  # default is autocomplete's key, not assist's
+        status, _, content, rid = post(gw["ports"]["assist"], body(), key=key)
+        assert status == 401
+        assert json.loads(content)["error"]["type"] == "authentication_error"
+        assert records(gw, rid) == []
+
+
+def test_max_tokens_cap_enforced_and_stamped(gw):
+    cap = gw["spec"].endpoint("assist").gateway.max_tokens
+    status, _, content, rid = post(gw["ports"]["assist"], body(max_tokens=cap + 1))
+    assert status == 400 and "max_tokens" in json.loads(content)["error"]["message"]
+    assert records(gw, rid) == []
+    # an escaped key name is the same key to the engine's JSON parser, so it is to the gateway
+    sneaky = b'{"model":"m","max\\u005ftokens":999999,"messages":[]}'
+    status, _, _, rid = post(gw["ports"]["assist"], sneaky)
+    assert status == 400 and records(gw, rid) == []
+    status, _, _, rid = post(gw["ports"]["assist"], body(max_tokens=7))
+    assert status == 200 and records(gw, rid)[0][1].body["max_tokens"] == 7
+    status, _, _, rid = post(gw["ports"]["assist"], body())
+    assert status == 200 and records(gw, rid)[0][1].body["max_tokens"] == cap
+    status, _, _, _ = post(gw["ports"]["assist"], b"[1, 2]")
+    assert status == 400
+
+
+# 7. tenancy and canary ---------------------------------------------------------------------
+
+def test_tenants_with_the_same_prompt_get_their_own_cache_salt(gw):
+    seen = {}
+    for tenant in ("acme", "globex", "initech"):
+        status, _, _, rid = post(gw["ports"]["assist"], body(), key=KEYS[tenant],
+                                 headers={"X-Session-Id": "same-session"})
+        assert status == 200
+        (_, rec), = records(gw, rid)
+        seen[tenant] = rec.body["cache_salt"]
+        assert rec.body["messages"] == body()["messages"]
+        assert "authorization" not in rec.headers  # the tenant's key never goes upstream
+        assert rec.headers["x-gateway-tenant"] == tenant
+    assert seen == SALTS
+    # a client cannot pick a salt (it could then probe another tenant's cache)
+    status, _, _, rid = post(gw["ports"]["assist"], body(cache_salt=SALTS["globex"]))
+    assert status == 400 and records(gw, rid) == []
+    status, _, _, rid = post(gw["ports"]["assist"], b'{"cache\\u005fsalt":"x","messages":[]}')
+    assert status == 400 and records(gw, rid) == []
+
+
+def test_same_user_always_lands_on_the_same_canary_side(gw):
+    sides_by_user = {}
+    for u in range(30):
+        user = f"user-{u}"
+        sides = set()
+        for _ in range(3):
+            status, headers, _, _ = post(gw["ports"]["assist"], body(), headers={"X-User-Id": user})
+            assert status == 200
+            sides.add(headers["x-served-by"])
+        assert len(sides) == 1, f"{user} was split across {sides}"
+        sides_by_user[user] = sides.pop()
+    on_canary = sum(1 for s in sides_by_user.values() if s == "canary")
+    assert 0 < on_canary < 30  # 30% of users, by a stable hash; some on each side
+    assert set(sides_by_user.values()) <= {"canary", "floor", "burst"}
+
+
+def test_rendering_for_the_cluster_uses_dns_slots_and_references_secrets(planned_stacks):
+    spec = planned_stacks["prod"][1]
+    r = render_gateway_config(
+        spec,
+        burst_urls={"assist": "https://ws--assist.modal.run", "autocomplete": "https://ws--ac.modal.run"},
+        floor_servers={e.name: DnsServers(f"{e.name}-floor.serving.svc.cluster.local", 8000, 24)
+                       for e in spec.endpoints},
+    )
+    cfg = r.files["haproxy.cfg"]
+    assert "server-template floor 24 assist-floor.serving.svc.cluster.local:8000" in cfg
+    assert "ssl verify required ca-file @system-ca sni str(ws--assist.modal.run)" in cfg
+    for var in r.secret_env:
+        assert f"${{{var}}}" in cfg  # referenced, expanded by HAProxy from the pod's Secret env
+    assert "maxconn 49" in cfg  # assist's overflow threshold per floor replica
+
+
+def test_renderer_rejects_missing_inputs(planned_stacks):
+    spec = planned_stacks["prod"][1]
+    with pytest.raises(ValueError, match="needs a burst URL"):
+        render_gateway_config(spec, burst_urls={}, floor_servers={e.name: StaticServers(("127.0.0.1:1",))
+                                                                  for e in spec.endpoints})
+    with pytest.raises(ValueError, match="must be http"):
+        render_gateway_config(spec, burst_urls={"assist": "ftp://x", "autocomplete": "https://y"},
+                              floor_servers={e.name: StaticServers(("127.0.0.1:1",)) for e in spec.endpoints})
