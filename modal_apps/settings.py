@@ -228,6 +228,15 @@ class BurstSettings:
         return bool(self.min_containers_schedule)
 
 
+HUB_OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
 # Flags added to the floor's command line that change how the process starts and sleeps, never what it
 # answers: bind on all interfaces (Modal's proxy connects from outside the process) and sleep mode, so
 # the weights sit in host memory while the snapshot is taken and are woken back onto the GPU after restore.
@@ -280,9 +289,9 @@ def build_settings(config: BurstAppConfig) -> BurstSettings:
         container_env={
             # The container re-imports burst.py: it reads the same config instead of re-planning.
             ENV_SPEC: config.to_json(),
-            # Never a model hub at boot: the weights come from the volume or nowhere.
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
+            # Never a model hub at boot: the weights come from the volume or nowhere. The same
+            # offline/no-telemetry environment as the floor's pods, so the engine behaves the same.
+            **HUB_OFFLINE_ENV,
             # Exposes /sleep and /wake_up, used around the snapshot; the endpoint is private (proxy auth).
             "VLLM_SERVER_DEV_MODE": "1",
         },

@@ -126,6 +126,15 @@ def test_floor_and_burst_run_the_same_engine(stack):
         assert endpoint.model_revision in s.model_path and s.model_revision == endpoint.model_revision
 
 
+def test_burst_container_is_as_offline_as_the_floor_pods(stack):
+    from components.floor_replicas import HUB_OFFLINE_ENV as FLOOR_ENV
+
+    _, _, spec = stack
+    for endpoint in burst_endpoints(spec):
+        env = S.build_settings(S.BurstAppConfig.from_endpoint(endpoint)).container_env
+        assert FLOOR_ENV.items() <= env.items()
+
+
 def test_gpu_count_matches_tensor_parallel_size(stack):
     _, _, spec = stack
     for endpoint in burst_endpoints(spec):
