@@ -129,4 +129,4 @@ class ModalBurst(pulumi.ComponentResource):
         record = self.deployment.stdout.apply(parse_record)
         self.url = record.apply(lambda r: (r.web_url or "") if r else "")
         self.app_name = pulumi.Output.from_input(config.burst.app_name)
-        self.register_outputs({"url": self.url, "app_name": self.app_name, "stdout": self.deployment.stdout})
+        self.register_outputs({"url": self.url, "app_name": self.app_name})

@@ -52,12 +52,15 @@ app = modal.App(settings.app_name)
 #
 # Responses must not depend on the tier, and an engine version bump is a model change. So the burst
 # tier runs the very image the floor runs (`engine.image`, a pinned vLLM OpenAI server tag), with its
-# entrypoint cleared so Modal can start Python in it. The planner's spec models travel with it
-# (`topology` is pure Python) so the container can read the config it is handed.
+# entrypoint cleared so Modal can start Python in it. Modal runs the image's own interpreter (the one
+# vLLM, pydantic and numpy are installed in) once it is reachable as `python`; no second Python is
+# added. The planner's spec models travel with it (`topology` is pure Python) so the container can
+# read the config it is handed.
 
 image = (
     modal.Image.from_registry(settings.image)
     .entrypoint([])
+    .dockerfile_commands(["RUN ln -sf $(which python3) /usr/local/bin/python"])
     .add_local_python_source("topology")
 )
 
