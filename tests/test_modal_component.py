@@ -185,3 +185,10 @@ def test_each_burst_endpoint_of_each_stack_gets_its_own_app(stack):
     assert sorted(c.name for c in commands) == sorted(f"{e.name}-burst-deploy" for e in endpoints)
     assert out == {e.name: e.burst.app_name for e in endpoints}
     assert len({json_format.MessageToDict(c.object)["triggers"][0] for c in commands}) == len(endpoints)
+
+
+def test_url_is_empty_not_an_error_before_any_deploy_output(prod_assist, monkeypatch):
+    # A mock (or a provider) that returns no stdout yet: the URL output stays a string.
+    monkeypatch.setattr(Mocks, "new_resource", lambda self, args: (f"{args.name}-id", dict(args.inputs)))
+    _, out = run_program(deploy_assist(prod_assist))
+    assert out["url"] == ""
