@@ -368,6 +368,8 @@ def _load_config(args) -> BurstAppConfig:
     from modal_apps.settings import ENV_ENDPOINT, ENV_STACK, load_config
 
     environ = dict(os.environ)
+    if args.stack and not args.endpoint:
+        raise BurstConfigError(f"--stack {args.stack} needs --endpoint <name> (an endpoint with burst capacity)")
     if args.stack:
         environ = {ENV_STACK: args.stack, ENV_ENDPOINT: args.endpoint or ""}
     elif args.endpoint:

@@ -231,6 +231,8 @@ def test_cli_errors_are_clear(root, tmp_path, capsys):
     assert W.main(["sync", "--stack", str(root / "stacks/Pulumi.dev.yaml"), "--endpoint", "assist",
                    "--source-dir", str(tmp_path / "empty"), "--dest-dir", str(tmp_path / "v")]) == 1
     assert "no SHA256SUMS manifest" in capsys.readouterr().err
+    assert W.main(["sync", "--stack", "stacks/Pulumi.dev.yaml", "--dest-dir", str(tmp_path)]) == 2
+    assert "needs --endpoint" in capsys.readouterr().err
 
 
 # --- the upload into the Modal Volume, against a stand-in with the same methods --------------------
