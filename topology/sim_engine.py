@@ -56,28 +56,43 @@ BAD = 4  # added: served by a bad revision
 
 @dataclass(frozen=True)
 class Engine:
-    """Per-replica physics: slots, prefill rate and the decode-gap line gap(b) = a0 + a1·b."""
+    """Per-replica physics: slots, prefill rate and the decode line t(b) = t_min + b·k, plus the amortised
+    prefill of the other sequences per token gap (`interference`, s per other sequence)."""
 
     slots: int
     prefill_tokens_per_s: float
-    a0: float
-    a1: float
+    t_min: float
+    k: float
+    interference: float
     kv_capacity_tokens: float
     gpus: float  # GPUs one replica bills (fractional for MIG slices)
 
+    @property
+    def a0(self) -> float:
+        return self.t_min - self.interference
+
+    @property
+    def a1(self) -> float:
+        return self.k + self.interference
+
     def gap_s(self, batch: int) -> float:
+        """Token gap at batch b: t(b) + (b − 1)·interference."""
         return self.a0 + self.a1 * batch
+
+    def itl_safe_batch(self, itl_slo_s: float) -> int:
+        """Largest batch whose token gap stays within the inter-token SLO."""
+        return max(0, min(self.slots, int((itl_slo_s - self.a0) / self.a1))) if self.a1 > 0 else self.slots
 
 
 def engine_for(ep_in: EndpointInputs, pl: Placement, slots: int) -> Engine:
-    """The decode line from the measured figures: t(b) = t_min + b·k plus the amortised prefill of the others."""
+    """The decode line from the planner's placement figures (measured rates, weights over bandwidth)."""
     s, h = ep_in.shape, ep_in.prefix_cache_hit_fraction
     t_min = pl.decode_step_floor_s
     # the placement's effective rate is usable / (t_min + usable·k): recover k from it
     k = max(0.0, (pl.usable_concurrency / pl.decode_tokens_per_s - t_min) / pl.usable_concurrency)
     interference = s.input_tokens_mean * (1 - h) / pl.prefill_tokens_per_s / s.output_tokens_mean
     return Engine(
-        slots=slots, prefill_tokens_per_s=pl.prefill_tokens_per_s, a0=t_min - interference, a1=k + interference,
+        slots=slots, prefill_tokens_per_s=pl.prefill_tokens_per_s, t_min=t_min, k=k, interference=interference,
         kv_capacity_tokens=pl.kv_capacity_tokens, gpus=pl.gpu_fraction_per_replica,
     )
 
@@ -99,6 +114,7 @@ class Rollout:
     warm: bool
     recovered_s: float | None = None  # filled by the engine: when the last bad replica stopped serving
     bad_requests: int = 0
+    phase: str = "pending"  # pending → bad → rollback → done
 
 
 @dataclass
@@ -123,6 +139,8 @@ class Overrides:
     min_replicas: int | None = None  # replaces the autoscaler's minimum (a drill's zero floor)
     burst_min_by_hour: tuple[int, ...] | None = None  # replaces the burst minimum schedule
     focus: tuple[float, float] | None = None  # [start_s, end_s): tally this span by minute
+    engine: Engine | None = None  # replaces the floor replica's physics (queueing-theory checks)
+    fixed_replicas: int | None = None  # exactly this many floor replicas, no autoscaler
 
 
 @dataclass
@@ -203,7 +221,7 @@ class EndpointSim:
         if self.has_floor:
             pl = find_placement(ep_in, cap.gpu_kind, cap.mig_profile, cap.gpus_per_replica)
             self.floor_pl = pl
-            self.feng = engine_for(ep_in, pl, cap.usable_concurrency)
+            self.feng = self.ov.engine or engine_for(ep_in, pl, cap.usable_concurrency)
             self.rpn = pl.replicas_per_node
             od = prices.dedicated_on_demand_usd_per_gpu_hour[pl.gpu_kind]
             self.od_node_usd_s = od * pl.gpus_per_node / SECONDS_PER_HOUR
@@ -288,6 +306,8 @@ class EndpointSim:
         if self.has_floor:
             n0 = int(self.cron[int(t0 // 60) % MINUTES_PER_WEEK])
             n0 = max(n0, self._min_replicas())
+            if self.ov.fixed_replicas is not None:
+                n0 = self.ov.fixed_replicas
             self.nodes_up = max(self.reserved_nodes, math.ceil(n0 / self.rpn))
             for _ in range(n0):
                 self._add_replica(t0, ready=True)
@@ -315,6 +335,8 @@ class EndpointSim:
         self.n_burst = 0
         self.n_rejected = 0
         self.n_total = 0
+        self.floor_wait_s = 0.0
+        self.n_floor = 0
 
     def _min_replicas(self) -> int:
         if self.ov.min_replicas is not None:
@@ -410,6 +432,10 @@ class EndpointSim:
             if waiting > self.tally.waiting_peak[hour]:
                 self.tally.waiting_peak[hour] = waiting
         self.waiting_peak_total = max(self.waiting_peak_total, waiting)
+        self.res_node_s += self.reserved_nodes * dt
+        self.od_node_s += max(0, self.nodes_up - self.reserved_nodes) * dt
+        if self.ov.fixed_replicas is not None:
+            return
         a = self.ep.autoscaling
         cron = int(self.cron[int(now // 60) % MINUTES_PER_WEEK])
         if a is None:
@@ -457,8 +483,6 @@ class EndpointSim:
                 self.node_surplus_since = None
         else:
             self.node_surplus_since = None
-        self.res_node_s += self.reserved_nodes * dt
-        self.od_node_s += max(0, self.nodes_up - self.reserved_nodes) * dt
 
     def _drain_one(self) -> None:
         st = self.f_state
@@ -490,49 +514,50 @@ class EndpointSim:
 
     def _tick_rollout(self, now: float) -> None:
         ro = self.ov.rollout
-        if ro is None:
+        if ro is None or ro.phase == "done":
             return
-        if not self.bad_revision and ro.recovered_s is None and now >= ro.at_s:
-            self.bad_revision = True
-            for i in range(len(self.f_bad)):
-                self.f_bad[i] = True
-            for j in range(len(self.c_bad)):
-                self.c_bad[j] = True
-        if self.bad_revision and now >= ro.at_s + ro.detect_s:
-            if ro.warm:
-                # N−1 kept warm: the gateway flips to it; no capacity is lost
-                if now >= ro.at_s + ro.detect_s + GATEWAY_SWITCH_S:
-                    self.bad_revision = False
-                    self.f_bad = [False] * len(self.f_bad)
-                    self.c_bad = [False] * len(self.c_bad)
-                    ro.recovered_s = now
-            else:
-                self._cold_rollback(now, ro)
+        if ro.phase == "pending":
+            if now < ro.at_s:
+                return
+            self.bad_revision = True  # everything serving, and everything started, runs the bad revision
+            self.f_bad = [True] * len(self.f_bad)
+            self.c_bad = [True] * len(self.c_bad)
+            ro.phase = "bad"
+        if ro.phase == "bad" and now >= ro.at_s + ro.detect_s:
+            self.bad_revision = False  # what starts from now on runs the previous revision
+            ro.phase = "rollback"
+        if ro.phase != "rollback":
+            return
+        if ro.warm:
+            # N−1 kept warm: the gateway flips to it after a config reload; no capacity is lost
+            if now >= ro.at_s + ro.detect_s + GATEWAY_SWITCH_S:
+                self.f_bad = [False] * len(self.f_bad)
+                self.c_bad = [False] * len(self.c_bad)
+                ro.recovered_s, ro.phase = now, "done"
+            return
+        self._cold_rollback(now, ro)
 
     def _cold_rollback(self, now: float, ro: Rollout) -> None:
-        """Roll the previous revision out again: replace bad replicas a capped step at a time (maxUnavailable),
-        each back after a pod cold start; bad burst containers stop and new ones cold-start."""
-        self.bad_revision = False  # what starts from now on runs the good revision
+        """Roll the previous revision out again: replace bad replicas a capped step per period (maxUnavailable:
+        the bad pod goes, the good one takes its GPU after a pod cold start); bad burst containers stop and
+        new ones cold-start on demand."""
         st = self.f_state
         a = self.ep.autoscaling
         step = a.scale_up_pods_per_period if a else 1
         period = a.scale_up_period_s if a else 60
-        if self._rb_next is None:
-            self._rb_next = now
-        if now >= self._rb_next:
-            bad_ready = [i for i in range(len(st)) if st[i] in (1, 2) and self.f_bad[i]]
-            for i in bad_ready[:step]:
+        if self._rb_next is None or now >= self._rb_next:
+            bad = [i for i in range(len(st)) if st[i] in (1, 2) and self.f_bad[i]]
+            for i in bad[:step]:
                 if st[i] == 2:
                     self.routable.remove(i)
-                st[i] = 3  # terminated (maxUnavailable): its GPU takes the previous revision's pod
+                st[i] = 3  # drains its in-flight, then goes
                 self._add_replica(now, ready=False, in_place=True)
             self._rb_next = now + period
         for j in list(self.live):
             if self.c_bad[j]:
                 self._stop_container(j, now)
-        still_bad = any(st[i] == 2 and self.f_bad[i] for i in range(len(st)))
-        if not still_bad and ro.recovered_s is None:
-            ro.recovered_s = now
+        if not any(st[i] in (1, 2) and self.f_bad[i] for i in range(len(st))):
+            ro.recovered_s, ro.phase = now, "done"
 
     # ------------------------------------------------------------------ completions
     def _pop_done(self, now: float) -> None:
@@ -572,6 +597,7 @@ class EndpointSim:
             c, inv_p, a0, a1, gpus = fe.slots, 1.0 / fe.prefill_tokens_per_s, fe.a0, fe.a1, fe.gpus
         ci = self.c_inflight
         key = fi.__getitem__
+        wait_s, n_floor = 0.0, 0
         for i in range(n):
             t = T[i]
             while t >= next_tick:
@@ -594,7 +620,12 @@ class EndpointSim:
             if r >= 0:
                 sl = fslots[r]
                 s0 = sl[0]
-                start = t if s0 < t else s0
+                if s0 > t:
+                    start = s0
+                    wait_s += s0 - t
+                else:
+                    start = t
+                n_floor += 1
                 ps = fpfree[r]
                 if ps < start:
                     ps = start
@@ -626,6 +657,8 @@ class EndpointSim:
             else:
                 ttft[i] = math.inf
                 flag[i] = REJECTED
+        self.floor_wait_s += wait_s
+        self.n_floor += n_floor
         self._record(chunk.arrival_s, np.asarray(ttft), np.asarray(itl), np.asarray(flag))
         return next_tick
 
@@ -699,7 +732,9 @@ class EndpointSim:
                 tl.minute_arrivals += np.bincount(m, minlength=len(tl.minute_arrivals))[: len(tl.minute_arrivals)]
                 tl.minute_met += np.bincount(m, weights=met[sel], minlength=len(tl.minute_arrivals))[
                     : len(tl.minute_arrivals)]
-                tl.focus_ttft_max = max(tl.focus_ttft_max, float(np.max(np.where(np.isfinite(ttft[sel]), ttft[sel], 1e9))))
+                served = ttft[sel][np.isfinite(ttft[sel])]  # 503s are counted apart, not as a latency
+                if served.size:
+                    tl.focus_ttft_max = max(tl.focus_ttft_max, float(served.max()))
         self.n_total += len(t)
         self.n_burst += int((tier == BURST).sum())
         self.n_api += int((tier == API).sum())

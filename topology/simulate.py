@@ -75,6 +75,12 @@ class EndpointResult:
     worst_hours: tuple[tuple[int, float], ...]  # (hour of week, goodput) below target, worst first
     planning_requests_per_s: float
     serverless_requests_per_s: float
+    floor_wait_mean_s: float  # mean wait for a sequence slot on the floor
+    itl_safe_inflight: int | None  # largest floor batch whose token gap meets the inter-token SLO
+    focus_start_s: float = 0.0  # drills: the span tallied by minute
+    focus_minute_requests: tuple[float, ...] = ()
+    focus_minute_met: tuple[float, ...] = ()
+    focus_ttft_max_s: float = 0.0
 
     @property
     def full_week(self) -> bool:
@@ -222,6 +228,12 @@ def _result(sim: EndpointSim, ep: EndpointSpec, start_h: float, end_h: float) ->
         hourly_burst_requests=tuple(float(x) for x in tl.burst_requests / hours_len),
         worst_hours=tuple(bad_hours[:10]),
         planning_requests_per_s=ep.capacity.planning_requests_per_s, serverless_requests_per_s=sls_rps,
+        floor_wait_mean_s=sim.floor_wait_s / max(1, sim.n_floor),
+        itl_safe_inflight=sim.feng.itl_safe_batch(sim.itl_slo) if sim.has_floor else None,
+        focus_start_s=tl.focus[0] if tl.focus else 0.0,
+        focus_minute_requests=tuple(float(x) for x in tl.minute_arrivals),
+        focus_minute_met=tuple(float(x) for x in tl.minute_met),
+        focus_ttft_max_s=tl.focus_ttft_max,
     )
 
 

@@ -1,0 +1,485 @@
+"""The doctrine's five failure drills, each one command (`python -m topology simulate STACK --drill NAME`).
+
+Each drill runs the same traffic through two variants that differ in the one thing the drill is about and
+reports what changed:
+
+- morning-cold-start: the first users after an overnight zero floor. With a floor: the plan (clock-led
+  floor windows) vs a zero overnight floor that only reacts to load. Serverless only: the plan
+  (scale to zero) vs one container kept warm from a cold start ahead of the rise.
+- spike: k× traffic for m minutes at the busiest hour, vs the same traffic without it.
+- long-prompt: pastes at the product's max context × max concurrency, landing on one replica (no gateway
+  cap) vs spread by the gateway's in-flight cap; a token-step model of the KV cache shows preemptions
+  (recompute) and how far the demand exceeds the cache (the memory risk without vLLM's KV accounting).
+- disconnect: x% of requests abandon mid-stream, with and without abort propagation to the engine.
+- rollback: a bad revision goes live, is detected after D minutes and rolled back, with the previous
+  revision kept warm (gateway flip) vs cold (replicas replaced a capped step at a time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from .costs import SECONDS_PER_HOUR
+from .inputs import CostInputs, EndpointInputs
+from .loading import InputError
+from .sim_engine import Abandon, Engine, Overrides, Rollout, engine_for, find_placement
+from .sim_traffic import Spike
+from .spec import EndpointSpec, TopologySpec
+
+DRILLS = ("morning-cold-start", "spike", "long-prompt", "disconnect", "rollback")
+
+
+@dataclass(frozen=True)
+class DrillResult:
+    drill: str
+    endpoint: str
+    variants: tuple[str, str]
+    metrics: tuple[tuple[str, str, str], ...]  # (metric, variant 1, variant 2), formatted
+    values: dict[str, tuple[float, float]]  # raw numbers for tests and tools
+    finding: str
+    shows_effect: bool
+
+
+def _ep_in(inputs: CostInputs, name: str) -> EndpointInputs:
+    return next(e for e in inputs.endpoints if e.name == name)
+
+
+def _profile(ep_in: EndpointInputs) -> np.ndarray:
+    return np.asarray(ep_in.traffic.hourly_mean_requests_per_s or [0.0] * 168, dtype=float)
+
+
+def peak_hour(ep_in: EndpointInputs) -> int:
+    return int(np.argmax(_profile(ep_in)))
+
+
+def morning_rise_hour(ep_in: EndpointInputs) -> int:
+    """The steepest rise of Monday morning (00:00–12:00), after the weekend."""
+    p = _profile(ep_in)
+    rises = [p[h] - p[h - 1] for h in range(0, 13)]
+    return int(np.argmax(rises))
+
+
+RECOVERY_GAP = 0.02  # a minute counts as not recovered while its goodput trails the baseline's by > 2 points
+
+
+def minutes_to_recover(res, base, after_s: float) -> float:
+    """Minutes from `after_s` to the end of the last minute whose goodput trails the baseline run's same minute
+    (same window, same seed) by more than RECOVERY_GAP; 0 when none does."""
+    a = res.focus_start_s
+    last = None
+    for m, (n, met) in enumerate(zip(res.focus_minute_requests, res.focus_minute_met)):
+        if n <= 0 or a + (m + 1) * 60 <= after_s:
+            continue
+        bn, bmet = base.focus_minute_requests[m], base.focus_minute_met[m]
+        ref = bmet / bn if bn > 0 else 1.0
+        if met / n < ref - RECOVERY_GAP:
+            last = m
+    return 0.0 if last is None else max(0.0, a + (last + 1) * 60 - after_s) / 60.0
+
+
+def _focus_goodput(res) -> float:
+    arr, met = sum(res.focus_minute_requests), sum(res.focus_minute_met)
+    return float(met / arr) if arr else 1.0
+
+
+def _sec(v: float) -> str:
+    from .simulate import _s
+
+    return _s(v)
+
+
+def _fmt(v: float, unit: str = "") -> str:
+    if isinstance(v, float) and math.isinf(v):
+        return "∞"
+    if unit == "%":
+        return f"{v:.2%}"
+    if unit == "s":
+        return _sec(v)
+    if unit == "GPU-s":
+        return f"{v:,.0f} GPU-s"
+    return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.2f}"
+
+
+class _Focused:
+    """Runs the variants of one drill over the same window and seed."""
+
+    def __init__(self, inputs, spec, name, seed, start_h, end_h):
+        self.a = (inputs, spec, name, seed, start_h, end_h)
+
+    def __call__(self, ov: Overrides, spike: Spike | None = None):
+        from .simulate import simulate_endpoint
+
+        inputs, spec, name, seed, start_h, end_h = self.a
+        return simulate_endpoint(inputs, spec, name, seed=seed, start_h=start_h, end_h=end_h, overrides=ov,
+                                 spike=spike)
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. Morning cold start
+# --------------------------------------------------------------------------------------------------
+
+
+def morning_cold_start(inputs: CostInputs, spec: TopologySpec, name: str, seed: int = 0) -> DrillResult:
+    """No traffic and a zero floor overnight; Monday's steepest morning rise arrives. With a floor the two
+    variants differ only in when the floor window opens: the plan's lead ahead of the rise, or at the rise."""
+    ep, ep_in = spec.endpoint(name), _ep_in(inputs, name)
+    if ep.tier == "managed_api":
+        return _not_applicable("morning-cold-start", name, "a managed API has no cold start of ours")
+    h = morning_rise_hour(ep_in)
+    start_h, end_h = h - 2.0, h + 2.0
+    if start_h < 0:  # the rise is just after midnight Monday: use the same hour on Tuesday
+        start_h, end_h, h = start_h + 24, end_h + 24, h + 24
+    focus = (h * SECONDS_PER_HOUR, end_h * SECONDS_PER_HOUR)
+    night = Spike(0.0, start_h * SECONDS_PER_HOUR, (h - start_h) * 60.0)  # overnight: no requests at all
+    run = _Focused(inputs, spec, name, seed, start_h, end_h)
+    has_floor = ep.tier in ("dedicated_only", "floor_plus_burst")
+    zero = tuple([0] * 168)
+    if has_floor:
+        labels = (f"clock-led floor (plan's lead {ep.floor.lead_time_s:g} s)", "floor opens at the rise (reactive)")
+        floor = list(ep.floor.replicas_by_hour)
+        for k in range(1, 9):  # the night before the rise: nothing running
+            floor[(h - k) % 168] = 0
+        ov_a = Overrides(focus=focus, floor_by_hour=tuple(floor), lead_time_s=ep.floor.lead_time_s, min_replicas=0)
+        ov_b = Overrides(focus=focus, floor_by_hour=tuple(floor), lead_time_s=0.0, min_replicas=0,
+                         burst_min_by_hour=zero if ep.burst else None)
+    else:
+        labels = ("as planned (scale to zero)", "one container warmed an hour ahead")
+        warm = [0] * 168
+        for k in range(-1, 3):
+            warm[(h + k) % 168] = 1
+        ov_a = Overrides(focus=focus, burst_min_by_hour=zero)
+        ov_b = Overrides(focus=focus, burst_min_by_hour=tuple(warm))
+    ra, rb = run(ov_a, night), run(ov_b, night)
+    rows, vals = _common_rows(ra, rb)
+    cold, warm_i = (1, 0) if has_floor else (0, 1)
+    worse_ttft, better_ttft = vals["max TTFT"][cold], vals["max TTFT"][warm_i]
+    hurt = vals["goodput (window)"][cold] < vals["goodput (window)"][warm_i] or vals["503 (no ready replica)"][cold] > 0
+    shows = hurt or (worse_ttft > better_ttft and worse_ttft > ra.ttft_slo_s)
+    finding = (f"{name}: Monday {h % 24:02d}:00 rise after a night of no traffic and no floor — {labels[cold]}: "
+               f"goodput {vals['goodput (window)'][cold]:.2%} in the first two hours, max TTFT {_sec(worse_ttft)}, "
+               f"{int(vals['503 (no ready replica)'][cold]):,} 503s; {labels[warm_i]}: "
+               f"{vals['goodput (window)'][warm_i]:.2%}, max TTFT {_sec(better_ttft)} (TTFT SLO {_sec(ra.ttft_slo_s)})")
+    return DrillResult("morning-cold-start", name, labels, tuple(rows), vals, finding, shows)
+
+
+def _common_rows(ra, rb):
+    vals = {
+        "goodput (window)": (_focus_goodput(ra), _focus_goodput(rb)),
+        "max TTFT": (ra.focus_ttft_max_s, rb.focus_ttft_max_s),
+        "TTFT p99": (ra.ttft_p99_s, rb.ttft_p99_s),
+        "503 (no ready replica)": (float(ra.rejected), float(rb.rejected)),
+        "pod / node cold starts": (float(ra.pod_cold_starts + ra.node_cold_starts),
+                                   float(rb.pod_cold_starts + rb.node_cold_starts)),
+        "container cold starts": (float(ra.container_cold_starts), float(rb.container_cold_starts)),
+        "requests waiting on a cold container": (float(ra.requests_waiting_on_cold_container),
+                                                 float(rb.requests_waiting_on_cold_container)),
+        "queue peak (floor/burst)": (float(ra.floor_queue_peak + ra.burst_queue_peak),
+                                     float(rb.floor_queue_peak + rb.burst_queue_peak)),
+        "cost (window)": (ra.cost_total_usd, rb.cost_total_usd),
+    }
+    units = {"goodput (window)": "%", "max TTFT": "s", "TTFT p99": "s"}
+    rows = [(k, _fmt(a, units.get(k, "")), _fmt(b, units.get(k, ""))) for k, (a, b) in vals.items()]
+    return rows, vals
+
+
+def _not_applicable(drill: str, name: str, why: str) -> DrillResult:
+    return DrillResult(drill, name, ("-", "-"), (), {}, f"{name}: not applicable — {why}", False)
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. Spike
+# --------------------------------------------------------------------------------------------------
+
+
+def spike(inputs: CostInputs, spec: TopologySpec, name: str, factor: float = 3.0, minutes: float = 10.0,
+          seed: int = 0) -> DrillResult:
+    ep, ep_in = spec.endpoint(name), _ep_in(inputs, name)
+    if ep.tier == "managed_api":
+        return _not_applicable("spike", name, "a managed API absorbs spikes on the provider's side")
+    p = peak_hour(ep_in)
+    at = p * SECONDS_PER_HOUR + 600.0
+    start_h, end_h = max(0.0, p - 0.5), p + 1.5
+    focus = (at - 300.0, min(end_h * SECONDS_PER_HOUR, at + minutes * 60 + 1800.0))
+    run = _Focused(inputs, spec, name, seed, start_h, end_h)
+    ov_a, ov_b = Overrides(focus=focus), Overrides(focus=focus)
+    ra = run(ov_a)
+    rb = run(ov_b, Spike(factor, at, minutes))
+    rows, vals = _common_rows(ra, rb)
+    rec = minutes_to_recover(rb, ra, at + minutes * 60)
+    vals["minutes to recover after the spike"] = (0.0, rec)
+    rows.append(("minutes to recover after the spike", "—", f"{rec:.1f}"))
+    absorbed = (vals["container cold starts"][1] > vals["container cold starts"][0]
+                or vals["pod / node cold starts"][1] > vals["pod / node cold starts"][0])
+    shows = vals["goodput (window)"][1] < vals["goodput (window)"][0] or vals["queue peak (floor/burst)"][1] > \
+        vals["queue peak (floor/burst)"][0] or absorbed
+    finding = (f"{name}: {factor:g}× for {minutes:g} min at {_how(p)}+10 min: goodput in the window "
+               f"{vals['goodput (window)'][1]:.2%} (baseline {vals['goodput (window)'][0]:.2%}), "
+               f"{int(vals['container cold starts'][1] - vals['container cold starts'][0])} extra burst containers, "
+               f"{int(vals['pod / node cold starts'][1] - vals['pod / node cold starts'][0])} extra replicas; "
+               f"goodput back to the baseline's {rec:.1f} min after the spike ended")
+    return DrillResult("spike", name, ("baseline", f"spike {factor:g}× {minutes:g} min"), tuple(rows), vals, finding,
+                       shows)
+
+
+def _how(h: int) -> str:
+    return f"{('Mon', 'Tue', 'Wed', 'Thu', 'Fri', 'Sat', 'Sun')[(h // 24) % 7]} {h % 24:02d}:00"
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. Long-prompt paste at max context × max concurrency
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KvRun:
+    sequences: int
+    preemptions: int
+    recomputed_tokens: float
+    wasted_gpu_s: float
+    kv_demand_over_capacity: float  # all admitted sequences at full length ÷ the KV cache
+    ttft_max_s: float
+    gap_p99_s: float
+    drain_s: float
+    unservable: int  # longer than the whole cache: vLLM rejects them
+
+
+def kv_step_replica(eng: Engine, max_seqs: int, prompts: list[float], outs: list[int], prefill_gpus: float) -> KvRun:
+    """Token-step model of one vLLM replica under simultaneous long prompts: admit while the KV cache holds
+    the prompt; each decode step adds a token per sequence; when the cache overflows the newest sequence is
+    preempted and later recomputed (prompt + generated so far), as vLLM's recompute preemption does."""
+    cap = eng.kv_capacity_tokens
+    # the pure decode line: prefill is modelled explicitly here, not amortised
+    t_min, k = eng.t_min, eng.k
+    waiting: deque[int] = deque(range(len(prompts)))
+    gen = [0] * len(prompts)
+    first = [math.inf] * len(prompts)
+    last = [0.0] * len(prompts)
+    gaps: list[float] = []
+    running: list[int] = []
+    kv = 0.0
+    t = 0.0
+    preempt = 0
+    recomputed = 0.0
+    unservable = 0
+    peak_demand = sum(p + o for p, o in zip(prompts[:max_seqs], outs[:max_seqs]))
+    while waiting or running:
+        pre = 0.0
+        while waiting and len(running) < max_seqs:
+            i = waiting[0]
+            need = prompts[i] + gen[i]
+            if need + 1 > cap:
+                waiting.popleft()
+                unservable += 1
+                continue
+            if kv + need + 1 > cap:
+                break
+            waiting.popleft()
+            if gen[i] > 0:
+                recomputed += need
+            pre += need / eng.prefill_tokens_per_s
+            kv += need
+            running.append(i)
+        if not running:
+            if waiting:  # nothing fits beside nothing: cannot happen after the unservable check
+                break
+            continue
+        t += pre
+        b = len(running)
+        t += t_min + k * b
+        still = []
+        for i in running:
+            gen[i] += 1
+            kv += 1
+            if gen[i] == 1:
+                first[i] = t
+            else:
+                gaps.append(t - last[i])
+            last[i] = t
+            if gen[i] >= outs[i]:
+                kv -= prompts[i] + gen[i]
+            else:
+                still.append(i)
+        running = still
+        while kv > cap and running:
+            j = running.pop()  # the newest is preempted first
+            kv -= prompts[j] + gen[j]
+            waiting.appendleft(j)
+            preempt += 1
+    fin = [x for x in first if math.isfinite(x)]
+    return KvRun(
+        sequences=len(prompts), preemptions=preempt, recomputed_tokens=recomputed,
+        wasted_gpu_s=recomputed / eng.prefill_tokens_per_s * prefill_gpus,
+        kv_demand_over_capacity=peak_demand / cap, ttft_max_s=max(fin) if fin else math.inf,
+        gap_p99_s=float(np.quantile(gaps, 0.99)) if gaps else 0.0, drain_s=t, unservable=unservable,
+    )
+
+
+def long_prompt(inputs: CostInputs, spec: TopologySpec, name: str) -> DrillResult:
+    ep, ep_in = spec.endpoint(name), _ep_in(inputs, name)
+    if ep.tier == "managed_api":
+        return _not_applicable("long-prompt", name, "the API's context limit is the provider's")
+    s = ep_in.shape
+    if ep.tier == "serverless_only":
+        assert ep.burst is not None
+        gpus = int(ep.burst.gpu.split(":")[1]) if ":" in ep.burst.gpu else 1
+        pl = find_placement(ep_in, ep.burst.gpu_kind, None, gpus)
+        replicas = max(1, ep.burst.max_containers)
+        cap_per = ep.burst.target_inputs
+    else:
+        pl = find_placement(ep_in, ep.capacity.gpu_kind, ep.capacity.mig_profile, ep.capacity.gpus_per_replica)
+        replicas = max(1, min(ep.floor.replicas_by_hour[peak_hour(ep_in)], ep.floor.base_replicas or 1)
+                       if ep.floor.base_replicas else max(1, min(ep.floor.replicas_by_hour)))
+        cap_per = ep.gateway.overflow_inflight_per_replica
+    eng = engine_for(ep_in, pl, pl.usable_concurrency)
+    n = pl.usable_concurrency
+    prompt = float(s.product_max_context_tokens - s.max_tokens)
+    out = s.max_tokens
+    # no cap: a session-sticky burst (one customer pasting in parallel) lands on one replica
+    a = kv_step_replica(eng, n, [prompt] * n, [out] * n, pl.gpu_fraction_per_replica)
+    # with the gateway: least-in-flight across the replicas up, at most cap_per each
+    per = min(cap_per, math.ceil(n / replicas))
+    b = kv_step_replica(eng, n, [prompt] * per, [out] * per, pl.gpu_fraction_per_replica)
+    vals = {
+        "long sequences on the busiest replica": (float(a.sequences), float(b.sequences)),
+        "KV demand ÷ KV cache": (a.kv_demand_over_capacity, b.kv_demand_over_capacity),
+        "preemptions": (float(a.preemptions), float(b.preemptions)),
+        "recomputed prompt tokens": (a.recomputed_tokens, b.recomputed_tokens),
+        "GPU-s wasted on recompute": (a.wasted_gpu_s, b.wasted_gpu_s),
+        "max TTFT": (a.ttft_max_s, b.ttft_max_s),
+        "inter-token p99": (a.gap_p99_s, b.gap_p99_s),
+        "time to drain": (a.drain_s, b.drain_s),
+    }
+    units = {"max TTFT": "s", "inter-token p99": "s", "time to drain": "s", "GPU-s wasted on recompute": "GPU-s"}
+    rows = [(k, _fmt(x, units.get(k, "")), _fmt(y, units.get(k, ""))) for k, (x, y) in vals.items()]
+    fits = int(pl.kv_capacity_tokens // s.product_max_context_tokens)
+    shows = a.preemptions > b.preemptions or a.kv_demand_over_capacity > 1 >= b.kv_demand_over_capacity
+    finding = (f"{name}: {n} pastes of {prompt:,.0f} + {out} tokens; one replica's KV cache holds {fits} at max context. "
+               f"Without the cap: {a.preemptions} preemptions, KV demand {a.kv_demand_over_capacity:.1f}× the cache "
+               f"(an OOM without vLLM's accounting); with the gateway spreading {per} per replica over {replicas}: "
+               f"{b.preemptions} preemptions")
+    return DrillResult("long-prompt", name, ("no gateway cap (one replica)", f"gateway cap ({per}/replica)"),
+                       tuple(rows), vals, finding, shows)
+
+
+# --------------------------------------------------------------------------------------------------
+# 4. Mid-stream disconnects
+# --------------------------------------------------------------------------------------------------
+
+
+def disconnect(inputs: CostInputs, spec: TopologySpec, name: str, fraction: float = 0.2, seed: int = 0) -> DrillResult:
+    ep, ep_in = spec.endpoint(name), _ep_in(inputs, name)
+    if ep.tier == "managed_api":
+        return _not_applicable("disconnect", name, "the API bills and stops generation on its side")
+    p = peak_hour(ep_in)
+    start_h, end_h = max(0.0, p - 1.0), p + 1.0
+    focus = (start_h * SECONDS_PER_HOUR, end_h * SECONDS_PER_HOUR)
+    run = _Focused(inputs, spec, name, seed, start_h, end_h)
+    ab_a, ab_b = Abandon(fraction, propagate=True), Abandon(fraction, propagate=False)
+    ov_a, ov_b = Overrides(focus=focus, abandon=ab_a), Overrides(focus=focus, abandon=ab_b)
+    ra, rb = run(ov_a), run(ov_b)
+    gpu_s_a = (ra.gpu_hours["dedicated"] + ra.gpu_hours["serverless"]) * SECONDS_PER_HOUR
+    gpu_s_b = (rb.gpu_hours["dedicated"] + rb.gpu_hours["serverless"]) * SECONDS_PER_HOUR
+    vals = {
+        "requests abandoned": (float(ab_a.abandoned), float(ab_b.abandoned)),
+        "GPU-s generating for nobody": (ab_a.wasted_gpu_s, ab_b.wasted_gpu_s),
+        "share of billed GPU-s": (ab_a.wasted_gpu_s / max(gpu_s_a, 1e-9), ab_b.wasted_gpu_s / max(gpu_s_b, 1e-9)),
+        "goodput (window)": (_focus_goodput(ra), _focus_goodput(rb)),
+        "burst share": (ra.burst_share, rb.burst_share),
+        "cost (window)": (ra.cost_total_usd, rb.cost_total_usd),
+    }
+    units = {"GPU-s generating for nobody": "GPU-s", "share of billed GPU-s": "%", "goodput (window)": "%",
+             "burst share": "%"}
+    rows = [(k, _fmt(x, units.get(k, "")), _fmt(y, units.get(k, ""))) for k, (x, y) in vals.items()]
+    shows = ab_b.wasted_gpu_s > 0 and ab_a.wasted_gpu_s == 0
+    finding = (f"{name}: {fraction:.0%} abandon mid-stream over {_how(max(0, p - 1))}–{_how(p + 1)}: without abort "
+               f"propagation {ab_b.wasted_gpu_s:,.0f} GPU-s ({vals['share of billed GPU-s'][1]:.1%} of billed GPU-s) "
+               f"generate tokens nobody reads; with it, none")
+    return DrillResult("disconnect", name, ("abort propagates", "no abort propagation"), tuple(rows), vals, finding,
+                       shows)
+
+
+# --------------------------------------------------------------------------------------------------
+# 5. Bad-model rollback
+# --------------------------------------------------------------------------------------------------
+
+
+def rollback(inputs: CostInputs, spec: TopologySpec, name: str, detect_minutes: float = 10.0, seed: int = 0) -> DrillResult:
+    ep, ep_in = spec.endpoint(name), _ep_in(inputs, name)
+    if ep.tier == "managed_api":
+        return _not_applicable("rollback", name, "the API's model version is the provider's")
+    p = peak_hour(ep_in)
+    at = p * SECONDS_PER_HOUR - 1800.0
+    start_h, end_h = max(0.0, p - 1.0), p + 1.5
+    focus = (at, end_h * SECONDS_PER_HOUR)
+    run = _Focused(inputs, spec, name, seed, start_h, end_h)
+    ro_a, ro_b = Rollout(at, detect_minutes * 60, warm=True), Rollout(at, detect_minutes * 60, warm=False)
+    ov_a, ov_b = Overrides(focus=focus, rollout=ro_a), Overrides(focus=focus, rollout=ro_b)
+    base = run(Overrides(focus=focus))
+    ra, rb = run(ov_a), run(ov_b)
+    detected = at + detect_minutes * 60
+    rec_a, rec_b = minutes_to_recover(ra, base, detected), minutes_to_recover(rb, base, detected)
+    vals = {
+        "bad responses served": (float(ro_a.bad_requests), float(ro_b.bad_requests)),
+        "minutes from detection to baseline goodput": (rec_a, rec_b),
+        "minutes from rollout to last bad replica out": (
+            ((ro_a.recovered_s or math.inf) - at) / 60, ((ro_b.recovered_s or math.inf) - at) / 60),
+        "goodput (from rollout)": (_focus_goodput(ra), _focus_goodput(rb)),
+        "pod / node cold starts": (float(ra.pod_cold_starts + ra.node_cold_starts),
+                                   float(rb.pod_cold_starts + rb.node_cold_starts)),
+        "container cold starts": (float(ra.container_cold_starts), float(rb.container_cold_starts)),
+    }
+    units = {"goodput (from rollout)": "%"}
+    rows = [(k, _fmt(x, units.get(k, "")), _fmt(y, units.get(k, ""))) for k, (x, y) in vals.items()]
+    shows = rec_b > rec_a and ro_b.bad_requests >= ro_a.bad_requests
+    finding = (f"{name}: bad revision at {_how(p)}−30 min, detected after {detect_minutes:g} min: goodput back to baseline "
+               f"{rec_a:.1f} min after detection with N−1 warm vs {rec_b:.1f} min cold; "
+               f"{ro_a.bad_requests:,} vs {ro_b.bad_requests:,} bad responses")
+    return DrillResult("rollback", name, ("N−1 kept warm", "cold redeploy"), tuple(rows), vals, finding, shows)
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------------
+
+
+def run_drill(drill: str, inputs: CostInputs, spec: TopologySpec, args: argparse.Namespace, markdown: bool = False) -> str:
+    if not (1.0 < args.spike_factor <= 100):
+        raise InputError(f"--spike-factor {args.spike_factor:g}: allowed above 1 and at most 100")
+    if not (0 < args.spike_minutes <= 120):
+        raise InputError(f"--spike-minutes {args.spike_minutes:g}: allowed above 0 and at most 120")
+    if not (0 < args.abandon_fraction <= 1):
+        raise InputError(f"--abandon-fraction {args.abandon_fraction:g}: allowed above 0 and at most 1")
+    if not (0 <= args.detect_minutes <= 240):
+        raise InputError(f"--detect-minutes {args.detect_minutes:g}: allowed 0 to 240")
+    names = args.endpoint or [e.name for e in spec.endpoints]
+    results = []
+    for n in names:
+        if drill == "morning-cold-start":
+            results.append(morning_cold_start(inputs, spec, n, seed=args.seed))
+        elif drill == "spike":
+            results.append(spike(inputs, spec, n, args.spike_factor, args.spike_minutes, seed=args.seed))
+        elif drill == "long-prompt":
+            results.append(long_prompt(inputs, spec, n))
+        elif drill == "disconnect":
+            results.append(disconnect(inputs, spec, n, args.abandon_fraction, seed=args.seed))
+        else:
+            results.append(rollback(inputs, spec, n, args.detect_minutes, seed=args.seed))
+    return format_drills(spec.environment, drill, results, markdown)
+
+
+def format_drills(env: str, drill: str, results: list[DrillResult], markdown: bool = False) -> str:
+    from .simulate import _table
+
+    out = [("### " if markdown else "") + f"Drill {drill} on {env}"]
+    for r in results:
+        out.append("")
+        out.append(("**" if markdown else "") + r.finding + ("**" if markdown else ""))
+        if r.metrics:
+            out.append("")
+            out.append(_table(["metric", r.variants[0], r.variants[1]], [list(m) for m in r.metrics], markdown))
+    return "\n".join(out)
