@@ -240,9 +240,11 @@ end)
 
 -- Retry budget: retries allowed only while the retries of the last window stay below
 -- fraction x requests of that window (+1 so a quiet endpoint can still retry once).
--- A task samples each backend's cumulative counters once a second.
+-- A task samples each backend's cumulative counters (requests `stot`, retries `wretr`) every
+-- SAMPLE_MS. Budgets are per gateway pod; every pod enforces the same fraction.
 local budgets = {}   -- key -> { fraction, backends = {...}, ring = {}, ok = true }
 local WINDOW_S = 10
+local SAMPLE_MS = 250  -- short, so a burst of failures exhausts the budget within a quarter second
 local function sample(b)
   local req, retr = 0, 0
   for _, name in ipairs(b.backends) do
@@ -258,7 +260,7 @@ end
 local function refresh(b)
   local req, retr = sample(b)
   table.insert(b.ring, { req = req, retr = retr })
-  if #b.ring > WINDOW_S + 1 then table.remove(b.ring, 1) end
+  if #b.ring > WINDOW_S * 1000 // SAMPLE_MS + 1 then table.remove(b.ring, 1) end
   local old = b.ring[1]
   b.ok = (retr - old.retr) < b.fraction * (req - old.req) + 1
 end
@@ -269,6 +271,7 @@ core.register_fetches("llm_retry_ok", function(txn, key, fraction, backends)
     local names = {}
     for name in backends:gmatch("[^+]+") do names[#names + 1] = name end
     b = { fraction = tonumber(fraction), backends = names, ring = {}, ok = true }
+    refresh(b)  -- the window starts now, not at the task's next tick
     budgets[key] = b
   end
   return b.ok
@@ -276,7 +279,7 @@ end)
 core.register_task(function()
   while true do
     for _, b in pairs(budgets) do refresh(b) end
-    core.msleep(1000)
+    core.msleep(SAMPLE_MS)
   end
 end)
 '''

@@ -70,7 +70,7 @@ class HaproxyProcess:
             raise RuntimeError(f"haproxy did not start:\n{self.log_path.read_text()}")
 
     def log_lines(self) -> list[str]:
-        self._log.flush()
+        # haproxy writes the file through its own descriptor; nothing of ours to flush
         return self.log_path.read_text().splitlines()
 
     def stop(self) -> None:
@@ -86,3 +86,43 @@ class HaproxyProcess:
 
 def lua_path(workdir: Path) -> str:
     return str(workdir / LUA_FILE)
+
+
+async def stream_once(port: int, payload: bytes, headers: dict[str, str], timeout_s: float = 30.0):
+    """One streamed POST over a raw asyncio connection.
+
+    Returns (status, seconds to the first SSE event, seconds to the end, body bytes); status 0 when the
+    connection failed or broke before a complete response.
+    """
+    import asyncio
+
+    t0 = time.perf_counter()
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    req = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+           f"Content-Length: {len(payload)}\r\nConnection: close\r\n{head}\r\n").encode() + payload
+    first = None
+    data = b""
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                writer.write(req)
+                await writer.drain()
+                while True:
+                    chunk = await reader.read(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                    if first is None and b"data: " in data:
+                        first = time.perf_counter() - t0
+                    if data.endswith(b"0\r\n\r\n"):
+                        break
+            finally:
+                writer.close()
+    except (OSError, TimeoutError):
+        return 0, None, time.perf_counter() - t0, data
+    total = time.perf_counter() - t0
+    status = int(data[9:12]) if data.startswith(b"HTTP/1.1 ") else 0
+    if not data.endswith(b"0\r\n\r\n"):
+        status = 0
+    return status, first, total, data

@@ -254,6 +254,8 @@ def test_refused_connection_is_retried_once_on_another_replica(gw):
         assert status == 200
         rids.append(rid)
     assert all(len(records(gw, rid)) == 1 for rid in rids)
+    # HAProxy logs a stream after its response has gone out: wait for all 8 lines
+    assert wait_until(lambda: len([ln for ln in gw["proc"].log_lines() if "fe_guard" in ln]) >= 8)
     lines = [ln for ln in gw["proc"].log_lines() if "fe_guard" in ln]
     retries = [ln.split()[8].split("/")[-1] for ln in lines]  # %ac/%fc/%bc/%sc/%rc
     assert "+1" in retries or "1" in retries  # some request hit the dead replica and was redispatched
@@ -264,6 +266,7 @@ def test_refused_everywhere_is_one_retry_then_json_503(gw):
     status, _, content, _ = post(gw["ports"]["autocomplete"], body(), key=KEYS["default"])
     assert status == 503
     assert json.loads(content)["error"]["code"] == 503
+    assert wait_until(lambda: any("fe_autocomplete" in ln for ln in gw["proc"].log_lines()))
     line = [ln for ln in gw["proc"].log_lines() if "fe_autocomplete" in ln][-1]
     assert line.split()[8].split("/")[-1].lstrip("+") == "1"  # exactly one retry
 
