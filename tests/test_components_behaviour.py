@@ -240,3 +240,18 @@ def test_dev_creates_a_minimal_cluster_with_pod_identity():
     assert cluster.inputs["name"] == "llm-serving-dev"
     addons = {a.inputs["addonName"] for a in rec.of_type("aws:eks/addon:Addon")}
     assert "eks-pod-identity-agent" in addons
+
+
+def test_program_loads_only_the_pulumi_aws_submodules_it_uses():
+    # pulumi_aws has ~240 submodules; touching all of them costs ~20 s at every `pulumi preview`
+    code = (
+        "import sys, warnings; warnings.simplefilter('ignore')\n"
+        "from offline.mockrun import run_stack_file\n"
+        f"run_stack_file({str(ROOT / 'stacks' / 'Pulumi.prod.yaml')!r})\n"
+        "print(' '.join(sorted(m.split('.')[1] for m in sys.modules if m.startswith('pulumi_aws.') and m.count('.') == 1\n"
+        "      and type(sys.modules[m]).__name__ != '_LazyModule' and not m.split('.')[1].startswith(('_', 'get_')))))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    service_modules = set(r.stdout.split()) - {"arn_build", "arn_parse", "outputs", "provider", "trim_iam_role_path", "user_agent"}
+    assert service_modules == {"ec2", "eks", "iam", "s3"}
