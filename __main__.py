@@ -114,8 +114,10 @@ if floor_endpoints:
         )
 
 # ── gateway and Modal burst: WIRED IN HERE by their owners (components/gateway.py, components/modal_burst.py)
-# They read `spec` (EndpointSpec.gateway / .burst), `settings.namespace`, `cluster.provider` (k8s_opts) and
-# each floor's in-cluster address `floors[name].service_dns`; add their exports below.
+# Inputs they need from above: `spec` (EndpointSpec.gateway / .burst), `settings.namespace`, `k8s_opts`
+# (the cluster's Kubernetes provider), and per floor endpoint `floors[name].pods_dns` (headless Service of
+# the ready, warmed-up replicas) or `floors[name].service_dns` (ClusterIP). Burst apps read their weights
+# from `weight_caches[e.burst.weights_region]`. Add their exports next to `endpoints` below.
 # ── end of the gateway / Modal burst section ──────────────────────────────────────────────────
 
 # ── exports ────────────────────────────────────────────────────────────────────────────────────
@@ -138,7 +140,8 @@ pulumi.export("weightUris", {
 })
 pulumi.export("endpoints", {
     e.name: {"tier": e.tier, "servedModelName": e.engine.served_model_name,
-             "floorService": floors[e.name].service_dns if e.name in floors else None}
+             "floorService": floors[e.name].service_dns if e.name in floors else None,
+             "floorPods": floors[e.name].pods_dns if e.name in floors else None}
     for e in spec.endpoints
 })
 pulumi.export("clusterName", cluster.name)

@@ -150,6 +150,19 @@ class FloorReplicas(pulumi.ComponentResource):
             },
             opts=child(self),
         )
+        # headless: one DNS record per *ready* pod, so the gateway balances and counts in-flight per replica,
+        # and a replica joins the gateway's backends only after its warm-up generation succeeded
+        k8s.core.v1.Service(
+            f"{name}-pods-service",
+            metadata=meta(f"{app}-pods"),
+            spec={
+                "clusterIP": "None",
+                "publishNotReadyAddresses": False,
+                "selector": labels,
+                "ports": [{"name": "http", "port": ep.engine.port, "targetPort": "http", "protocol": "TCP"}],
+            },
+            opts=child(self),
+        )
         k8s.policy.v1.PodDisruptionBudget(
             f"{name}-pdb",
             metadata=meta(app),
@@ -180,10 +193,12 @@ class FloorReplicas(pulumi.ComponentResource):
             opts=child(self, depends_on=[deployment]),
         )
         self.service_dns = f"{app}.{ns}.svc.cluster.local:{ep.engine.port}"
+        self.pods_dns = f"{app}-pods.{ns}.svc.cluster.local"  # headless: resolves to the ready pods
         self.register_outputs({
             "deployment": deployment.metadata.apply(lambda m: m["name"]),
             "service": service.metadata.apply(lambda m: m["name"]),
             "serviceDns": self.service_dns,
+            "podsDns": self.pods_dns,
         })
 
     @staticmethod

@@ -218,6 +218,9 @@ def test_floor_replicas_spread_across_zones_with_a_pdb_and_a_service(stack):
         assert any(t["topologyKey"] == "topology.kubernetes.io/zone" for t in pod["topologySpreadConstraints"])
         assert pdbs[n]["spec"]["selector"]["matchLabels"] == d["spec"]["selector"]["matchLabels"]
         assert services[n]["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
+        headless = services[f"{n}-pods"]["spec"]  # the gateway's per-replica backends
+        assert headless["clusterIP"] == "None" and headless["selector"] == d["spec"]["selector"]["matchLabels"]
+        assert headless["publishNotReadyAddresses"] is False  # only warmed-up replicas get traffic
         assert "spec.replicas" in deployment_resources[n].ignore_changes  # KEDA owns the count
 
 
