@@ -1,0 +1,223 @@
+"""Gateway: HAProxy in front of the floor replicas, overflowing to the Modal burst apps.
+
+The configuration is rendered by components/gateway_config.py from the spec (the same text the
+loopback tests run). This component only places it: a ConfigMap (haproxy.cfg + gateway.lua), a
+Deployment of the official HAProxy image (pinned to the version the tests run), replicated with a
+PDB and spread over nodes, and a Service with one port per gated endpoint. API keys, cache salts and
+Modal's proxy-auth token reach HAProxy as environment variables from Kubernetes Secrets
+(`secretKeyRef`), which HAProxy expands at start-up: they are never in the ConfigMap or the state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from topology.spec import TopologySpec
+
+from ._common import TYPE_PREFIX, child
+from .gateway_config import (
+    CONFIG_FILE,
+    LUA_FILE,
+    MODAL_KEY_ENV,
+    MODAL_SECRET_ENV,
+    STATS_PORT,
+    DnsServers,
+    RenderedGateway,
+    endpoint_ports,
+    gated_endpoints,
+    needs_burst,
+    needs_floor,
+    render_gateway_config,
+)
+
+# Same release line as Debian bookworm's haproxy 2.6.12, which the tests run the rendered config on.
+HAPROXY_IMAGE = "haproxy:2.6.12"
+CONFIG_DIR = "/usr/local/etc/haproxy"
+
+
+@dataclass(frozen=True)
+class GatewayArgs:
+    spec: TopologySpec
+    namespace: str
+    # endpoint -> DNS name of a *headless* Service of its floor pods (one A record per pod, so the
+    # gateway counts in-flight per replica); dedicated_only and floor_plus_burst endpoints.
+    floor_services: Mapping[str, str]
+    # endpoint -> Modal web URL (ModalBurst output); floor_plus_burst and serverless_only endpoints.
+    burst_urls: Mapping[str, pulumi.Input[str]]
+    # endpoint -> headless Service of the canary revision's pods, when the spec has a canary.
+    canary_services: Mapping[str, str] = field(default_factory=dict)
+    # endpoint -> Secret holding its tenants' API keys and cache salts (keys named by TenantSpec)
+    tenant_secret_names: Mapping[str, str] = field(default_factory=dict)
+    modal_auth_secret_name: str = "modal-proxy-auth"  # keys: modal-key, modal-secret
+    replicas: int = 2
+    image: str = HAPROXY_IMAGE
+    cpu_request: str = "500m"
+    memory_request: str = "512Mi"
+    memory_limit: str = "2Gi"  # bufsize (~200 KiB) x 2 buffers per active stream, plus headroom
+
+
+def tenant_secret_name(endpoint: str) -> str:
+    return f"{endpoint}-gateway-tenants"
+
+
+class Gateway(pulumi.ComponentResource):
+    config_map_name: pulumi.Output[str]
+    service_name: pulumi.Output[str]
+    ports: dict[str, int]
+
+    def __init__(self, name: str, args: GatewayArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        if args.replicas < 2:
+            raise ValueError(f"Gateway replicas must be >= 2 (one may be drained), got {args.replicas}")
+        eps = gated_endpoints(args.spec)
+        for e in eps:
+            if needs_floor(e) and e.name not in args.floor_services:
+                raise ValueError(f"Gateway: endpoint {e.name!r} ({e.tier}) needs floor_services[{e.name!r}]")
+            if needs_burst(e) and e.name not in args.burst_urls:
+                raise ValueError(f"Gateway: endpoint {e.name!r} ({e.tier}) needs burst_urls[{e.name!r}]")
+        super().__init__(f"{TYPE_PREFIX}:Gateway", name, None, opts)
+
+        spec, ns = args.spec, args.namespace
+        floor = {
+            e.name: DnsServers(args.floor_services[e.name], e.engine.port, _slots(e))
+            for e in eps if needs_floor(e)
+        }
+        canary = {e: DnsServers(host, args.spec.endpoint(e).engine.port, _slots(args.spec.endpoint(e)))
+                  for e, host in args.canary_services.items()}
+        burst_names = [e.name for e in eps if needs_burst(e)]
+        urls = pulumi.Output.all(*[args.burst_urls[n] for n in burst_names])
+
+        def render(values: list[str]) -> RenderedGateway:
+            empty = [n for n, v in zip(burst_names, values) if not v]
+            if empty:
+                raise ValueError(f"Gateway: burst URL empty for {empty}; deploy the Modal app first")
+            return render_gateway_config(spec, burst_urls=dict(zip(burst_names, values)), floor_servers=floor,
+                                         canary_servers=canary, lua_path=f"{CONFIG_DIR}/{LUA_FILE}")
+
+        rendered = urls.apply(render)
+        # the secret env is decided by the spec alone: render once with stand-in URLs to list it
+        self.ports = endpoint_ports(spec)
+        secret_env = _secret_env(spec, floor, canary, burst_names)
+
+        app = f"{name}-haproxy"
+        labels = {"app.kubernetes.io/name": "haproxy", "app.kubernetes.io/instance": name,
+                  "app.kubernetes.io/component": "gateway"}
+        meta = {"name": app, "namespace": ns, "labels": labels}
+
+        config_map = k8s.core.v1.ConfigMap(
+            f"{name}-config",
+            metadata=meta,
+            data=rendered.apply(lambda r: {CONFIG_FILE: r.files[CONFIG_FILE], LUA_FILE: r.files[LUA_FILE]}),
+            opts=child(self),
+        )
+        config_hash = rendered.apply(
+            lambda r: hashlib.sha256("".join(r.files[k] for k in sorted(r.files)).encode()).hexdigest()[:16])
+
+        env = []
+        for var, key in sorted(secret_env.items()):
+            if var in (MODAL_KEY_ENV, MODAL_SECRET_ENV):
+                secret = args.modal_auth_secret_name
+            else:
+                endpoint = _endpoint_of(var, eps)
+                secret = args.tenant_secret_names.get(endpoint, tenant_secret_name(endpoint))
+            env.append({"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+
+        ports = [{"name": f"ep-{i}", "containerPort": p, "protocol": "TCP"}
+                 for i, p in enumerate(self.ports.values())]
+        ports.append({"name": "stats", "containerPort": STATS_PORT, "protocol": "TCP"})
+        probe = {"httpGet": {"path": "/healthz", "port": "stats"}, "periodSeconds": 5, "failureThreshold": 3}
+
+        deployment = k8s.apps.v1.Deployment(
+            f"{name}-deployment",
+            metadata=meta,
+            spec={
+                "replicas": args.replicas,
+                "selector": {"matchLabels": labels},
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+                "template": {
+                    # a new config rolls the pods (HAProxy reads secrets and config at start-up)
+                    "metadata": {"labels": labels, "annotations": {"serving.llm/config-sha256": config_hash}},
+                    "spec": {
+                        # streams in flight get this long to finish when a pod is replaced
+                        "terminationGracePeriodSeconds": max(e.gateway.first_byte_timeout_s for e in eps) + 60,
+                        "topologySpreadConstraints": [{
+                            "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                            "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": labels},
+                        }],
+                        "containers": [{
+                            "name": "haproxy",
+                            "image": args.image,
+                            "args": ["haproxy", "-W", "-db", "-f", f"{CONFIG_DIR}/{CONFIG_FILE}"],
+                            "env": env,
+                            "ports": ports,
+                            "readinessProbe": probe,
+                            "livenessProbe": {**probe, "failureThreshold": 6},
+                            "resources": {
+                                "requests": {"cpu": args.cpu_request, "memory": args.memory_request},
+                                "limits": {"memory": args.memory_limit},
+                            },
+                            "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
+                                                "readOnlyRootFilesystem": True,
+                                                "capabilities": {"drop": ["ALL"]}},
+                            "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+                        }],
+                        "volumes": [{"name": "config", "configMap": {"name": config_map.metadata["name"]}}],
+                    },
+                },
+            },
+            opts=child(self),
+        )
+        k8s.policy.v1.PodDisruptionBudget(
+            f"{name}-pdb",
+            metadata=meta,
+            spec={"minAvailable": 1, "selector": {"matchLabels": labels}},
+            opts=child(self),
+        )
+        service = k8s.core.v1.Service(
+            f"{name}-service",
+            metadata=meta,
+            spec={
+                "type": "ClusterIP",
+                "selector": labels,
+                "ports": [{"name": ep[:15], "port": p, "targetPort": p, "protocol": "TCP"}
+                          for ep, p in self.ports.items()],
+            },
+            opts=child(self, depends_on=[deployment]),
+        )
+        self.config_map_name = config_map.metadata["name"]
+        self.service_name = service.metadata["name"]
+        self.register_outputs({
+            "config_map_name": self.config_map_name,
+            "service_name": self.service_name,
+            "deployment_name": deployment.metadata["name"],
+            "endpoint_ports": self.ports,
+            "config_sha256": config_hash,
+        })
+
+
+def _slots(e) -> int:
+    """Server slots for the floor: the most replicas the autoscaler may run."""
+    if e.autoscaling is not None:
+        return e.autoscaling.max_replicas
+    return max(e.floor.replicas_by_hour) if e.floor.replicas_by_hour else 1
+
+
+def _secret_env(spec: TopologySpec, floor, canary, burst_names: list[str]) -> dict[str, str]:
+    # Secret references depend on the spec only, not on the URLs: render with stand-ins to list them.
+    stand_in = {n: "https://burst.invalid" for n in burst_names}
+    return render_gateway_config(spec, burst_urls=stand_in, floor_servers=floor, canary_servers=canary).secret_env
+
+
+def _endpoint_of(var: str, eps) -> str:
+    from .gateway_config import env_name
+
+    for e in eps:
+        for t in e.gateway.tenants:
+            if var in (env_name(e.name, t.api_key_secret_key),
+                       t.cache_salt_secret_key and env_name(e.name, t.cache_salt_secret_key)):
+                return e.name
+    raise KeyError(f"environment variable {var} belongs to no endpoint's tenants")

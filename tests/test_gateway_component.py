@@ -1,0 +1,114 @@
+"""Gateway under Pulumi's mocks: its children, the ConfigMap holding exactly the rendered config,
+secrets referenced (never inlined), replicas and PDB, schema-valid manifests; and haproxy accepts
+the cluster config it renders."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pulumi
+import pytest
+
+from components.gateway import Gateway, GatewayArgs, tenant_secret_name
+from components.gateway_config import DnsServers, LUA_FILE, render_gateway_config
+from offline.mockrun import run_function
+from offline.validate import validate_objects
+from tests.gateway_harness import require_haproxy
+
+URLS = {"assist": "https://acme-prod--assist.modal.run", "autocomplete": "https://acme-prod--ac.modal.run",
+        "guard": "https://acme-prod--guard.modal.run"}
+
+
+def floor_dns(spec):
+    return {e.name: f"{e.name}-vllm-headless.serving.svc.cluster.local" for e in spec.endpoints}
+
+
+def declare(spec, **extra):
+    def program():
+        bursts = {e.name: pulumi.Output.from_input(URLS[e.name]) for e in spec.endpoints
+                  if e.tier in ("serverless_only", "floor_plus_burst")}
+        Gateway("gateway", GatewayArgs(spec=spec, namespace="serving", floor_services=floor_dns(spec),
+                                       burst_urls=bursts, **extra))
+    return run_function(program, stack=spec.environment)
+
+
+@pytest.fixture(scope="module")
+def prod(planned_stacks):
+    spec = planned_stacks["prod"][1]
+    return spec, declare(spec)
+
+
+def test_children_named_and_parented(prod):
+    _, rec = prod
+    (component,) = rec.of_type("serving:components:Gateway")
+    children = [r for r in rec.resources if r.parent == component.urn]
+    assert sorted(r.name for r in children) == ["gateway-config", "gateway-deployment", "gateway-pdb",
+                                                "gateway-service"]
+
+
+def test_configmap_is_the_rendered_config(prod):
+    spec, rec = prod
+    (cm,) = [o for o in rec.kubernetes_objects() if o["kind"] == "ConfigMap"]
+    floor = {e.name: DnsServers(floor_dns(spec)[e.name], e.engine.port, e.autoscaling.max_replicas)
+             for e in spec.endpoints if e.tier in ("dedicated_only", "floor_plus_burst")}
+    expected = render_gateway_config(spec, burst_urls={k: URLS[k] for k in ("assist", "autocomplete")},
+                                     floor_servers=floor, lua_path=f"/usr/local/etc/haproxy/{LUA_FILE}")
+    assert cm["data"] == expected.files
+
+
+def test_deployment_replicated_pinned_and_secrets_referenced(prod):
+    spec, rec = prod
+    objs = rec.kubernetes_objects()
+    (dep,) = [o for o in objs if o["kind"] == "Deployment"]
+    assert dep["spec"]["replicas"] >= 2
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    assert container["image"].startswith("haproxy:2.6.")
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]}
+    assert all("value" not in e for e in container["env"])  # only references, no literal secrets
+    assert refs["GW_MODAL_KEY"] == {"name": "modal-proxy-auth", "key": "modal-key"}
+    assert refs["GW_ASSIST_GLOBEX_CACHE_SALT"] == {"name": tenant_secret_name("assist"), "key": "globex-cache-salt"}
+    assert refs["GW_GUARD_DEFAULT_API_KEY"] == {"name": tenant_secret_name("guard"), "key": "default-api-key"}
+    (pdb,) = [o for o in objs if o["kind"] == "PodDisruptionBudget"]
+    assert pdb["spec"]["minAvailable"] == 1
+    (svc,) = [o for o in objs if o["kind"] == "Service"]
+    assert [p["port"] for p in svc["spec"]["ports"]] == [8080, 8081, 8082]
+    assert validate_objects(objs) == []
+
+
+def test_dev_stack_routes_serverless_to_burst_and_skips_managed_api(planned_stacks):
+    spec = planned_stacks["dev"][1]
+    rec = declare(spec)
+    (cm,) = [o for o in rec.kubernetes_objects() if o["kind"] == "ConfigMap"]
+    cfg = cm["data"]["haproxy.cfg"]
+    assert "frontend fe_assist" in cfg and "default_backend be_assist_burst" in cfg
+    assert "fe_autocomplete" not in cfg  # managed_api: clients call the provider, not this gateway
+    assert "be_assist_floor" not in cfg
+
+
+def test_gateway_rejects_missing_wiring(planned_stacks):
+    spec = planned_stacks["prod"][1]
+
+    def program():
+        Gateway("gateway", GatewayArgs(spec=spec, namespace="serving", floor_services={}, burst_urls={}))
+
+    with pytest.raises(Exception, match="needs floor_services"):
+        run_function(program, stack="prod")
+
+
+def test_haproxy_accepts_the_cluster_config(prod, tmp_path):
+    binary = require_haproxy()
+    _, rec = prod
+    (cm,) = [o for o in rec.kubernetes_objects() if o["kind"] == "ConfigMap"]
+    (dep,) = [o for o in rec.kubernetes_objects() if o["kind"] == "Deployment"]
+    for name, text in cm["data"].items():
+        (tmp_path / name).write_text(text.replace("/usr/local/etc/haproxy/", f"{tmp_path}/"))
+    env = {e["name"]: "test-" + e["name"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    out = subprocess.run([binary, "-c", "-f", str(tmp_path / "haproxy.cfg")], env={**os.environ, **env},
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    # and refuses to start when a secret is missing (an empty key would match "Bearer ")
+    env.pop("GW_ASSIST_ACME_API_KEY")
+    out = subprocess.run([binary, "-c", "-f", str(tmp_path / "haproxy.cfg")], env={**os.environ, **env},
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0 and "acme-api-key" in out.stderr
