@@ -21,7 +21,3 @@ def child(parent: pulumi.Resource, **kwargs) -> pulumi.ResourceOptions:
     """Options for a child resource: parented to the component, inheriting its providers."""
     return pulumi.ResourceOptions(parent=parent, **kwargs)
 
-
-def k8s_name(*parts: str) -> str:
-    """A DNS-1123 name from parts (endpoint names are already validated by the planner's inputs)."""
-    return "-".join(p.lower().replace("_", "-").replace(".", "-") for p in parts if p)

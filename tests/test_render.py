@@ -82,3 +82,23 @@ def test_render_of_a_stack_keeps_secrets_out(tmp_path):
     )
     render(rec, tmp_path)
     assert not any(b"TOP-SECRET-KUBECONFIG" in data for data in _files(tmp_path).values())
+
+
+def test_command_line_renders_a_stack_and_reports_bad_settings_clearly(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-W", "ignore", "-m", "topology", "render", "stacks/Pulumi.dev.yaml", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (out / "inventory.json").exists() and (out / "k8s").is_dir()
+
+    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.dev.yaml").read_text())
+    doc["config"]["llm-serving:cluster"]["mode"] = "borrowed"
+    bad = tmp_path / "Pulumi.dev.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    r = subprocess.run([sys.executable, "-W", "ignore", "-m", "topology", "render", str(bad), "--out", str(tmp_path / "bad")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "cluster.mode = 'borrowed'" in r.stderr and "Traceback" not in r.stderr
