@@ -2,8 +2,10 @@
 
 S3 keeps exactly one replication configuration per source bucket, so the rules for all regions live in
 one resource here rather than in each WeightCache (two would overwrite each other). Replication copies
-new writes; weights already in the source before this is applied need one S3 Batch Replication job
-(README). The source bucket must have versioning on — it is outside this stack, so that is a prerequisite.
+new writes only: weights already in the source when this is first applied need a one-off S3 Batch
+Replication job (`aws s3control create-job` with a generated manifest, or "Replicate existing objects"
+in the console). The source bucket must have versioning on — it lives outside this stack, so that is a
+prerequisite, not something declared here.
 """
 
 from __future__ import annotations
