@@ -36,6 +36,13 @@ def floor_endpoints(spec):
     return [e for e in spec.endpoints if e.node_pools]
 
 
+def floor_deployments(rec, spec) -> list[dict]:
+    """The vLLM Deployments — exactly one per endpoint with dedicated pools (none in dev)."""
+    deployments = objects(rec, "Deployment")
+    assert sorted(d["metadata"]["name"] for d in deployments) == sorted(f"{e.name}-vllm" for e in floor_endpoints(spec))
+    return deployments
+
+
 # ── node pools and MIG ─────────────────────────────────────────────────────────────────────────
 
 
@@ -70,7 +77,7 @@ def test_mig_label_names_a_valid_layout_and_pods_request_that_slice(stack):
         if layout["mig-enabled"]:
             validate_mig_layout(pool.gpu_kind, layout["mig-devices"])
             assert layout["mig-devices"] == pool.mig_layout.devices
-    for d in objects(rec, "Deployment"):
+    for d in floor_deployments(rec, spec):
         ep = spec.endpoint(d["metadata"]["labels"]["serving.llm/endpoint"])
         pod = d["spec"]["template"]["spec"]
         selector = pod["nodeSelector"]
@@ -134,6 +141,7 @@ def test_cron_windows_start_the_cold_start_lead_before_each_rise(stack):
     name, _inputs, spec = stack
     rec = recording(name)
     scaled = by_name(objects(rec, "ScaledObject"))
+    assert sorted(scaled) == sorted(f"{e.name}-vllm" for e in floor_endpoints(spec))
     for e in floor_endpoints(spec):
         so = scaled[f"{e.name}-vllm"]
         for t in so["spec"]["triggers"]:
@@ -159,7 +167,7 @@ def test_readiness_probe_runs_the_warm_up_generation_script(stack):
     name, _inputs, spec = stack
     rec = recording(name)
     config_maps = by_name(objects(rec, "ConfigMap"))
-    for d in objects(rec, "Deployment"):
+    for d in floor_deployments(rec, spec):
         ep = spec.endpoint(d["metadata"]["labels"]["serving.llm/endpoint"])
         c = vllm_container(d)
         probe = c["readinessProbe"]["exec"]["command"]
@@ -178,7 +186,7 @@ def test_no_container_can_reach_a_model_hub_at_boot(stack):
     name, _inputs, spec = stack
     rec = recording(name)
     caches = {c.bucket_name for c in spec.weight_caches if c.region == spec.cluster_region}
-    for d in objects(rec, "Deployment"):
+    for d in floor_deployments(rec, spec):
         ep = spec.endpoint(d["metadata"]["labels"]["serving.llm/endpoint"])
         pod = d["spec"]["template"]["spec"]
         for c in pod["containers"] + pod.get("initContainers", []):
@@ -199,10 +207,10 @@ def test_no_container_can_reach_a_model_hub_at_boot(stack):
 
 
 def test_max_model_len_is_the_product_limit(stack):
-    name, inputs, _spec = stack
+    name, inputs, spec = stack
     rec = recording(name)
     limits = {e.name: e.shape.product_max_context_tokens for e in inputs.endpoints}
-    for d in objects(rec, "Deployment"):
+    for d in floor_deployments(rec, spec):
         cmd = vllm_container(d)["command"]
         assert int(cmd[cmd.index("--max-model-len") + 1]) == limits[d["metadata"]["labels"]["serving.llm/endpoint"]]
 
@@ -212,7 +220,7 @@ def test_floor_replicas_spread_across_zones_with_a_pdb_and_a_service(stack):
     rec = recording(name)
     pdbs, services = by_name(objects(rec, "PodDisruptionBudget")), by_name(objects(rec, "Service"))
     deployment_resources = {r.inputs["metadata"]["name"]: r for r in rec.of_type("kubernetes:apps/v1:Deployment")}
-    for d in objects(rec, "Deployment"):
+    for d in floor_deployments(rec, spec):
         n = d["metadata"]["name"]
         pod = d["spec"]["template"]["spec"]
         assert any(t["topologyKey"] == "topology.kubernetes.io/zone" for t in pod["topologySpreadConstraints"])
