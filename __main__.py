@@ -12,7 +12,7 @@ from pathlib import Path
 import pulumi
 
 from components.cluster import Cluster, ClusterArgs
-from components.floor_replicas import FloorReplicas, FloorReplicasArgs
+from components.floor_replicas import FloorReplicas, FloorReplicasArgs, canary_weights_prefix
 from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
 from components.gpu_operator import GpuOperator, GpuOperatorArgs
 from components.keda import Keda
@@ -68,8 +68,10 @@ floor_endpoints = [e for e in spec.endpoints if e.node_pools]
 weight_caches = {}
 for cache in spec.weight_caches:
     readers = [
-        WeightReader(endpoint=e.name, namespace=settings.namespace, service_account=f"{e.name}-vllm",
-                     prefix=e.engine.weights_uri_suffix)
+        WeightReader(
+            endpoint=e.name, namespace=settings.namespace, service_account=f"{e.name}-vllm",
+            prefixes=tuple(p for p in (e.engine.weights_uri_suffix, canary_weights_prefix(e, cache)) if p),
+        )
         for e in floor_endpoints
         if cache.region == spec.cluster_region
     ]
@@ -102,6 +104,7 @@ if floor_endpoints:
                 endpoint=e,
                 node_pools=pools,
                 weights_uri=cache.uri(e.engine.weights_uri_suffix),
+                canary_weights_uri=cache.uri(canary) if (canary := canary_weights_prefix(e, cache)) else None,
                 namespace=settings.namespace,
                 prometheus_url=settings.prometheus_url,
                 monitor_labels=settings.monitor_labels,
@@ -116,7 +119,8 @@ if floor_endpoints:
 # ── gateway and Modal burst: WIRED IN HERE by their owners (components/gateway.py, components/modal_burst.py)
 # Inputs they need from above: `spec` (EndpointSpec.gateway / .burst), `settings.namespace`, `k8s_opts`
 # (the cluster's Kubernetes provider), and per floor endpoint `floors[name].pods_dns` (headless Service of
-# the ready, warmed-up replicas) or `floors[name].service_dns` (ClusterIP). Burst apps read their weights
+# the ready, warmed-up replicas), `floors[name].canary_pods_dns` (the canary track, when the spec has one)
+# or `floors[name].service_dns` (ClusterIP). Burst apps read their weights
 # from `weight_caches[e.burst.weights_region]`. Add their exports next to `endpoints` below.
 # ── end of the gateway / Modal burst section ──────────────────────────────────────────────────
 
@@ -141,7 +145,8 @@ pulumi.export("weightUris", {
 pulumi.export("endpoints", {
     e.name: {"tier": e.tier, "servedModelName": e.engine.served_model_name,
              "floorService": floors[e.name].service_dns if e.name in floors else None,
-             "floorPods": floors[e.name].pods_dns if e.name in floors else None}
+             "floorPods": floors[e.name].pods_dns if e.name in floors else None,
+             "canaryPods": floors[e.name].canary_pods_dns if e.name in floors else None}
     for e in spec.endpoints
 })
 pulumi.export("clusterName", cluster.name)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
-from topology.spec import EndpointSpec, FloorSchedule, NodePoolSpec
+from topology.spec import EndpointSpec, FloorSchedule, NodePoolSpec, WeightCacheSpec
 
 from ._common import CAPACITY_LABEL, ENDPOINT_LABEL, GPU_TAINT_EFFECT_K8S, MIG_CONFIG_LABEL, TYPE_PREFIX, child
 from .gpu_node_pool import NVME_MOUNT, node_labels
@@ -33,6 +33,9 @@ MINUTES_PER_DAY = 24 * 60
 MINUTES_PER_WEEK = 7 * MINUTES_PER_DAY
 WEIGHTS_MOUNT = "/models"  # where the node-local weight copy appears inside the pod
 WARMUP_MOUNT = "/opt/warmup"
+TRACK_LABEL = "serving.llm/track"  # stable | canary: the revision track a pod serves
+# the Prometheus label the PodMonitor copies TRACK_LABEL into (prometheus-operator sanitises the name)
+TRACK_METRIC_LABEL = "serving_llm_track"
 WARMUP_SENTINEL = "/tmp/warmup-done"  # container filesystem: an engine restart clears it
 AWS_CLI_IMAGE = "public.ecr.aws/aws-cli/aws-cli:2.27.50"  # pinned: the init container's only tool
 # Environment that keeps every hub client offline: weights and tokenizer come from the local copy only.
@@ -82,8 +85,25 @@ def _number(x: float) -> str:
 
 
 def queue_query(namespace: str, served_model_name: str) -> str:
-    """Requests waiting summed over the endpoint's replicas; KEDA's AverageValue divides by replicas."""
-    return f'sum(vllm:num_requests_waiting{{namespace="{namespace}",model_name="{served_model_name}"}})'
+    """Requests waiting summed over the endpoint's stable replicas; KEDA's AverageValue divides by replicas.
+    Canary pods serve the same model name, so the track label keeps their queue out of the stable count."""
+    return (f'sum(vllm:num_requests_waiting{{namespace="{namespace}",model_name="{served_model_name}",'
+            f'{TRACK_METRIC_LABEL}="stable"}})')
+
+
+def canary_weights_prefix(ep: EndpointSpec, cache: WeightCacheSpec) -> str | None:
+    """The weight-cache prefix of the canary revision, or None when the endpoint has no canary."""
+    canary = ep.gateway.canary
+    if canary is None:
+        return None
+    # SPEC: a `CanarySpec.weights_uri_suffix` would replace this look-up of the one prefix of the canary revision
+    matches = [p for p in cache.model_prefixes if p.rstrip("/").rsplit("/", 1)[-1] == canary.revision]
+    if len(matches) != 1:
+        raise ValueError(
+            f"endpoint {ep.name!r}: canary revision {canary.revision!r} matches {len(matches)} prefixes of weight cache "
+            f"{cache.bucket_name} ({list(cache.model_prefixes)}); expected exactly one"
+        )
+    return matches[0]
 
 
 @dataclass(frozen=True)
@@ -96,6 +116,9 @@ class FloorReplicasArgs:
     monitor_labels: dict[str, str] = field(default_factory=dict)
     # SPEC: a `startup_probe_budget_s` in the spec would replace this margin over the measured cold start
     startup_budget_factor: float = 2.0
+    canary_weights_uri: str | None = None  # required when the spec has a canary (canary_weights_prefix())
+    # SPEC: `CanarySpec.replicas` — the canary runs a fixed count, outside the autoscaler
+    canary_replicas: int = 1
     warmup_timeout_s: int = 50
     warmup_max_tokens: int = 1
     stale_lock_min: int = 30
@@ -113,14 +136,18 @@ class FloorReplicas(pulumi.ComponentResource):
             raise ValueError(f"endpoint {ep.name!r} has node pools but no autoscaling settings in the spec")
         if not args.node_pools:
             raise ValueError(f"endpoint {ep.name!r}: floor replicas need at least one node pool")
-        if not args.weights_uri.startswith("s3://"):
-            raise ValueError(f"endpoint {ep.name!r}: weights_uri must be an s3:// URI, got {args.weights_uri!r}")
+        for uri in (args.weights_uri, args.canary_weights_uri):
+            if uri is not None and not uri.startswith("s3://"):
+                raise ValueError(f"endpoint {ep.name!r}: weight URIs must be s3:// URIs, got {uri!r}")
+        if ep.gateway.canary is not None and args.canary_weights_uri is None:
+            raise ValueError(f"endpoint {ep.name!r} has a canary ({ep.gateway.canary.revision}) but no canary_weights_uri")
         super().__init__(f"{TYPE_PREFIX}:FloorReplicas", name, None, opts)
 
         app = f"{ep.name}-vllm"
         self.deployment_name = self.service_name = self.service_account_name = app
         ns = args.namespace
         labels = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": ep.name, ENDPOINT_LABEL: ep.name}
+        stable = {**labels, TRACK_LABEL: "stable"}
         meta = lambda n: {"name": n, "namespace": ns, "labels": labels}  # noqa: E731
 
         k8s.core.v1.ServiceAccount(f"{name}-service-account", metadata=meta(app), opts=child(self))
@@ -136,7 +163,7 @@ class FloorReplicas(pulumi.ComponentResource):
                 "serving.llm/tier": ep.tier,
                 "serving.llm/cache-isolation": ep.gateway.cache_isolation,
             }},
-            spec=self._deployment_spec(args, app, labels),
+            spec=self._deployment_spec(args, app, stable, args.weights_uri, ep.engine.model_revision, ep.floor.base_replicas),
             # KEDA owns the replica count once it runs; Pulumi sets the first value only
             opts=child(self, depends_on=[warmup], ignore_changes=["spec.replicas"]),
         )
@@ -145,30 +172,18 @@ class FloorReplicas(pulumi.ComponentResource):
             metadata=meta(app),
             spec={
                 "type": "ClusterIP",
-                "selector": labels,
+                "selector": stable,
                 "ports": [{"name": "http", "port": ep.engine.port, "targetPort": "http", "protocol": "TCP"}],
             },
             opts=child(self),
         )
-        # headless: one DNS record per *ready* pod, so the gateway balances and counts in-flight per replica,
-        # and a replica joins the gateway's backends only after its warm-up generation succeeded
-        k8s.core.v1.Service(
-            f"{name}-pods-service",
-            metadata=meta(f"{app}-pods"),
-            spec={
-                "clusterIP": "None",
-                "publishNotReadyAddresses": False,
-                "selector": labels,
-                "ports": [{"name": "http", "port": ep.engine.port, "targetPort": "http", "protocol": "TCP"}],
-            },
-            opts=child(self),
-        )
+        self._headless_service(f"{name}-pods-service", meta(f"{app}-pods"), stable, ep.engine.port)
         k8s.policy.v1.PodDisruptionBudget(
             f"{name}-pdb",
             metadata=meta(app),
             spec={
                 "maxUnavailable": 1,  # drains take one replica at a time; never blocks a drain of a 1-replica floor
-                "selector": {"matchLabels": labels},
+                "selector": {"matchLabels": stable},
                 "unhealthyPodEvictionPolicy": "AlwaysAllow",
             },
             opts=child(self),
@@ -180,6 +195,7 @@ class FloorReplicas(pulumi.ComponentResource):
             metadata={"name": app, "namespace": ns, "labels": {**labels, **args.monitor_labels}},
             spec={
                 "selector": {"matchLabels": labels},
+                "podTargetLabels": [TRACK_LABEL],
                 "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": f"{ep.autoscaling.polling_interval_s}s"}],
             },
             opts=child(self),
@@ -194,15 +210,47 @@ class FloorReplicas(pulumi.ComponentResource):
         )
         self.service_dns = f"{app}.{ns}.svc.cluster.local:{ep.engine.port}"
         self.pods_dns = f"{app}-pods.{ns}.svc.cluster.local"  # headless: resolves to the ready pods
+        self.canary_pods_dns: str | None = None
+        if ep.gateway.canary is not None and args.canary_weights_uri is not None:
+            # the candidate revision on the same pools, same engine flags, under the same served name; the
+            # gateway sends it a stable hash of users (never per request), so the stable track stays warm
+            canary = {**labels, TRACK_LABEL: "canary"}
+            k8s.apps.v1.Deployment(
+                f"{name}-canary-deployment",
+                metadata={**meta(f"{app}-canary"), "annotations": {"serving.llm/canary-percent": f"{ep.gateway.canary.percent:g}"}},
+                spec=self._deployment_spec(args, app, canary, args.canary_weights_uri, ep.gateway.canary.revision,
+                                           args.canary_replicas),
+                opts=child(self, depends_on=[warmup]),
+            )
+            self._headless_service(f"{name}-canary-pods-service", meta(f"{app}-canary-pods"), canary, ep.engine.port)
+            self.canary_pods_dns = f"{app}-canary-pods.{ns}.svc.cluster.local"
         self.register_outputs({
             "deployment": deployment.metadata.apply(lambda m: m["name"]),
             "service": service.metadata.apply(lambda m: m["name"]),
             "serviceDns": self.service_dns,
             "podsDns": self.pods_dns,
+            "canaryPodsDns": self.canary_pods_dns,
         })
 
+    def _headless_service(self, resource_name: str, metadata: dict, selector: dict[str, str], port: int) -> None:
+        # headless: one DNS record per *ready* pod, so the gateway balances and counts in-flight per replica,
+        # and a replica joins the gateway's backends only after its warm-up generation succeeded
+        k8s.core.v1.Service(
+            resource_name,
+            metadata=metadata,
+            spec={
+                "clusterIP": "None",
+                "publishNotReadyAddresses": False,
+                "selector": selector,
+                "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+            },
+            opts=child(self),
+        )
+
     @staticmethod
-    def _deployment_spec(args: FloorReplicasArgs, app: str, labels: dict[str, str]) -> dict:
+    def _deployment_spec(
+        args: FloorReplicasArgs, app: str, labels: dict[str, str], weights_uri: str, revision: str, replicas: int
+    ) -> dict:
         ep = args.endpoint
         eng = ep.engine
         pools = args.node_pools
@@ -226,7 +274,8 @@ class FloorReplicas(pulumi.ComponentResource):
         if mig_label is not None:
             node_selector[MIG_CONFIG_LABEL] = mig_label
 
-        local_dir = f"{WEIGHTS_MOUNT}/{eng.weights_uri_suffix.strip('/')}"
+        weights_suffix = weights_uri.removeprefix("s3://").split("/", 1)[1]
+        local_dir = f"{WEIGHTS_MOUNT}/{weights_suffix.strip('/')}"
         on_nvme = all(p.local_nvme_gb > 0 for p in pools)
         weights_volume = (
             {"name": "weights", "hostPath": {"path": f"{NVME_MOUNT}/llm-weights", "type": "DirectoryOrCreate"}}
@@ -246,7 +295,7 @@ class FloorReplicas(pulumi.ComponentResource):
             "image": args.aws_cli_image,
             "command": ["/bin/sh", f"{WARMUP_MOUNT}/fetch_weights.sh"],
             "env": env + [
-                {"name": "WEIGHTS_URI", "value": args.weights_uri},
+                {"name": "WEIGHTS_URI", "value": weights_uri},
                 {"name": "LOCAL_DIR", "value": local_dir},
                 {"name": "START_JITTER_S", "value": str(ep.herd.start_jitter_s)},
                 {"name": "STALE_LOCK_MIN", "value": str(args.stale_lock_min)},
@@ -287,12 +336,12 @@ class FloorReplicas(pulumi.ComponentResource):
             ],
         }
         return {
-            "replicas": ep.floor.base_replicas,
+            "replicas": replicas,
             "selector": {"matchLabels": labels},
             # a new replica must be ready before an old one goes: capacity never dips during a rollout
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
-                "metadata": {"labels": {**labels, "serving.llm/model-revision": eng.model_revision}},
+                "metadata": {"labels": {**labels, "serving.llm/model-revision": revision}},
                 "spec": {
                     "serviceAccountName": app,
                     "automountServiceAccountToken": False,

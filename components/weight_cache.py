@@ -29,24 +29,25 @@ _POD_IDENTITY_ASSUME = json.dumps({
 
 @dataclass(frozen=True)
 class WeightReader:
-    """A service account allowed to read one model prefix."""
+    """A service account allowed to read its endpoint's model prefixes (the served revision, and a canary's)."""
 
     endpoint: str
     namespace: str
     service_account: str
-    prefix: str
+    prefixes: tuple[str, ...]
 
 
-def reader_policy(bucket: str, prefix: str) -> str:
-    """Read-only access to one prefix: list it, get its objects; nothing else in the bucket."""
+def reader_policy(bucket: str, prefixes: tuple[str, ...]) -> str:
+    """Read-only access to the given prefixes: list them, get their objects; nothing else in the bucket."""
+    ordered = sorted(prefixes)
     return json.dumps({
         "Version": "2012-10-17",
         "Statement": [
             {"Sid": "ReadModelPrefix", "Effect": "Allow", "Action": ["s3:GetObject"],
-             "Resource": [f"arn:aws:s3:::{bucket}/{prefix}*"]},
+             "Resource": [f"arn:aws:s3:::{bucket}/{p}*" for p in ordered]},
             {"Sid": "ListModelPrefix", "Effect": "Allow", "Action": ["s3:ListBucket"],
              "Resource": [f"arn:aws:s3:::{bucket}"],
-             "Condition": {"StringLike": {"s3:prefix": [prefix, f"{prefix}*"]}}},
+             "Condition": {"StringLike": {"s3:prefix": [x for p in ordered for x in (p, f"{p}*")]}}},
         ],
     }, sort_keys=True)
 
@@ -80,9 +81,10 @@ class WeightCache(pulumi.ComponentResource):
         super().__init__(f"{TYPE_PREFIX}:WeightCache", name, None, opts)
         c = args.cache
         for r in args.readers:
-            if r.prefix not in c.model_prefixes:
+            missing = [p for p in r.prefixes if p not in c.model_prefixes]
+            if missing or not r.prefixes:
                 raise ValueError(
-                    f"reader {r.endpoint!r} asks for prefix {r.prefix!r}, which weight cache {c.bucket_name} "
+                    f"reader {r.endpoint!r} asks for prefixes {missing or '(none)'}, which weight cache {c.bucket_name} "
                     f"does not hold; it holds {list(c.model_prefixes)}"
                 )
         tags = {"serving.llm/weight-cache": c.region, **(args.tags or {})}
@@ -146,9 +148,9 @@ class WeightCache(pulumi.ComponentResource):
         for r in sorted(args.readers, key=lambda r: r.endpoint):
             role = iam.Role(
                 f"{name}-reader-{r.endpoint}",
-                description=f"read {c.bucket_name}/{r.prefix} for {r.namespace}/{r.service_account}",
+                description=f"read {c.bucket_name}/{{{','.join(sorted(r.prefixes))}}} for {r.namespace}/{r.service_account}",
                 assume_role_policy=_POD_IDENTITY_ASSUME,
-                inline_policies=[{"name": "read-model-prefix", "policy": reader_policy(c.bucket_name, r.prefix)}],
+                inline_policies=[{"name": "read-model-prefix", "policy": reader_policy(c.bucket_name, r.prefixes)}],
                 tags=tags,
                 opts=child(self),
             )
