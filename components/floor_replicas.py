@@ -109,20 +109,33 @@ def canary_weights_prefix(ep: EndpointSpec, cache: WeightCacheSpec) -> str | Non
 @dataclass(frozen=True)
 class FloorReplicasArgs:
     endpoint: EndpointSpec
-    node_pools: Sequence[NodePoolSpec]  # the endpoint's pools (spec.node_pools filtered by endpoint.node_pools)
-    weights_uri: str  # s3:// URI of the model revision in the cluster region's weight cache
+    """The endpoint; it must have node pools and autoscaling settings."""
+    node_pools: Sequence[NodePoolSpec]
+    """The endpoint's pools (spec.node_pools named by endpoint.node_pools); they share one MIG layout."""
+    weights_uri: str
+    """s3:// URI of the served revision in the cluster region's weight cache."""
     namespace: str
+    """Namespace of the serving workloads (created by Cluster)."""
     prometheus_url: str
+    """Prometheus the KEDA queue trigger queries."""
     monitor_labels: dict[str, str] = field(default_factory=dict)
+    """Labels the Prometheus operator selects PodMonitors by."""
     # SPEC: a `startup_probe_budget_s` in the spec would replace this margin over the measured cold start
     startup_budget_factor: float = 2.0
-    canary_weights_uri: str | None = None  # required when the spec has a canary (canary_weights_prefix())
+    """Startup probe budget as a multiple of the measured pod cold start (a slow start is not killed into a loop)."""
+    canary_weights_uri: str | None = None
+    """s3:// URI of the canary revision; required when the spec has a canary (see canary_weights_prefix())."""
     # SPEC: `CanarySpec.replicas` — the canary runs a fixed count, outside the autoscaler
     canary_replicas: int = 1
+    """Replicas of the canary track."""
     warmup_timeout_s: int = 50
+    """Longest the warm-up generation may take before the readiness probe reports not ready."""
     warmup_max_tokens: int = 1
+    """Tokens the warm-up generation asks for (at least one must come back)."""
     stale_lock_min: int = 30
+    """A node-local weight-copy lock older than this was left by a killed pod and is taken over."""
     aws_cli_image: str = AWS_CLI_IMAGE
+    """Image of the weight-fetch init container."""
 
 
 class FloorReplicas(pulumi.ComponentResource):
