@@ -434,14 +434,18 @@ def plot_week(res: SimResult, path: str | Path) -> Path:
         floor_cap = np.asarray(e.hourly_floor_replicas) * e.planning_requests_per_s
         burst_cap = np.asarray(e.hourly_burst_containers) * e.serverless_requests_per_s
         ax.fill_between(hours, 0, e.hourly_requests, step="post", color="#9ecae1", label="demand (req/s, hourly mean)")
+        demand_top = float(np.max(e.hourly_requests)) if len(e.hourly_requests) else 0.0
+        # one container can carry far more than a small endpoint's demand: keep the demand readable
+        off_scale = e.serverless_requests_per_s > 4 * max(demand_top, 1e-9)
         if e.serverless_requests_per_s > 0:
             ax.step(hours, floor_cap + burst_cap, where="post", color="#e6550d", lw=1.2, ls="--",
-                    label="+ burst containers running")
+                    label="+ burst containers running" + (
+                        f" (off scale: 1 = {e.serverless_requests_per_s:.0f} req/s)" if off_scale else ""))
             ax.step(hours, e.hourly_burst_requests, where="post", color="#fd8d3c", lw=0.9,
                     label="served by burst (req/s)")
         if e.planning_requests_per_s > 0 and e.tier in ("dedicated_only", "floor_plus_burst"):
             ax.step(hours, floor_cap, where="post", color="#08519c", lw=1.8, label="floor replicas × planning req/s")
-        top = max(float(np.max(e.hourly_requests)), float(np.max(floor_cap + burst_cap)), 1e-9)
+        top = demand_top * 1.2 if off_scale else max(demand_top, float(np.max(floor_cap + burst_cap)), 1e-9)
         ax.set_ylim(0, top * 1.45)  # room for the legend above the data
         ax.set_ylabel("requests/s")
         ax.set_title(f"{res.environment} / {e.endpoint} ({e.tier}): goodput {e.goodput:.2%}, "
@@ -453,8 +457,7 @@ def plot_week(res: SimResult, path: str | Path) -> Path:
         ax2.axhline(GOODPUT_TARGET * 100, color="#31a354", ls=":", lw=0.8, label=f"target {GOODPUT_TARGET:.0%}")
         low = min(90.0, float(good.min()) - 1)
         ax2.set_ylim(low, 100 + (100 - low) * 0.45)  # same legend room as the left axis
-        ax2.set_yticks([v for v in np.linspace(low, 100, 5)])
-        ax2.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.0f"))
+        ax2.set_yticks([v for v in matplotlib.ticker.MaxNLocator(5).tick_values(low, 100) if low <= v <= 100])
         ax2.set_ylabel("goodput %", color="#31a354")
         for d in range(int(hours[0] // 24), int(hours[-1] // 24) + 2):
             ax.axvline(d * 24, color="#bbbbbb", lw=0.5)

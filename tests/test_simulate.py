@@ -1,0 +1,337 @@
+"""The simulator: queueing core against Erlang C, traffic sources, the bundled stacks against their SLO,
+cost accounting, the plan comparison and the command line."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from topology import InputError
+from topology.costs import WEEKS_PER_MONTH
+from topology.plan import erlang_c
+from topology.sim_drills import peak_hour
+from topology.sim_engine import Engine, EndpointSim, Overrides
+from topology.sim_traffic import (
+    Chunk, RateTrace, RequestTrace, arrivals, gamma_alpha_for_peak, lognormal_params, load_trace,
+)
+from topology.simulate import (
+    COST_TOLERANCE_FRACTION, GOODPUT_TARGET, compare_with_plan, format_plan_check, plot_week, simulate_endpoint,
+    simulate_week, summary,
+)
+
+# --------------------------------------------------------------------------------------------------
+# Queueing core: M/M/c against Erlang C
+# --------------------------------------------------------------------------------------------------
+
+
+# a million arrivals: across seeds these stay within ±3% of Erlang C, so 5% is a real test, not a lucky seed
+@pytest.mark.parametrize("servers,rho", [(1, 0.7), (4, 0.75), (8, 0.8)])
+def test_mmc_mean_wait_matches_erlang_c(planned_stacks, servers, rho):
+    """Poisson arrivals, exponential service, c slots on one replica: mean wait within 5% of Erlang C."""
+    inputs, spec = planned_stacks["prod"]
+    mean_service_s, tokens_mean = 1.0, 100.0
+    gap = mean_service_s / tokens_mean  # service = output tokens × gap, tokens exponential
+    eng = Engine(slots=servers, prefill_tokens_per_s=1e15, t_min=gap, k=0.0, interference=0.0,
+                 kv_capacity_tokens=1e12, gpus=1.0)
+    ov = Overrides(engine=eng, fixed_replicas=1)
+    ep_in = next(e for e in inputs.endpoints if e.name == "guard")
+    n = 1_000_000
+    lam = rho * servers / mean_service_s
+    sim = EndpointSim(inputs, ep_in, spec.endpoint("guard"), 0.0, n / lam * 1.2, np.random.default_rng(1), ov)
+    rng = np.random.default_rng(7)
+    t = np.cumsum(rng.exponential(1 / lam, n))
+    out = rng.exponential(tokens_mean, n)
+    next_tick = 15.0
+    for i in range(0, n, 100_000):
+        sl = slice(i, i + 100_000)
+        next_tick = sim.feed(Chunk(t[sl], np.zeros(len(t[sl])), out[sl]), 15.0, next_tick)
+    simulated = sim.floor_wait_s / sim.n_floor
+    mu = 1 / mean_service_s
+    expected = erlang_c(servers, lam / mu) / (servers * mu - lam)
+    assert simulated == pytest.approx(expected, rel=0.05), (simulated, expected)
+
+
+# --------------------------------------------------------------------------------------------------
+# Traffic
+# --------------------------------------------------------------------------------------------------
+
+
+def test_lognormal_fit_reproduces_mean_and_p99():
+    mu, sigma = lognormal_params(2000, 9000)
+    x = np.random.default_rng(0).lognormal(mu, sigma, 400_000)
+    assert x.mean() == pytest.approx(2000, rel=0.02)
+    assert np.quantile(x, 0.99) == pytest.approx(9000, rel=0.03)
+
+
+def test_gamma_burstiness_gives_the_within_hour_peak_factor():
+    for pf in (1.5, 1.8):
+        a = gamma_alpha_for_peak(pf)
+        g = np.random.default_rng(0).gamma(a, 1 / a, size=(5000, 60))
+        assert np.mean(g.max(axis=1) / g.mean(axis=1)) == pytest.approx(pf, rel=0.06)
+    assert gamma_alpha_for_peak(1.0) is None
+
+
+def test_synthetic_week_follows_the_profile_and_shape(planned_stacks):
+    inputs, _ = planned_stacks["prod"]
+    ep = next(e for e in inputs.endpoints if e.name == "autocomplete")
+    chunks = list(arrivals(ep, None, 6 * 3600, 12 * 3600, np.random.default_rng(3)))
+    t = np.concatenate([c.arrival_s for c in chunks])
+    assert np.all(np.diff(t) >= 0) and t.min() >= 6 * 3600 and t.max() < 12 * 3600
+    per_hour = np.bincount((t // 3600).astype(int) - 6, minlength=6) / 3600
+    prof = np.asarray(ep.traffic.hourly_mean_requests_per_s[6:12])
+    assert per_hour == pytest.approx(prof, rel=0.05)
+    ins = np.concatenate([c.input_tokens for c in chunks])
+    outs = np.concatenate([c.output_tokens for c in chunks])
+    assert ins.mean() == pytest.approx(ep.shape.input_tokens_mean, rel=0.05)
+    assert outs.mean() == pytest.approx(ep.shape.output_tokens_mean, rel=0.05)
+    assert outs.max() <= ep.shape.max_tokens and (ins + outs).max() <= ep.shape.product_max_context_tokens
+
+
+def test_same_seed_same_result_other_seed_other_result(planned_stacks):
+    inputs, spec = planned_stacks["prod"]
+    a = simulate_endpoint(inputs, spec, "assist", seed=4, start_h=18, end_h=19)
+    b = simulate_endpoint(inputs, spec, "assist", seed=4, start_h=18, end_h=19)
+    c = simulate_endpoint(inputs, spec, "assist", seed=5, start_h=18, end_h=19)
+    assert a == b
+    assert a.requests != c.requests
+
+
+@pytest.mark.parametrize("name,kind", [
+    ("azure2023_conv.csv", RequestTrace), ("azure2023_code.csv", RequestTrace),
+    ("mooncake_synthetic.jsonl", RequestTrace), ("servegen_m-small_14d_rate.csv", RateTrace),
+])
+def test_traces_load(root, name, kind):
+    tr = load_trace(root / "traces" / name)
+    assert isinstance(tr, kind)
+    if isinstance(tr, RequestTrace):
+        assert len(tr.arrival_s) > 1000 and np.all(np.diff(tr.arrival_s) >= 0)
+    else:
+        assert len(tr.rates) == 1008  # one week of 10-minute windows
+
+
+def test_request_trace_is_rescaled_to_the_endpoints_rate_and_shape(root, planned_stacks):
+    """Azure conversation trace (Azure/AzurePublicDataset, CC-BY-4.0) replayed at assist's hour-of-week rate."""
+    inputs, _ = planned_stacks["prod"]
+    ep = next(e for e in inputs.endpoints if e.name == "assist")
+    tr = load_trace(root / "traces" / "azure2023_conv.csv")
+    chunks = list(arrivals(ep, tr, 18 * 3600, 22 * 3600, np.random.default_rng(0)))
+    t = np.concatenate([c.arrival_s for c in chunks])
+    per_hour = np.bincount((t // 3600).astype(int) - 18, minlength=4) / 3600
+    assert per_hour == pytest.approx(np.asarray(ep.traffic.hourly_mean_requests_per_s[18:22]), rel=0.03)
+    outs = np.concatenate([c.output_tokens for c in chunks])
+    assert outs.mean() == pytest.approx(ep.shape.output_tokens_mean, rel=0.08)
+
+
+@pytest.mark.parametrize("content,fragment", [
+    (None, "no such file"),
+    ("a,b\n1,2\n", "unrecognised columns"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,2\n", "row 2"),
+    ("window_start_s,total_rate_rps\n0,1\n600,2\n", "a week needs 1008"),
+])
+def test_bad_trace_names_the_flag_the_problem_and_the_formats(tmp_path, content, fragment):
+    p = tmp_path / "trace.csv"
+    if content is not None:
+        p.write_text(content)
+    with pytest.raises(InputError) as e:
+        load_trace(p)
+    msg = str(e.value)
+    assert "--trace" in msg and fragment in msg and "Mooncake JSONL" in msg
+
+
+# --------------------------------------------------------------------------------------------------
+# The bundled stacks against their SLO
+# --------------------------------------------------------------------------------------------------
+
+# The SLOs are p99s: an endpoint meets them when ≥ 99% of requests meet both TTFT and inter-token SLOs,
+# overall and over its busiest hours. Prod runs the six hours around each endpoint's weekly peak (the rise
+# into it and the peak itself: where the SLO is at risk); dev runs its whole week.
+
+KNOWN_FAILURES = {
+    ("prod", "autocomplete"): (
+        "planner issue: a replica's token gap includes the other sequences' prefill share "
+        "(gap(b) = t_min + b·k + (b−1)·p̄/ō); at the gateway overflow threshold / burst target_inputs of 79 in flight "
+        "it is 46 ms > the 30 ms inter-token SLO (ITL-safe batch: 50) — see the simulator's diagnostics"
+    ),
+}
+
+
+def _endpoint_cases():
+    return [("prod", "assist"), ("prod", "autocomplete"), ("prod", "guard"), ("dev", None)]
+
+
+def _xfail_known(request, stack_name, endpoint):
+    """Known failures stay checked: strict, so the test fails (XPASS) once the plan is fixed."""
+    reason = KNOWN_FAILURES.get((stack_name, endpoint))
+    if reason:
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
+
+
+def _check_slo(results):
+    for r in results:
+        assert r.meets_slo, (
+            f"{r.endpoint}: goodput {r.goodput:.4f}, busiest hours {r.peak_hours_goodput:.4f}, "
+            f"TTFT p99 {r.ttft_p99_s:.3f} s (SLO {r.ttft_slo_s}), ITL p99 {r.itl_p99_s:.3f} s (SLO {r.itl_slo_s}); "
+            f"worst hours {r.worst_hours[:3]}; {r.diagnostics}"
+        )
+        assert r.rejected == 0
+
+
+@pytest.mark.parametrize("stack_name,endpoint", _endpoint_cases())
+def test_bundled_stacks_meet_their_slo_on_the_synthetic_week(request, planned_stacks, stack_name, endpoint):
+    inputs, spec = planned_stacks[stack_name]
+    if endpoint is None:
+        res = simulate_week(inputs, spec, seed=0).endpoints
+    else:
+        ep_in = next(e for e in inputs.endpoints if e.name == endpoint)
+        p = peak_hour(ep_in)
+        res = (simulate_endpoint(inputs, spec, endpoint, seed=0, start_h=max(0, p - 4), end_h=p + 2),)
+    _xfail_known(request, stack_name, endpoint)
+    _check_slo(res)
+
+
+@pytest.mark.parametrize("stack_name,endpoint", _endpoint_cases())
+def test_bundled_stacks_meet_their_slo_on_the_azure_conversation_trace(request, root, planned_stacks, stack_name,
+                                                                       endpoint):
+    """Azure 2023 conversation trace (Azure/AzurePublicDataset, CC-BY-4.0), time-rescaled to each endpoint's
+    hour-of-week rate and its token means scaled to the endpoint's shape."""
+    inputs, spec = planned_stacks[stack_name]
+    tr = load_trace(root / "traces" / "azure2023_conv.csv")
+    if endpoint is None:
+        res = simulate_week(inputs, spec, seed=0, trace=tr).endpoints
+    else:
+        ep_in = next(e for e in inputs.endpoints if e.name == endpoint)
+        p = peak_hour(ep_in)
+        res = (simulate_endpoint(inputs, spec, endpoint, seed=0, trace=tr, start_h=max(0, p - 4), end_h=p + 2),)
+    _xfail_known(request, stack_name, endpoint)
+    _check_slo(res)
+
+
+def test_an_under_provisioned_spec_fails_its_slo(planned_stacks):
+    """Guard with half its floor and no room to autoscale: the simulator must say the SLO is missed."""
+    inputs, spec = planned_stacks["prod"]
+    ep = spec.endpoint("guard")
+    half = tuple(max(1, v // 2) for v in ep.floor.replicas_by_hour)
+    small = ep.model_copy(update={
+        "floor": ep.floor.model_copy(update={"replicas_by_hour": half, "base_replicas": min(half), "windows": ()}),
+        "autoscaling": ep.autoscaling.model_copy(update={"min_replicas": min(half), "max_replicas": min(half)}),
+    })
+    bad = spec.model_copy(update={"endpoints": tuple(small if e.name == "guard" else e for e in spec.endpoints)})
+    p = peak_hour(next(e for e in inputs.endpoints if e.name == "guard"))
+    r = simulate_endpoint(inputs, bad, "guard", seed=0, start_h=p - 1, end_h=p + 1)
+    good = simulate_endpoint(inputs, spec, "guard", seed=0, start_h=p - 1, end_h=p + 1)
+    assert good.meets_slo
+    assert not r.meets_slo
+    assert r.goodput < GOODPUT_TARGET and r.floor_queue_peak > 0 and r.ttft_p99_s > r.ttft_slo_s
+
+
+# --------------------------------------------------------------------------------------------------
+# Tiers, cost and the comparison with the plan
+# --------------------------------------------------------------------------------------------------
+
+
+def test_serverless_only_scales_to_zero_and_bills_only_containers(planned_stacks):
+    inputs, spec = planned_stacks["dev"]
+    r = simulate_endpoint(inputs, spec, "assist", seed=0, start_h=96, end_h=168)  # Fri 00:00 → end of Sunday
+    assert r.burst_share == 1.0
+    assert r.cost_usd["reserved"] == r.cost_usd["on_demand"] == 0 and r.cost_usd["serverless"] > 0
+    # the weekend has no traffic: containers stop after the scaledown window and stay at zero
+    assert max(r.hourly_burst_containers[48 + 1:]) == 0
+    assert r.container_cold_starts >= 1
+
+
+def test_reserved_cost_is_the_reserved_nodes_for_every_hour(planned_stacks):
+    inputs, spec = planned_stacks["prod"]
+    ep = spec.endpoint("assist")
+    r = simulate_endpoint(inputs, spec, "assist", seed=0, start_h=0, end_h=2)
+    gpu_hour = inputs.prices.dedicated_on_demand_usd_per_gpu_hour["H100-80GB"] * (1 - inputs.prices.reserved_discount_fraction)
+    nodes = math.ceil(ep.floor.reserved_replicas / 4)  # 2-GPU replicas on 8-GPU nodes
+    assert r.cost_usd["reserved"] == pytest.approx(nodes * 8 * gpu_hour * 2, rel=1e-3)
+    assert r.gpu_hours["dedicated"] == pytest.approx(nodes * 8 * 2, rel=1e-3)
+
+
+def test_managed_api_is_billed_per_token(planned_stacks):
+    inputs, spec = planned_stacks["dev"]
+    r = simulate_endpoint(inputs, spec, "autocomplete", seed=0, start_h=8, end_h=12)
+    api = next(e for e in inputs.endpoints if e.name == "autocomplete").managed_api
+    s = next(e for e in inputs.endpoints if e.name == "autocomplete").shape
+    per_req = (s.input_tokens_mean * api.usd_per_million_input_tokens + s.output_tokens_mean * api.usd_per_million_output_tokens) / 1e6
+    assert r.cost_usd["api"] == pytest.approx(r.requests * per_req, rel=0.05)
+
+
+def test_plan_comparison_warns_beyond_the_tolerance_and_not_within(planned_stacks):
+    inputs, spec = planned_stacks["dev"]
+    res = simulate_week(inputs, spec, seed=0)
+    rows = {r.endpoint: compare_with_plan(r, spec.endpoint(r.endpoint)) for r in res.endpoints}
+    for name, row in rows.items():
+        sim = res.endpoint(name)
+        fixed = sum(v for k, v in next(a for a in spec.endpoint(name).alternatives
+                                       if a.option == spec.endpoint(name).tier).breakdown_usd.items() if k.endswith("_fixed"))
+        assert row.simulated_monthly_usd == pytest.approx(sim.cost_total_usd * WEEKS_PER_MONTH + fixed, abs=0.01)
+        assert row.ok == (abs(row.cost_delta_fraction) <= COST_TOLERANCE_FRACTION and sim.meets_slo)
+    # the API endpoint's cost is a per-token sum both ways: the plan and the simulation agree
+    assert rows["autocomplete"].ok
+    # a dev container stays warm while requests arrive closer than the scaledown window: far above the plan
+    assert not rows["assist"].ok and "tolerance" in rows["assist"].warnings[0]
+    text = format_plan_check(list(rows.values()), markdown=True)
+    assert "| assist |" in text and "⚠" in text
+
+
+def test_windowed_run_makes_no_cost_claim(planned_stacks):
+    inputs, spec = planned_stacks["prod"]
+    r = simulate_endpoint(inputs, spec, "assist", seed=0, start_h=0, end_h=1)
+    row = compare_with_plan(r, spec.endpoint("assist"))
+    assert row.simulated_monthly_usd is None and row.cost_delta_fraction is None
+
+
+# --------------------------------------------------------------------------------------------------
+# Reports and the command line
+# --------------------------------------------------------------------------------------------------
+
+
+def test_summary_plot_and_markdown(planned_stacks, tmp_path):
+    inputs, spec = planned_stacks["dev"]
+    res = simulate_week(inputs, spec, seed=0, start_h=0, end_h=48)
+    text = summary(res)
+    assert "assist" in text and "goodput" in text.lower()
+    md = summary(res, markdown=True)
+    assert md.startswith("### ") and "| assist |" in md
+    p = plot_week(res, tmp_path / "out" / "week.png")
+    assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 20_000
+
+
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "topology", "simulate", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_cli_runs_a_stack_and_writes_a_plot(root, tmp_path):
+    png = tmp_path / "week.png"
+    p = _cli("stacks/Pulumi.dev.yaml", "--plot", str(png), "--markdown", "--no-progress", cwd=root)
+    assert p.returncode == 0, p.stderr
+    assert "| guard |" in p.stdout and "plan $/month" in p.stdout
+    assert png.exists()
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--drill", "earthquake"], "--drill 'earthquake': unknown drill; allowed: morning-cold-start"),
+    (["--hours", "9-5"], "--hours '9-5'"),
+    (["--hours", "20:10"], "START < END"),
+    (["--endpoint", "chat"], "--endpoint 'chat': no such endpoint"),
+    (["--trace", "nowhere.csv"], "--trace 'nowhere.csv': no such file"),
+    (["--drill", "spike", "--spike-factor", "0.5"], "--spike-factor 0.5"),
+])
+def test_cli_bad_input_is_a_clear_error_without_traceback(root, args, fragment):
+    p = _cli("stacks/Pulumi.dev.yaml", *args, cwd=root)
+    assert p.returncode == 2
+    assert fragment in p.stderr and "Traceback" not in p.stderr
+
+
+def test_importing_the_simulator_stays_light():
+    code = ("import sys, topology.simulate, topology.sim_drills; "
+            "bad = [m for m in ('matplotlib', 'tqdm', 'pulumi', 'modal') if m in sys.modules]; print(bad)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.stdout.strip() == "[]", p.stdout + p.stderr
