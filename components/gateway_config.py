@@ -30,7 +30,12 @@ MODAL_KEY_ENV = "GW_MODAL_KEY"
 MODAL_SECRET_ENV = "GW_MODAL_SECRET"
 USER_HASH_HEADER = "X-User-Id"  # SPEC: CanarySpec.hash_key == "user" names no header; this is it.
 BODY_WAIT_S = 10  # longest a client may take to upload a (size-capped) body
-HASH_BALANCE_FACTOR = 150  # bounded-load consistent hashing: stickiness until a replica is 1.5x average
+# Bounded-load consistent hashing (HAProxy hash-balance-factor, percent): a session stays on its
+# replica until that replica carries 1.25x the average. The floor therefore overflows once the
+# *average* reaches threshold/1.25, which guarantees the hashed replica is below the threshold and
+# a request never waits in HAProxy's queue while burst has room.
+# SPEC: a `sticky_balance_factor` on GatewaySpec would make this planning figure explicit.
+HASH_BALANCE_FACTOR = 125
 HEADER_ROOM_BYTES = 16384  # headers + the stamped prefix on top of the largest allowed body
 
 
@@ -77,6 +82,11 @@ def gated_endpoints(spec: TopologySpec) -> list[EndpointSpec]:
 
 def endpoint_ports(spec: TopologySpec) -> dict[str, int]:
     return {e.name: GATEWAY_BASE_PORT + i for i, e in enumerate(gated_endpoints(spec))}
+
+
+def floor_capacity(overflow_inflight_per_replica: int, replicas: int) -> int:
+    """Requests the floor takes before overflowing (see HASH_BALANCE_FACTOR)."""
+    return replicas * overflow_inflight_per_replica * 100 // HASH_BALANCE_FACTOR
 
 
 def needs_floor(e: EndpointSpec) -> bool:
@@ -316,10 +326,10 @@ def _endpoint_sections(
         route.append(f"    use_backend {be_canary} if canary_key canary_side")
         backends_for_budget.append(be_canary)
     if has_floor and has_burst:
-        # in-flight on the floor (queued included) vs threshold x replicas that are up
+        # in-flight on the floor (queued included) vs the floor's capacity for replicas that are up
         fl.append(f"    http-request set-var(txn.floor_conn) be_conn({be_floor})")
-        fl.append(f"    http-request set-var(txn.floor_room) nbsrv({be_floor}),mul({g.overflow_inflight_per_replica}),"
-                  "sub(txn.floor_conn)")
+        fl.append(f"    http-request set-var(txn.floor_room) nbsrv({be_floor}),"
+                  f"mul({g.overflow_inflight_per_replica * 100}),div({HASH_BALANCE_FACTOR}),sub(txn.floor_conn)")
         route.append("    acl floor_has_room var(txn.floor_room) -m int gt 0")
         route.append(f"    use_backend {be_floor} if floor_has_room")
         route.append(f"    default_backend {be_burst}")

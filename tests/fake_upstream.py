@@ -179,6 +179,13 @@ class FakeUpstream:
         request_queue_size = 512
         owner: "FakeUpstream"
 
+        def handle_error(self, request, client_address):
+            # the gateway closing an idle keep-alive connection is normal, not worth a traceback
+            import sys
+
+            if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+                super().handle_error(request, client_address)
+
     def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0):
         self.log = UpstreamLog(name)
         self.release_event = threading.Event()

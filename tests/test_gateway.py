@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from components.gateway_config import DnsServers, StaticServers, env_name, render_gateway_config
+from components.gateway_config import DnsServers, StaticServers, env_name, floor_capacity, render_gateway_config
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_harness import HaproxyProcess, free_port, lua_path, require_haproxy
 from topology.spec import CanarySpec
@@ -30,7 +30,7 @@ def scaled_spec(spec):
     for e in spec.endpoints:
         update = {"first_byte_timeout_s": 2, "inter_chunk_timeout_s": 1}
         if e.name == "assist":
-            update |= {"overflow_inflight_per_replica": 2,
+            update |= {"overflow_inflight_per_replica": 4,
                        "canary": CanarySpec(percent=30.0, revision="assist-rev-b", hash_key="user")}
         eps.append(e.model_copy(update={"gateway": e.gateway.model_copy(update=update)}))
     return spec.model_copy(update={"endpoints": tuple(eps)})
@@ -154,16 +154,21 @@ def test_saturated_floor_overflows_to_burst_without_loss_or_duplicates(gw):
     floor_before = len(ups["floor1"].log.completions()) + len(ups["floor2"].log.completions())
     burst_before = len(ups["burst"].log.completions())
     held_headers = {"X-Fake-Hold": "1", "X-Fake-Chunks": "2"}
-    with cf.ThreadPoolExecutor(max_workers=10) as pool:
-        # threshold 2 per replica x 2 replicas = 4 streams fill the floor
-        held = [pool.submit(post, port, body(stream=True), headers=held_headers) for _ in range(4)]
+    capacity = floor_capacity(gw["spec"].endpoint("assist").gateway.overflow_inflight_per_replica, 2)
+    with cf.ThreadPoolExecutor(max_workers=capacity + 6) as pool:
+        # held streams fill the floor up to its capacity (threshold x replicas, bounded-load share)
+        held = [pool.submit(post, port, body(stream=True), headers=held_headers) for _ in range(capacity)]
         assert wait_until(lambda: len(ups["floor1"].log.completions()) + len(ups["floor2"].log.completions())
-                          - floor_before == 4)
+                          - floor_before == capacity)
         extra = [pool.submit(post, port, body(stream=True)) for _ in range(6)]
         extra_results = [f.result(timeout=10) for f in extra]
         for u in ups.values():
             u.release()
         held_results = [f.result(timeout=10) for f in held]
+    # nothing waited in HAProxy's queue: the hashed replica always had a slot (%Tw is 0)
+    queued = [ln for ln in gw["proc"].log_lines()
+              if "fe_assist" in ln and ln.split()[4].split("/")[1] not in ("0", "-1")]
+    assert queued == []
     assert all(r[0] == 200 for r in extra_results + held_results)
     assert all(b"[DONE]" in r[2] for r in extra_results + held_results)
     assert {r[1]["x-served-by"] for r in held_results} == {"floor"}
