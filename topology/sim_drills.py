@@ -159,7 +159,9 @@ def morning_cold_start(inputs: CostInputs, spec: TopologySpec, name: str, seed: 
     cold, warm_i = (1, 0) if has_floor else (0, 1)
     worse_ttft, better_ttft = vals["max TTFT"][cold], vals["max TTFT"][warm_i]
     hurt = vals["goodput (window)"][cold] < vals["goodput (window)"][warm_i] or vals["503 (no ready replica)"][cold] > 0
-    shows = hurt or (worse_ttft > better_ttft and worse_ttft > ra.ttft_slo_s)
+    # the effect: users miss the SLO, or the first of them visibly wait a cold start the other variant avoids
+    visible = min(ep.serverless_cold_start_s if ep.burst else math.inf, ep.pod_cold_start_s if has_floor else math.inf)
+    shows = hurt or worse_ttft - better_ttft >= 0.5 * visible
     finding = (f"{name}: Monday {h % 24:02d}:00 rise after a night of no traffic and no floor — {labels[cold]}: "
                f"goodput {vals['goodput (window)'][cold]:.2%} in the first two hours, max TTFT {_sec(worse_ttft)}, "
                f"{int(vals['503 (no ready replica)'][cold]):,} 503s; {labels[warm_i]}: "

@@ -1,0 +1,126 @@
+"""Each failure drill shows the effect it exists to show."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from topology.sim_drills import (
+    disconnect, kv_step_replica, long_prompt, morning_cold_start, rollback, spike,
+)
+from topology.sim_engine import Engine
+
+
+def test_morning_cold_start_without_the_clock_lead_hits_the_first_users(planned_stacks):
+    """Guard (dedicated only): a floor window opening at the rise serves the first users 503s and long waits
+    while the capped scale-up brings replicas; the plan's window, a cold-start lead earlier, does not."""
+    inputs, spec = planned_stacks["prod"]
+    r = morning_cold_start(inputs, spec, "guard")
+    assert r.shows_effect, r.finding
+    (led_503, rise_503) = r.values["503 (no ready replica)"]
+    assert led_503 == 0 and rise_503 > 0
+    led_good, rise_good = r.values["goodput (window)"]
+    assert led_good >= 0.99 > rise_good
+
+
+def test_morning_cold_start_on_a_floor_plus_burst_endpoint_waits_on_burst_cold_starts(planned_stacks):
+    inputs, spec = planned_stacks["prod"]
+    r = morning_cold_start(inputs, spec, "assist")
+    assert r.shows_effect, r.finding
+    cold = spec.endpoint("assist").serverless_cold_start_s
+    assert r.values["max TTFT"][1] >= cold * 0.9 > r.values["max TTFT"][0]
+    assert r.values["requests waiting on a cold container"][1] > r.values["requests waiting on a cold container"][0] == 0
+
+
+def test_morning_cold_start_serverless_scale_to_zero_pays_one_container_start(planned_stacks):
+    inputs, spec = planned_stacks["dev"]
+    r = morning_cold_start(inputs, spec, "assist")
+    assert r.shows_effect, r.finding
+    cold = spec.endpoint("assist").serverless_cold_start_s
+    assert r.values["max TTFT"][0] >= cold * 0.9 > r.values["max TTFT"][1]
+    # dev's TTFT SLO (60 s) tolerates the snapshot restore: the cold start costs latency, not goodput
+    assert r.values["goodput (window)"][0] >= 0.99
+    assert r.values["cost (window)"][1] > r.values["cost (window)"][0]  # the warm container is not free
+
+
+def test_spike_on_a_dedicated_endpoint_queues_then_the_autoscaler_adds_replicas(planned_stacks):
+    inputs, spec = planned_stacks["prod"]
+    r = spike(inputs, spec, "guard", factor=3.0, minutes=10.0)
+    assert r.shows_effect, r.finding
+    base, hit = r.values["goodput (window)"]
+    assert hit < base
+    assert r.values["queue peak (floor/burst)"][1] > r.values["queue peak (floor/burst)"][0]
+    assert r.values["pod / node cold starts"][1] > r.values["pod / node cold starts"][0]
+
+
+def test_spike_on_floor_plus_burst_is_carried_by_burst_containers(planned_stacks):
+    inputs, spec = planned_stacks["prod"]
+    r = spike(inputs, spec, "assist", factor=2.0, minutes=5.0)
+    assert r.shows_effect, r.finding
+    assert r.values["container cold starts"][1] > r.values["container cold starts"][0]
+    assert r.values["cost (window)"][1] > r.values["cost (window)"][0]
+
+
+def test_long_prompt_without_the_gateway_cap_preempts_and_overflows_the_kv_cache(planned_stacks):
+    inputs, spec = planned_stacks["prod"]
+    r = long_prompt(inputs, spec, "assist")
+    assert r.shows_effect, r.finding
+    (no_cap_pre, cap_pre) = r.values["preemptions"]
+    assert no_cap_pre > 0 and cap_pre == 0
+    assert r.values["KV demand ÷ KV cache"][0] > 1 >= r.values["KV demand ÷ KV cache"][1]
+    assert r.values["GPU-s wasted on recompute"][0] > 0 == r.values["GPU-s wasted on recompute"][1]
+    assert r.values["max TTFT"][0] > r.values["max TTFT"][1]
+
+
+def test_kv_step_model_preempts_only_when_the_cache_overflows():
+    eng = Engine(slots=8, prefill_tokens_per_s=10_000, t_min=0.01, k=0.001, interference=0.0,
+                 kv_capacity_tokens=4_000, gpus=1.0)
+    fits = kv_step_replica(eng, 8, [900.0] * 4, [50] * 4, 1.0)  # 4 × 950 ≤ 4000
+    assert fits.preemptions == 0 and fits.kv_demand_over_capacity < 1
+    over = kv_step_replica(eng, 8, [900.0] * 4, [300] * 4, 1.0)  # 4 × 1200 > 4000: growth overflows
+    assert over.preemptions > 0 and over.recomputed_tokens > 0 and over.drain_s > fits.drain_s
+    too_long = kv_step_replica(eng, 8, [5_000.0], [10], 1.0)
+    assert too_long.unservable == 1
+
+
+@pytest.mark.parametrize("stack_name,endpoint", [("prod", "assist"), ("prod", "guard"), ("dev", "assist")])
+def test_disconnects_waste_gpu_seconds_only_without_abort_propagation(planned_stacks, stack_name, endpoint):
+    inputs, spec = planned_stacks[stack_name]
+    r = disconnect(inputs, spec, endpoint, fraction=0.2)
+    assert r.shows_effect, r.finding
+    with_abort, without = r.values["GPU-s generating for nobody"]
+    assert with_abort == 0 and without > 0
+    assert r.values["requests abandoned"][0] == r.values["requests abandoned"][1] > 0
+
+
+def test_disconnects_without_abort_push_more_traffic_to_burst(planned_stacks):
+    inputs, spec = planned_stacks["prod"]
+    r = disconnect(inputs, spec, "assist", fraction=0.3)
+    assert r.values["burst share"][1] > r.values["burst share"][0]
+
+
+def test_rollback_with_the_previous_revision_warm_recovers_faster(planned_stacks):
+    inputs, spec = planned_stacks["prod"]
+    r = rollback(inputs, spec, "guard", detect_minutes=10)
+    assert r.shows_effect, r.finding
+    warm, cold = r.values["minutes from detection to baseline goodput"]
+    assert warm < cold
+    assert r.values["bad responses served"][0] < r.values["bad responses served"][1]
+    out_warm, out_cold = r.values["minutes from rollout to last bad replica out"]
+    assert out_warm == pytest.approx(10.25, abs=0.3)  # detection + gateway flip + one autoscaler poll
+    assert out_cold > out_warm
+    assert r.values["pod / node cold starts"][1] > r.values["pod / node cold starts"][0]
+
+
+def test_drill_command_prints_a_table_per_endpoint(root):
+    p = subprocess.run(
+        [sys.executable, "-m", "topology", "simulate", "stacks/Pulumi.prod.yaml", "--drill", "long-prompt",
+         "--markdown"], cwd=root, capture_output=True, text=True, timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("### Drill long-prompt on prod")
+    for name in ("assist", "autocomplete", "guard"):
+        assert f"**{name}:" in p.stdout
+    assert "| preemptions |" in p.stdout
