@@ -126,6 +126,21 @@ def test_request_trace_is_rescaled_to_the_endpoints_rate_and_shape(root, planned
     assert outs.mean() == pytest.approx(ep.shape.output_tokens_mean, rel=0.08)
 
 
+def test_rate_trace_sets_the_weekly_rhythm_at_the_endpoints_mean(root, planned_stacks):
+    """ServeGen m-small rate trace (alibaba/ServeGen, Apache-2.0): first week of 10-minute windows, scaled."""
+    inputs, spec = planned_stacks["dev"]
+    ep = next(e for e in inputs.endpoints if e.name == "guard")
+    tr = load_trace(root / "traces" / "servegen_m-small_14d_rate.csv")
+    t = np.concatenate([c.arrival_s for c in arrivals(ep, tr, 0, 7 * 86400, np.random.default_rng(0))])
+    mean = float(np.mean(ep.traffic.hourly_mean_requests_per_s))
+    assert len(t) / (7 * 86400) == pytest.approx(mean, rel=0.02)
+    per_window = np.bincount((t // 600).astype(int), minlength=1008) / 600
+    corr = np.corrcoef(per_window, tr.rates)[0, 1]
+    assert corr > 0.9  # the replay follows the trace's rhythm, not the stack's profile
+    res = simulate_week(inputs, spec, seed=0, trace=tr, endpoints=["guard"])
+    assert res.endpoints[0].meets_slo and "ServeGen" in res.notes[0]
+
+
 @pytest.mark.parametrize("content,fragment", [
     (None, "no such file"),
     ("a,b\n1,2\n", "unrecognised columns"),

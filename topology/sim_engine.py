@@ -245,7 +245,6 @@ class EndpointSim:
         if self.is_api:
             api = ep_in.managed_api
             assert api is not None
-            self.api_usd = None
             p99 = api.measured_ttft_p99_ms / 1000.0
             self.api_sigma = math.log(API_P99_OVER_P50) / 2.3263
             self.api_mu = math.log(p99) - 2.3263 * self.api_sigma

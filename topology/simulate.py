@@ -38,6 +38,12 @@ PEAK_HOURS_FRACTION = 0.10  # "SLO met at peak": the busiest 10% of simulated ho
 COST_TOLERANCE_FRACTION = 0.15  # simulated vs planned monthly cost: beyond ±15% the plan report warns
 CHUNK_S = 600.0
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+TRACE_SOURCES = {  # cite where results use them (traces/README.md)
+    "azure2023_conv.csv": "Azure/AzurePublicDataset AzureLLMInferenceTrace_conv (Splitwise, ISCA'24), CC-BY-4.0",
+    "azure2023_code.csv": "Azure/AzurePublicDataset AzureLLMInferenceTrace_code (Splitwise, ISCA'24), CC-BY-4.0",
+    "mooncake_synthetic.jsonl": "kvcache-ai/Mooncake FAST25-release/traces/synthetic_trace.jsonl, Apache-2.0",
+    "servegen_m-small_14d_rate.csv": "derived from alibaba/ServeGen data/language/m-small (arXiv 2505.09999), Apache-2.0",
+}
 
 
 @dataclass(frozen=True)
@@ -96,8 +102,9 @@ class EndpointResult:
         return float(sum(self.cost_usd.values()))
 
     def monthly_usd(self) -> float | None:
-        """Variable cost scaled to a month (only from a full simulated week)."""
-        return self.cost_total_usd * WEEKS_PER_MONTH if self.full_week else None
+        """Variable cost scaled to a month (only from whole simulated weeks)."""
+        weeks = (self.end_h - self.start_h) / 168.0
+        return self.cost_total_usd / weeks * WEEKS_PER_MONTH if self.full_week else None
 
 
 @dataclass(frozen=True)
@@ -163,7 +170,8 @@ def simulate_week(
     if bar is not None:
         bar.close()
     src = f"trace {getattr(trace, 'name', '')}" if trace is not None else "synthetic week"
-    return SimResult(spec.environment, src, seed, tuple(out), sum(e.requests for e in out))
+    notes = (f"{trace.name}: {TRACE_SOURCES.get(trace.name, 'see traces/README.md for its source')}",) if trace else ()
+    return SimResult(spec.environment, src, seed, tuple(out), sum(e.requests for e in out), notes)
 
 
 def _progress_bar(inputs: CostInputs, names: Sequence[str], start_h: float, end_h: float):
