@@ -12,7 +12,8 @@ reports what changed:
   (recompute) and how far the demand exceeds the cache (the memory risk without vLLM's KV accounting).
 - disconnect: x% of requests abandon mid-stream, with and without abort propagation to the engine.
 - rollback: a bad revision goes live, is detected after D minutes and rolled back, with the previous
-  revision kept warm (gateway flip) vs cold (replicas replaced a capped step at a time).
+  revision kept warm (gateway flip) vs cold (replicas replaced a capped step at a time); the warm pool's
+  price is shown as a second pool the size of the first from the rollout on.
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ def _fmt(v: float, unit: str = "") -> str:
         return _sec(v)
     if unit == "GPU-s":
         return f"{v:,.0f} GPU-s"
+    if unit == "$":
+        return f"${v:,.0f}"
     return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.2f}"
 
 
@@ -334,8 +337,7 @@ def long_prompt(inputs: CostInputs, spec: TopologySpec, name: str) -> DrillResul
         cap_per = ep.burst.target_inputs
     else:
         pl = find_placement(ep_in, ep.capacity.gpu_kind, ep.capacity.mig_profile, ep.capacity.gpus_per_replica)
-        replicas = max(1, min(ep.floor.replicas_by_hour[peak_hour(ep_in)], ep.floor.base_replicas or 1)
-                       if ep.floor.base_replicas else max(1, min(ep.floor.replicas_by_hour)))
+        replicas = max(1, ep.floor.base_replicas)  # the fewest replicas the gateway can spread over
         cap_per = ep.gateway.overflow_inflight_per_replica
     eng = engine_for(ep_in, pl, pl.usable_concurrency)
     n = pl.usable_concurrency
@@ -436,6 +438,10 @@ def rollback(inputs: CostInputs, spec: TopologySpec, name: str, detect_minutes: 
         "container cold starts": (float(ra.container_cold_starts), float(rb.container_cold_starts)),
     }
     units = {"goodput (from rollout)": "%"}
+    # what warmth costs: a second pool the size of the first, held from the rollout to the window's end
+    held = (end_h * SECONDS_PER_HOUR - at) / ((end_h - start_h) * SECONDS_PER_HOUR)
+    vals["cost of the warm N−1 pool (window)"] = (base.cost_total_usd * held, 0.0)
+    units["cost of the warm N−1 pool (window)"] = "$"
     rows = [(k, _fmt(x, units.get(k, "")), _fmt(y, units.get(k, ""))) for k, (x, y) in vals.items()]
     shows = rec_b > rec_a and ro_b.bad_requests >= ro_a.bad_requests
     finding = (f"{name}: bad revision at {_how(p)}−30 min, detected after {detect_minutes:g} min: goodput back to baseline "

@@ -133,7 +133,6 @@ class Overrides:
 
     floor_by_hour: tuple[int, ...] | None = None
     lead_time_s: float | None = None
-    burst_min_schedule: bool = True
     rollout: Rollout | None = None
     abandon: Abandon | None = None
     min_replicas: int | None = None  # replaces the autoscaler's minimum (a drill's zero floor)
@@ -271,11 +270,8 @@ class EndpointSim:
         if self.ov.burst_min_by_hour is not None:
             return np.repeat(np.asarray(self.ov.burst_min_by_hour, dtype=np.int64), 60)
         out = np.full(MINUTES_PER_WEEK, b.min_containers, dtype=np.int64)
-        if self.ov.burst_min_schedule:
-            for w in b.min_containers_schedule:
-                _fill_window(out, w.start_minute_of_week, w.end_minute_of_week, w.min_containers)
-        else:
-            out[:] = 0
+        for w in b.min_containers_schedule:
+            _fill_window(out, w.start_minute_of_week, w.end_minute_of_week, w.min_containers)
         return out
 
     # ------------------------------------------------------------------ state
