@@ -30,7 +30,7 @@ from .inputs import CostInputs, EndpointInputs
 from .loading import InputError
 from .sim_engine import Abandon, Engine, Overrides, Rollout, engine_for, find_placement
 from .sim_traffic import Spike
-from .spec import EndpointSpec, TopologySpec
+from .spec import TopologySpec
 
 DRILLS = ("morning-cold-start", "spike", "long-prompt", "disconnect", "rollback")
 

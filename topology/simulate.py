@@ -30,7 +30,7 @@ from .costs import SECONDS_PER_HOUR, WEEKS_PER_MONTH
 from .inputs import CostInputs
 from .loading import InputError
 from .sim_engine import EndpointSim, Overrides, hist_quantile
-from .sim_traffic import SECONDS_PER_WEEK, Spike, Trace, arrivals, load_trace
+from .sim_traffic import Spike, Trace, arrivals, load_trace
 from .spec import EndpointSpec, TopologySpec
 
 GOODPUT_TARGET = 0.99  # share of requests meeting both the TTFT and inter-token SLOs (the SLOs are p99s)
