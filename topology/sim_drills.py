@@ -29,7 +29,7 @@ from .costs import SECONDS_PER_HOUR
 from .inputs import CostInputs, EndpointInputs
 from .loading import InputError
 from .sim_engine import Abandon, Engine, Overrides, Rollout, engine_for, find_placement
-from .sim_traffic import Spike
+from .sim_traffic import Spike, Trace
 from .spec import TopologySpec
 
 DRILLS = ("morning-cold-start", "spike", "long-prompt", "disconnect", "rollback")
@@ -111,15 +111,15 @@ def _fmt(v: float, unit: str = "") -> str:
 class _Focused:
     """Runs the variants of one drill over the same window and seed."""
 
-    def __init__(self, inputs, spec, name, seed, start_h, end_h):
-        self.a = (inputs, spec, name, seed, start_h, end_h)
+    def __init__(self, inputs, spec, name, seed, start_h, end_h, trace: Trace | None = None):
+        self.a = (inputs, spec, name, seed, start_h, end_h, trace)
 
     def __call__(self, ov: Overrides, spike: Spike | None = None):
         from .simulate import simulate_endpoint
 
-        inputs, spec, name, seed, start_h, end_h = self.a
+        inputs, spec, name, seed, start_h, end_h, trace = self.a
         return simulate_endpoint(inputs, spec, name, seed=seed, start_h=start_h, end_h=end_h, overrides=ov,
-                                 spike=spike)
+                                 spike=spike, trace=trace)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -127,7 +127,8 @@ class _Focused:
 # --------------------------------------------------------------------------------------------------
 
 
-def morning_cold_start(inputs: CostInputs, spec: TopologySpec, name: str, seed: int = 0) -> DrillResult:
+def morning_cold_start(inputs: CostInputs, spec: TopologySpec, name: str, seed: int = 0,
+                       trace: Trace | None = None) -> DrillResult:
     """No traffic and a zero floor overnight; Monday's steepest morning rise arrives. With a floor the two
     variants differ only in when the floor window opens: the plan's lead ahead of the rise, or at the rise."""
     ep, ep_in = spec.endpoint(name), _ep_in(inputs, name)
@@ -139,7 +140,7 @@ def morning_cold_start(inputs: CostInputs, spec: TopologySpec, name: str, seed: 
         start_h, end_h, h = start_h + 24, end_h + 24, h + 24
     focus = (h * SECONDS_PER_HOUR, end_h * SECONDS_PER_HOUR)
     night = Spike(0.0, start_h * SECONDS_PER_HOUR, (h - start_h) * 60.0)  # overnight: no requests at all
-    run = _Focused(inputs, spec, name, seed, start_h, end_h)
+    run = _Focused(inputs, spec, name, seed, start_h, end_h, trace)
     has_floor = ep.tier in ("dedicated_only", "floor_plus_burst")
     zero = tuple([0] * 168)
     if has_floor:
@@ -202,7 +203,7 @@ def _not_applicable(drill: str, name: str, why: str) -> DrillResult:
 
 
 def spike(inputs: CostInputs, spec: TopologySpec, name: str, factor: float = 3.0, minutes: float = 10.0,
-          seed: int = 0) -> DrillResult:
+          seed: int = 0, trace: Trace | None = None) -> DrillResult:
     ep, ep_in = spec.endpoint(name), _ep_in(inputs, name)
     if ep.tier == "managed_api":
         return _not_applicable("spike", name, "a managed API absorbs spikes on the provider's side")
@@ -210,7 +211,7 @@ def spike(inputs: CostInputs, spec: TopologySpec, name: str, factor: float = 3.0
     at = p * SECONDS_PER_HOUR + 600.0
     start_h, end_h = max(0.0, p - 0.5), p + 1.5
     focus = (at - 300.0, min(end_h * SECONDS_PER_HOUR, at + minutes * 60 + 1800.0))
-    run = _Focused(inputs, spec, name, seed, start_h, end_h)
+    run = _Focused(inputs, spec, name, seed, start_h, end_h, trace)
     ov_a, ov_b = Overrides(focus=focus), Overrides(focus=focus)
     ra = run(ov_a)
     rb = run(ov_b, Spike(factor, at, minutes))
@@ -375,14 +376,15 @@ def long_prompt(inputs: CostInputs, spec: TopologySpec, name: str) -> DrillResul
 # --------------------------------------------------------------------------------------------------
 
 
-def disconnect(inputs: CostInputs, spec: TopologySpec, name: str, fraction: float = 0.2, seed: int = 0) -> DrillResult:
+def disconnect(inputs: CostInputs, spec: TopologySpec, name: str, fraction: float = 0.2, seed: int = 0,
+               trace: Trace | None = None) -> DrillResult:
     ep, ep_in = spec.endpoint(name), _ep_in(inputs, name)
     if ep.tier == "managed_api":
         return _not_applicable("disconnect", name, "the API bills and stops generation on its side")
     p = peak_hour(ep_in)
     start_h, end_h = max(0.0, p - 1.0), p + 1.0
     focus = (start_h * SECONDS_PER_HOUR, end_h * SECONDS_PER_HOUR)
-    run = _Focused(inputs, spec, name, seed, start_h, end_h)
+    run = _Focused(inputs, spec, name, seed, start_h, end_h, trace)
     ab_a, ab_b = Abandon(fraction, propagate=True), Abandon(fraction, propagate=False)
     ov_a, ov_b = Overrides(focus=focus, abandon=ab_a), Overrides(focus=focus, abandon=ab_b)
     ra, rb = run(ov_a), run(ov_b)
@@ -412,7 +414,8 @@ def disconnect(inputs: CostInputs, spec: TopologySpec, name: str, fraction: floa
 # --------------------------------------------------------------------------------------------------
 
 
-def rollback(inputs: CostInputs, spec: TopologySpec, name: str, detect_minutes: float = 10.0, seed: int = 0) -> DrillResult:
+def rollback(inputs: CostInputs, spec: TopologySpec, name: str, detect_minutes: float = 10.0, seed: int = 0,
+             trace: Trace | None = None) -> DrillResult:
     ep, ep_in = spec.endpoint(name), _ep_in(inputs, name)
     if ep.tier == "managed_api":
         return _not_applicable("rollback", name, "the API's model version is the provider's")
@@ -420,7 +423,7 @@ def rollback(inputs: CostInputs, spec: TopologySpec, name: str, detect_minutes: 
     at = p * SECONDS_PER_HOUR - 1800.0
     start_h, end_h = max(0.0, p - 1.0), p + 1.5
     focus = (at, end_h * SECONDS_PER_HOUR)
-    run = _Focused(inputs, spec, name, seed, start_h, end_h)
+    run = _Focused(inputs, spec, name, seed, start_h, end_h, trace)
     ro_a, ro_b = Rollout(at, detect_minutes * 60, warm=True), Rollout(at, detect_minutes * 60, warm=False)
     ov_a, ov_b = Overrides(focus=focus, rollout=ro_a), Overrides(focus=focus, rollout=ro_b)
     base = run(Overrides(focus=focus))
@@ -455,7 +458,8 @@ def rollback(inputs: CostInputs, spec: TopologySpec, name: str, detect_minutes: 
 # --------------------------------------------------------------------------------------------------
 
 
-def run_drill(drill: str, inputs: CostInputs, spec: TopologySpec, args: argparse.Namespace, markdown: bool = False) -> str:
+def run_drill(drill: str, inputs: CostInputs, spec: TopologySpec, args: argparse.Namespace, markdown: bool = False,
+              trace: Trace | None = None) -> str:
     if not (1.0 < args.spike_factor <= 100):
         raise InputError(f"--spike-factor {args.spike_factor:g}: allowed above 1 and at most 100")
     if not (0 < args.spike_minutes <= 120):
@@ -468,15 +472,15 @@ def run_drill(drill: str, inputs: CostInputs, spec: TopologySpec, args: argparse
     results = []
     for n in names:
         if drill == "morning-cold-start":
-            results.append(morning_cold_start(inputs, spec, n, seed=args.seed))
+            results.append(morning_cold_start(inputs, spec, n, seed=args.seed, trace=trace))
         elif drill == "spike":
-            results.append(spike(inputs, spec, n, args.spike_factor, args.spike_minutes, seed=args.seed))
-        elif drill == "long-prompt":
+            results.append(spike(inputs, spec, n, args.spike_factor, args.spike_minutes, seed=args.seed, trace=trace))
+        elif drill == "long-prompt":  # a fixed worst case: no traffic to replay
             results.append(long_prompt(inputs, spec, n))
         elif drill == "disconnect":
-            results.append(disconnect(inputs, spec, n, args.abandon_fraction, seed=args.seed))
+            results.append(disconnect(inputs, spec, n, args.abandon_fraction, seed=args.seed, trace=trace))
         else:
-            results.append(rollback(inputs, spec, n, args.detect_minutes, seed=args.seed))
+            results.append(rollback(inputs, spec, n, args.detect_minutes, seed=args.seed, trace=trace))
     return format_drills(spec.environment, drill, results, markdown)
 
 

@@ -413,7 +413,9 @@ def summary(res: SimResult, markdown: bool = False) -> str:
         ])
     out = [("### " if markdown else "") + title, "", _table(head, rows, markdown)]
     crit = (f"Goodput = share of requests meeting both TTFT and inter-token SLOs; an endpoint meets its SLO at ≥ "
-            f"{GOODPUT_TARGET:.0%} overall and over its busiest {PEAK_HOURS_FRACTION:.0%} of hours.")
+            f"{GOODPUT_TARGET:.0%} overall and over its busiest {PEAK_HOURS_FRACTION:.0%} of hours. TTFT = queue + "
+            "prefill + first decode step (a 503 is a miss); ITL = a request's mean gap between tokens; a managed "
+            "API's TTFT is drawn from its measured p99 and its ITL is not modelled.")
     out += ["", crit]
     for e in res.endpoints:
         if e.worst_hours:
@@ -492,6 +494,8 @@ def plot_week(res: SimResult, path: str | Path) -> Path:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from .sim_drills import DRILLS
 
+    parser.epilog = ("Exit status: 0 when every endpoint meets its SLO (drills: always 0), 1 when one misses it, "
+                     "2 on bad input. Drills run the window they need; --trace feeds them too.")
     parser.add_argument("stack", help="stacks/Pulumi.<env>.yaml (or an inputs file)")
     parser.add_argument("--trace", help="per-request (Azure CSV, Mooncake JSONL) or rate (ServeGen CSV) trace to replay")
     parser.add_argument("--drill", help=f"run a failure drill instead of the week: {', '.join(DRILLS)}")
@@ -534,7 +538,7 @@ def cli_main(args: argparse.Namespace) -> int:
     if args.drill is not None:
         if args.drill not in DRILLS:
             raise InputError(f"--drill {args.drill!r}: unknown drill; allowed: {', '.join(DRILLS)}")
-        text = run_drill(args.drill, inputs, spec, args, markdown=args.markdown)
+        text = run_drill(args.drill, inputs, spec, args, markdown=args.markdown, trace=trace)
         print(text)
         return 0
     res = simulate_week(inputs, spec, seed=args.seed, trace=trace, start_h=start_h, end_h=end_h,
