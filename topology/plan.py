@@ -7,10 +7,13 @@ Outline for one endpoint:
    at least one sequence at the product's maximum context). For each, replica capacity from the measured
    throughput, limited by the inter-token SLO, at the highest utilisation that keeps TTFT p99 within the
    SLO (M/M/c waiting on the replica's sequence slots) and never above 1/(1+headroom).
-2. Load-duration curve: replicas needed in each of the 168 hours at the within-hour peak. Layer k (the
-   k-th replica) is needed in a share d_k of hours; it costs reserved (all hours, discounted), clock-
-   scheduled on-demand (its hours plus the cold-start lead per rise) or serverless (only its used share
-   of each hour, at the serverless premium, plus a cold start and a scaledown tail per active hour).
+2. Load-duration curve: replicas needed in each of the 168 hours at the within-hour peak, cut into
+   node-sized layers (nodes are what is paid for). The bottom nodes may be reserved (all hours,
+   discounted); every other node runs on the clock in the hours where that beats letting serverless
+   carry its share (an on/off schedule per node by dynamic programming: on-demand while running, the
+   cold-start lead billed ahead of each start; serverless pays only the used share of each hour at the
+   serverless premium, plus a cold start and scaledown tail, and a warm container where a restore is
+   slower than the TTFT SLO).
 3. Options — managed API, serverless only, dedicated only, floor + burst — each at its cheapest layer
    split, costed on the real profile with node packing and fixed platform costs; the cheapest feasible
    one wins and the report says why the runner-up lost.
@@ -356,100 +359,143 @@ def lead_time_s(ep: EndpointInputs, herd: HerdSpec) -> float:
     return ep.cold_starts.new_node_and_pod_s + herd.start_jitter_s
 
 
-def layer_costs_weekly(
-    demand: Demand, pl: Placement, sls: Placement, pr: Prices, lead_s: float, sls_overhead_s: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per-layer weekly cost as reserved, scheduled on-demand and serverless; plus duty and runs."""
+@dataclass
+class NodeGroups:
+    """One placement's demand cut into node-sized layers: group g carries replicas g·rpn+1 … (g+1)·rpn.
+
+    Nodes are what is paid for, so the load-duration choice is made per node: reserved (all hours),
+    on-demand in the hours the clock schedules it, or serverless in the hours it is not running."""
+
+    need: np.ndarray  # (168,) replicas needed at the within-hour peak
+    needed: np.ndarray  # (G, 168) the group's lowest layer is needed
+    serverless_usd: np.ndarray  # (G, 168) serverless cost of carrying the group's layers in that hour
+    reserved_usd_week: float  # one reserved node for the week
+    on_demand_node_hour: float
+    rise_usd: float  # a scheduled node starts lead_s before its hour and is billed from then
+    rpn: int
+    ratio: float  # serverless containers per dedicated replica of capacity
+
+    @property
+    def groups(self) -> int:
+        return self.needed.shape[0]
+
+
+def node_groups(
+    demand: Demand, pl: Placement, sls: Placement, pr: Prices, lead_s: float, sls_overhead_s: float,
+    warm_container: bool = False,
+) -> NodeGroups:
     need = replicas_needed_by_hour(demand.peak_rps, pl.planning_rps)
+    rpn = pl.replicas_per_node
     top = int(need.max()) if need.size else 0
-    if top == 0:
-        z = np.zeros(0)
-        return z, z, z, z, z
-    ks = np.arange(1, top + 1)
-    active = need[None, :] >= ks[:, None]  # (K, 168)
-    hours = active.sum(axis=1).astype(float)
-    # rises per layer: active now, inactive the hour before (cyclic week)
-    rises = (active & ~np.roll(active, 1, axis=1)).sum(axis=1).astype(float)
-    rises = np.where(hours == 168, 0.0, rises)
-    reserved = np.full(top, 168.0 * pr.reserved_replica_hour)
-    scheduled = (hours + rises * lead_s / 3600.0) * pr.on_demand_replica_hour
-    # serverless bills per second for the share of the layer's band that mean demand occupies,
-    # in containers of the serverless placement's size, plus one cold start and scaledown tail per active hour
-    band = demand.mean_rps[None, :] / pl.planning_rps - (ks[:, None] - 1)
-    fill = np.clip(band, 0.0, 1.0)
-    container_ratio = pl.planning_rps / sls.planning_rps
-    used_hours = (fill * active).sum(axis=1) * container_ratio
-    overhead_hours = hours * math.ceil(container_ratio) * sls_overhead_s / 3600.0
-    serverless = (used_hours + overhead_hours) * pr.serverless_container_hour
-    return reserved, scheduled, serverless, hours / 168.0, rises
-
-
-def _best_node_split(
-    tables: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], pl: Placement, pr: Prices,
-    lead_s: float, top: int, *, cap: int, min_ded: int, burst: bool,
-) -> tuple[int, int] | None:
-    """The cheapest split in whole nodes, returned in replicas (reserved R, scheduled O).
-
-    Nodes are what is paid for: node g carries layers g·rpn+1 … (g+1)·rpn and runs whenever its lowest
-    layer is needed, so its scheduled cost follows that layer's hours; its serverless cost is the sum
-    of its layers'. With one replica per node this is the per-layer load-duration choice."""
-    rpn = pl.replicas_per_node
-    _, _, sls, duty, rises = tables
     groups = math.ceil(top / rpn)
-    lowest = np.arange(groups) * rpn
-    res_g = np.full(groups, 168.0 * pr.reserved_node_hour)
-    sch_g = (duty[lowest] * 168.0 + rises[lowest] * lead_s / 3600.0) * pr.on_demand_node_hour
-    sls_g = np.add.reduceat(sls, lowest)
-    split = _best_split(res_g, sch_g, sls_g, min_ded=math.ceil(min_ded / rpn), max_ded=cap // rpn if cap >= rpn else 0,
-                        allow_serverless=burst, require_serverless=burst)
-    if split is None:
-        return None
-    r = min(top, split[0] * rpn)
-    o = min(top - r, split[1] * rpn)
-    return r, o
+    ks = np.arange(1, groups * rpn + 1)
+    active = need[None, :] >= ks[:, None]  # (layers, 168)
+    # serverless bills per second for the share of each layer's band that mean demand occupies, in
+    # containers of the serverless placement's size, plus a cold start and scaledown tail per active hour
+    fill = np.clip(demand.mean_rps[None, :] / pl.planning_rps - (ks[:, None] - 1), 0.0, 1.0) * active
+    ratio = pl.planning_rps / sls.planning_rps
+    per_layer = (fill * ratio + active * math.ceil(ratio) * sls_overhead_s / 3600.0) * pr.serverless_container_hour
+    starts = np.arange(groups) * rpn
+    sls_usd = np.add.reduceat(per_layer, starts, axis=0) if groups else np.zeros((0, 168))
+    if warm_container and groups:
+        # a restore slower than the TTFT SLO keeps a container warm in every hour the burst carries anything
+        sls_usd = np.maximum(sls_usd, pr.serverless_container_hour * active[starts])
+    return NodeGroups(
+        need=need, needed=active[starts] if groups else np.zeros((0, 168), bool), serverless_usd=sls_usd,
+        reserved_usd_week=168.0 * pr.reserved_node_hour, on_demand_node_hour=pr.on_demand_node_hour,
+        rise_usd=lead_s / 3600.0 * pr.on_demand_node_hour, rpn=rpn, ratio=ratio,
+    )
 
 
-def _best_split(res: np.ndarray, sch: np.ndarray, sls: np.ndarray, *, min_ded: int, max_ded: int,
-                allow_serverless: bool, require_serverless: bool) -> tuple[int, int] | None:
-    """Units 1..R reserved, R+1..R+O scheduled, the rest serverless: the cheapest split by prefix sums."""
-    top = len(res)
-    cr = np.concatenate([[0.0], np.cumsum(res)])
-    cs = np.concatenate([[0.0], np.cumsum(sch)])
-    cl = np.concatenate([[0.0], np.cumsum(sls)])
-    best: tuple[float, int, int] | None = None
-    for r in range(0, top + 1):
-        for o in range(0, top - r + 1):
-            ded = r + o
-            if ded < min_ded or ded > max_ded:
-                continue
-            if not allow_serverless and ded < top:
-                continue
-            if require_serverless and ded >= top:
-                continue
-            cost = cr[r] + (cs[r + o] - cs[r]) + (cl[top] - cl[r + o])
-            if best is None or cost < best[0] - 1e-9:
-                best = (cost, r, o)
-    return None if best is None else (best[1], best[2])
+def schedule_dp(run_usd: np.ndarray, idle_usd: np.ndarray, rise_usd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cheapest on/off schedule per row over the week's hours (rows = node groups, all placements at once).
+
+    A running node costs run_usd that hour; a stopped one costs idle_usd (what serverless pays instead,
+    inf where it may not stop); starting costs rise_usd (the cold-start lead billed ahead of the hour).
+    Returns (weekly cost per row, running mask). The week is treated as starting stopped, which can only
+    overcount one rise at the wrap."""
+    n = run_usd.shape[0]
+    on = np.full(n, np.inf)
+    off = np.zeros(n)
+    came_on_from_on = np.zeros((168, n), bool)
+    came_off_from_on = np.zeros((168, n), bool)
+    for h in range(168):
+        stay = on
+        start = off + rise_usd
+        came_on_from_on[h] = stay <= start
+        new_on = np.minimum(stay, start) + run_usd[:, h]
+        came_off_from_on[h] = on <= off
+        new_off = np.minimum(on, off) + idle_usd[:, h]
+        on, off = new_on, new_off
+    cost = np.minimum(on, off)
+    state = on <= off
+    running = np.zeros((n, 168), bool)
+    for h in range(167, -1, -1):
+        running[:, h] = state
+        state = np.where(state, came_on_from_on[h], came_off_from_on[h])
+    return cost, running
 
 
-def _floor_from_split(need: np.ndarray, reserved: int, scheduled: int, min_floor: int) -> np.ndarray:
-    floor = reserved + np.clip(need - reserved, 0, scheduled)
-    return np.maximum(floor, min_floor).astype(int)
+@dataclass
+class FloorChoice:
+    reserved_nodes: int
+    running: np.ndarray  # (G, 168) node g runs in hour h
+    floor: np.ndarray  # (168,) replicas ready
+    estimate_usd_week: float
 
 
-def _evaluate_split(
+def choose_floors(
+    ng: NodeGroups, *, allow_serverless: bool, max_replicas: int, min_floor: int, burst_cap_containers: int
+) -> FloorChoice | str:
+    """Reserved nodes at the bottom, then each node group on the clock where it pays, serverless elsewhere.
+
+    Returns the choice, or a reason why none meets the caps."""
+    g_count, rpn = ng.groups, ng.rpn
+    max_nodes = max_replicas // rpn
+    if g_count == 0:
+        return FloorChoice(0, np.zeros((0, 168), bool), np.full(168, min_floor if max_nodes else 0), 0.0)
+    # hours where serverless may not carry a group: not allowed at all, or beyond the burst cap
+    if allow_serverless:
+        burst_replicas = math.floor(burst_cap_containers / ng.ratio + 1e-9)
+        min_nodes = np.ceil(np.maximum(ng.need - burst_replicas, 0) / rpn).astype(int)
+    else:
+        min_nodes = np.ceil(ng.need / rpn).astype(int)
+    if min_floor:
+        min_nodes = np.maximum(min_nodes, 1)
+    if int(min_nodes.max()) > max_nodes:
+        h = int(np.argmax(min_nodes))
+        what = f"burst cap {burst_cap_containers} containers" if allow_serverless else "no burst"
+        return (f"hour {h} needs {int(min_nodes[h]) * rpn} dedicated replicas ({int(ng.need[h])} at peak, {what}) "
+                f"> max_dedicated_replicas={max_replicas}")
+    g_index = np.arange(g_count)[:, None]
+    forced = g_index < min_nodes[None, :]
+    idle = np.where(ng.needed, ng.serverless_usd, 0.0)
+    idle = np.where(forced, np.inf, idle)
+    run = np.where(g_index < max_nodes, ng.on_demand_node_hour, np.inf) * np.ones((1, 168))
+    dp_cost, running = schedule_dp(run, idle, np.full(g_count, ng.rise_usd))
+    # reserved at the bottom: R nodes all week, the rest as scheduled above
+    best_r, best = 0, math.inf
+    suffix = np.concatenate([np.cumsum(dp_cost[::-1])[::-1], [0.0]])
+    for r in range(0, min(g_count, max_nodes) + 1):
+        total = r * ng.reserved_usd_week + suffix[r]
+        if total < best - 1e-9:
+            best_r, best = r, total
+    if not math.isfinite(best):
+        return "no schedule meets the caps"
+    running = running.copy()
+    running[:best_r] = True
+    floor = np.minimum(running.sum(axis=0) * rpn, max_replicas)
+    return FloorChoice(best_r, running, floor.astype(int), best)
+
+
+def _evaluate_floor(
     tier: Tier, ep: EndpointInputs, demand: Demand, pl: Placement, sls: Placement, pr: Prices,
-    reserved: int, scheduled: int, lead_s: float, min_floor: int,
-    layer_tables: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    floor: np.ndarray, reserved_nodes: int, lead_s: float, ng: NodeGroups | None = None,
+    running: np.ndarray | None = None,
 ) -> OptionEval:
-    """Exact weekly cost of a split on the profile: whole nodes, warm minimums, cold starts, tails."""
-    need = replicas_needed_by_hour(demand.peak_rps, pl.planning_rps)
-    floor = _floor_from_split(need, reserved, scheduled, min_floor) if (reserved + scheduled + min_floor) else np.zeros(168, int)
+    """Exact weekly cost of a floor on the profile: whole nodes, warm minimums, cold starts, tails."""
     rpn = pl.replicas_per_node
-    reserved_nodes = math.ceil(reserved / rpn) if reserved else 0
     nodes = np.ceil(floor / rpn).astype(int)
-    # a node is paid for whole: fill its free GPUs/slices with replicas (headroom at no extra cost)
-    floor = np.minimum(nodes * rpn, max(ep.max_dedicated_replicas, int(floor.max(initial=0)))).astype(int)
     od_nodes = np.maximum(nodes - reserved_nodes, 0)
     # each node added by the clock starts lead_s before its hour and is billed from then
     node_rises = np.maximum(od_nodes - np.roll(od_nodes, 1), 0).sum()
@@ -472,28 +518,38 @@ def _evaluate_split(
     overhead = containers_peak * (cold + ep.serverless.scaledown_window_s) / 3600.0
     serverless_usd = float((sls_hours.sum() + overhead.sum()) * pr.serverless_container_hour)
     max_containers = int(containers_peak.max()) if containers_peak.size else 0
+    scheduled_nodes = int(max(0, nodes.max(initial=0) - reserved_nodes))
     ev = OptionEval(
-        tier=tier, feasible=True, reason="", placement=pl, reserved_layers=reserved, scheduled_layers=scheduled,
-        floor_by_hour=floor, burst_max_containers=max_containers, warm_min_by_hour=warm_min,
+        tier=tier, feasible=True, reason="", placement=pl, reserved_layers=reserved_nodes * rpn,
+        scheduled_layers=scheduled_nodes * rpn, floor_by_hour=floor.astype(int), burst_max_containers=max_containers,
+        warm_min_by_hour=warm_min,
     )
-    ev.breakdown_weekly = {
-        "reserved": reserved_usd,
-        "on_demand": float(od_usd),
-        "serverless": serverless_usd,
-    }
+    ev.breakdown_weekly = {"reserved": reserved_usd, "on_demand": float(od_usd), "serverless": serverless_usd}
     ev.weekly_usd = reserved_usd + float(od_usd) + serverless_usd
-    res, sch, sl, duty, _ = layer_tables
-    layers = []
-    for i in range(len(res)):
-        tier_i = "reserved" if i < reserved else ("scheduled_on_demand" if i < reserved + scheduled else "serverless_burst")
-        c = {"reserved": res[i], "scheduled_on_demand": sch[i], "serverless_burst": sl[i]}
-        layers.append(CapacityLayer(
-            index=i + 1, duty_fraction=round(float(duty[i]), 4), tier=tier_i,
-            monthly_usd=round(costs.monthly_from_weekly(float(c[tier_i])), 2),
-            costs_usd_per_month={k: round(costs.monthly_from_weekly(float(v)), 2) for k, v in c.items()},
-        ))
-    ev.layers = layers
+    if ng is not None and running is not None:
+        ev.layers = _layers(ng, running, reserved_nodes)
     return ev
+
+
+def _layers(ng: NodeGroups, running: np.ndarray, reserved_nodes: int) -> list[CapacityLayer]:
+    """One row per node of the load-duration curve: its duty, the tier it went to, what each tier would cost."""
+    out = []
+    for g in range(ng.groups):
+        needed = ng.needed[g]
+        hours = int(needed.sum())
+        rises = int((needed & ~np.roll(needed, 1)).sum()) if hours < 168 else 0
+        c = {
+            "reserved": ng.reserved_usd_week,
+            "scheduled_on_demand": hours * ng.on_demand_node_hour + rises * ng.rise_usd,
+            "serverless_burst": float(ng.serverless_usd[g][needed].sum()),
+        }
+        tier = "reserved" if g < reserved_nodes else ("scheduled_on_demand" if running[g].any() else "serverless_burst")
+        out.append(CapacityLayer(
+            index=g + 1, duty_fraction=round(hours / 168.0, 4), tier=tier,
+            monthly_usd=round(costs.monthly_from_weekly(c[tier]), 2),
+            costs_usd_per_month={k: round(costs.monthly_from_weekly(v), 2) for k, v in c.items()},
+        ))
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -655,8 +711,7 @@ def _options(
         out.append(OptionEval("serverless_only", False, sls_bad))
     else:
         pr = _prices(inp, ep, sls, sls)
-        tables = layer_costs_weekly(demand, sls, sls, pr, lead, sls_overhead)
-        ev = _evaluate_split("serverless_only", ep, demand, sls, sls, pr, 0, 0, lead, 0, tables)
+        ev = _evaluate_floor("serverless_only", ep, demand, sls, sls, pr, np.zeros(168, int), 0, lead)
         ev.breakdown_weekly["serverless_fixed"] = sls_fixed
         ev.weekly_usd += sls_fixed
         if ev.burst_max_containers > ep.serverless.max_containers_cap:
@@ -678,33 +733,31 @@ def _options(
         if tier == "floor_plus_burst" and sls is None:
             out.append(OptionEval(tier, False, f"no burst tier: {sls_bad}"))
             continue
+        burst = tier == "floor_plus_burst"
         best: OptionEval | None = None
         why_not: list[str] = []
         for pl in ded:
             burst_pl = sls if sls is not None else pl
             pr = _prices(inp, ep, pl, burst_pl)
-            tables = layer_costs_weekly(demand, pl, burst_pl, pr, lead, sls_overhead)
-            top = len(tables[0])
-            min_floor = 0 if ep.scale_to_zero_allowed else 1
-            cap = ep.max_dedicated_replicas
-            min_ded = max(1, min_floor) if tier == "floor_plus_burst" else 0
-            if tier == "floor_plus_burst":
-                # keep the burst within its container cap: the floor must carry what the cap cannot
-                ratio = pl.planning_rps / burst_pl.planning_rps
-                min_ded = max(min_ded, top - math.floor(ep.serverless.max_containers_cap / ratio + 1e-9))
-            split = _best_node_split(
-                tables, pl, pr, lead, top, cap=cap, min_ded=min_ded, burst=(tier == "floor_plus_burst"),
-            ) if top else None
-            if split is None:
-                why_not.append(
-                    f"{pl.label}: peak needs {top} replicas, max_dedicated_replicas={cap}"
-                    if top > cap else f"{pl.label}: no split with both a floor and a burst layer (peak {top} replica)"
-                )
+            ng = node_groups(demand, pl, burst_pl, pr, lead, sls_overhead, warm_container=cold > _ttft_budget_s(ep))
+            choice = choose_floors(
+                ng, allow_serverless=burst, max_replicas=ep.max_dedicated_replicas,
+                min_floor=0 if ep.scale_to_zero_allowed else 1, burst_cap_containers=ep.serverless.max_containers_cap,
+            )
+            if isinstance(choice, str):
+                why_not.append(f"{pl.label}: {choice}")
                 continue
-            ev = _evaluate_split(tier, ep, demand, pl, burst_pl, pr, split[0], split[1], lead, min_floor, tables)
+            ev = _evaluate_floor(tier, ep, demand, pl, burst_pl, pr, choice.floor, choice.reserved_nodes, lead,
+                                 ng, choice.running)
+            if burst and ev.burst_max_containers == 0:
+                why_not.append(f"{pl.label}: the cheapest floor leaves nothing to burst (that is dedicated_only)")
+                continue
+            if burst and not choice.floor.any():
+                why_not.append(f"{pl.label}: the cheapest mix runs no floor (that is serverless_only)")
+                continue
             ev.breakdown_weekly["platform_fixed"] = fixed_share_weekly
             ev.weekly_usd += fixed_share_weekly
-            if tier == "floor_plus_burst":
+            if burst:
                 ev.breakdown_weekly["serverless_fixed"] = sls_fixed
                 ev.weekly_usd += sls_fixed
                 if ev.burst_max_containers > ep.serverless.max_containers_cap:
@@ -714,11 +767,13 @@ def _options(
             if best is None or _better(ev, best):
                 best = ev
         if best is None:
-            out.append(OptionEval(tier, False, "; ".join(why_not) or "no feasible split"))
+            out.append(OptionEval(tier, False, "; ".join(why_not) or "no feasible schedule"))
         else:
+            rpn = best.placement.replicas_per_node
             best.reason = (
-                f"{best.placement.label}: {best.reserved_layers} reserved + {best.scheduled_layers} scheduled "
-                f"replicas" + (f", burst up to {best.burst_max_containers}" if tier == "floor_plus_burst" else "")
+                f"{best.placement.label}: {best.reserved_layers // rpn} reserved + up to {best.scheduled_layers // rpn} "
+                f"clock-scheduled node(s) of {rpn} replica(s)"
+                + (f", burst up to {best.burst_max_containers}" if burst else "")
             )
             out.append(best)
     return out

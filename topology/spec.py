@@ -75,7 +75,7 @@ class ReplicaCapacity(_Spec):
 
 
 class CapacityLayer(_Spec):
-    index: int = Field(description="1 = the bottom replica of the load-duration curve.")
+    index: int = Field(description="1 = the bottom node of the load-duration curve (a node carries replicas_per_node replicas).")
     duty_fraction: float = Field(description="Share of the week's hours this layer is needed.")
     tier: LayerTier
     monthly_usd: float
