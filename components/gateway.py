@@ -30,6 +30,7 @@ from .gateway_config import (
     RenderedGateway,
     endpoint_ports,
     gated_endpoints,
+    longest_request_s,
     needs_burst,
     needs_floor,
     render_gateway_config,
@@ -142,8 +143,9 @@ class Gateway(pulumi.ComponentResource):
                     # a new config rolls the pods (HAProxy reads secrets and config at start-up)
                     "metadata": {"labels": labels, "annotations": {"serving.llm/config-sha256": config_hash}},
                     "spec": {
-                        # streams in flight get this long to finish when a pod is replaced
-                        "terminationGracePeriodSeconds": max(e.gateway.first_byte_timeout_s for e in eps) + 60,
+                        # streams in flight may finish when a pod is replaced (haproxy soft-stops
+                        # on the image's STOPSIGNAL, SIGUSR1; hard-stop-after bounds it)
+                        "terminationGracePeriodSeconds": longest_request_s(spec) + 30,
                         "topologySpreadConstraints": [{
                             "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
                             "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": labels},

@@ -36,6 +36,7 @@ BODY_WAIT_S = 10  # longest a client may take to upload a (size-capped) body
 # a request never waits in HAProxy's queue while burst has room.
 # SPEC: a `sticky_balance_factor` on GatewaySpec would make this planning figure explicit.
 HASH_BALANCE_FACTOR = 125
+STREAM_BACKSTOP_MS = 1000  # native idle timeout = first-byte limit + this, so the Lua filter acts first
 HEADER_ROOM_BYTES = 16384  # headers + the stamped prefix on top of the largest allowed body
 
 
@@ -87,6 +88,18 @@ def endpoint_ports(spec: TopologySpec) -> dict[str, int]:
 def floor_capacity(overflow_inflight_per_replica: int, replicas: int) -> int:
     """Requests the floor takes before overflowing (see HASH_BALANCE_FACTOR)."""
     return replicas * overflow_inflight_per_replica * 100 // HASH_BALANCE_FACTOR
+
+
+def request_limit_s(e: EndpointSpec) -> int:
+    """Longest a single request may run. A non-streamed completion sends nothing until it is done,
+    so this is its only limit. SPEC: GatewaySpec has no such field; BurstSpec.timeout_s is that
+    figure (max_tokens at the inter-token SLO, plus prefill) where the endpoint has a burst tier."""
+    g = e.gateway
+    return max(e.burst.timeout_s if e.burst is not None else g.first_byte_timeout_s, g.first_byte_timeout_s)
+
+
+def longest_request_s(spec: TopologySpec) -> int:
+    return max(request_limit_s(e) for e in gated_endpoints(spec))
 
 
 def needs_floor(e: EndpointSpec) -> bool:
@@ -193,6 +206,8 @@ def render_gateway_config(
         "global",
         f"    log {log_target}",
         f"    lua-load {lua_path}",
+        # on a rollout the old process stops accepting and lets streams finish, at most this long
+        f"    hard-stop-after {longest_request_s(spec)}s",
         # bodies are validated and stamped in one buffer: it must hold the largest allowed body
         f"    tune.bufsize {bufsize}",
         f"    maxconn {max_connections}",
@@ -265,10 +280,7 @@ def _endpoint_sections(
         raise ValueError(f"endpoint {e.name!r}: max_retries must be >= 0 and retry_budget_fraction in [0, 1]")
 
     first_ms, inter_ms = _ms(g.first_byte_timeout_s), _ms(g.inter_chunk_timeout_s)
-    # A non-streamed completion sends nothing until it is done: its only limit is the longest
-    # request the tier may run. SPEC: GatewaySpec has no such field; BurstSpec.timeout_s is it.
-    whole_ms = _ms(e.burst.timeout_s) if e.burst is not None else first_ms
-    whole_ms = max(whole_ms, first_ms)
+    whole_ms = _ms(request_limit_s(e))
     stamp = g.cache_isolation == "cache_salt"
 
     fl = [f"frontend {fe}", f"    bind {bind}"]
@@ -352,7 +364,10 @@ def _endpoint_sections(
         return [
             f"    timeout server {whole_ms}",
             f"    timeout queue {first_ms}",
-            f"    http-request set-timeout server {first_ms} if {{ var(txn.stream) -m int eq 1 }}",
+            # streams: the Lua gap filter enforces the exact limits once headers are in; this idle
+            # timeout is the backstop for an upstream that sends no headers at all (-> JSON 504)
+            f"    http-request set-timeout server {first_ms + STREAM_BACKSTOP_MS} "
+            "if { var(txn.stream) -m int eq 1 }",
             f"    retries {g.max_retries}",
             # only failures before any response byte: the request provably did not run to output
             "    retry-on conn-failure empty-response",
@@ -385,18 +400,21 @@ def _endpoint_sections(
                *_server_lines("canary", canary_servers[e.name], floor_opts), ""]
     if has_burst:
         host, port, tls = _parse_burst_url(e.name, burst_urls[e.name])
-        secret_env[MODAL_KEY_ENV] = "modal-key"
-        secret_env[MODAL_SECRET_ENV] = "modal-secret"
         opts = ""  # no health check: probing Modal would keep (or wake) a container for nothing
         if tls:
             opts += f" ssl verify required ca-file @system-ca sni str({host})"
         if not _is_ip(host):
             opts += " resolvers cluster init-addr last,libc,none"
         host_header = host if port in (80, 443) else f"{host}:{port}"
+        auth: list[str] = []
+        if e.burst is None or e.burst.requires_proxy_auth:
+            secret_env[MODAL_KEY_ENV] = "modal-key"
+            secret_env[MODAL_SECRET_ENV] = "modal-secret"
+            auth = [f'    http-request set-header Modal-Key "${{{MODAL_KEY_ENV}}}"',
+                    f'    http-request set-header Modal-Secret "${{{MODAL_SECRET_ENV}}}"']
         bl += [f"backend {be_burst}",
                *common("burst"),
                f"    http-request set-header Host {host_header}",
-               f'    http-request set-header Modal-Key "${{{MODAL_KEY_ENV}}}"',
-               f'    http-request set-header Modal-Secret "${{{MODAL_SECRET_ENV}}}"',
+               *auth,
                f"    server burst {host}:{port}{opts}", ""]
     return "\n".join(fl + bl)

@@ -206,6 +206,11 @@ end
 function Gap:http_headers(txn, msg)
   local streaming = txn:get_var("txn.stream")
   self.active = streaming == 1
+  if self.active then
+    -- engines send headers before the first token: the first-byte clock keeps running, and a
+    -- wake-up is needed because no payload callback comes while the upstream stays silent
+    filter.wake_time(math.max(self.started + self.args_first - now_ms(), 0) + 1)
+  end
   return filter.CONTINUE
 end
 function Gap:http_payload(txn, msg)

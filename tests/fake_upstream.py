@@ -6,6 +6,8 @@ mid-stream. Per-request behaviour comes from headers the test sets (the gateway 
   X-Fake-Chunks: N          chunks to stream (default 3)
   X-Fake-Interval-Ms: ms    pause between chunks (default 0)
   X-Fake-Ttfb-Ms: ms        pause before the response headers
+  X-Fake-First-Chunk-Ms: ms pause after the headers, before the first chunk (vLLM sends its headers
+                            at once and the first token after queueing and prefill)
   X-Fake-Gap-After: i       after chunk i, pause X-Fake-Gap-Ms instead of the interval
   X-Fake-Gap-Ms: ms
   X-Fake-Fail: close-before-response | close-after-first-chunk
@@ -117,6 +119,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        self.wfile.flush()
+        first_chunk_s = int(h.get("X-Fake-First-Chunk-Ms", "0")) / 1000
+        if first_chunk_s and self._wait(rec, None, first_chunk_s):
+            return
         try:
             for i in range(chunks):
                 self.wfile.write(_chunk({"object": "chat.completion.chunk", "upstream": owner.log.name,

@@ -242,8 +242,19 @@ def test_long_stream_with_regular_chunks_is_never_cut(gw):
     assert "event: error" not in content.decode()
 
 
-def test_no_first_byte_within_limit_is_a_json_504(gw):
-    status, _, content, _ = post(gw["ports"]["assist"], body(stream=True), headers={"X-Fake-Ttfb-Ms": "2600"})
+def test_headers_then_no_first_token_within_limit_ends_stream_with_error(gw):
+    # like vLLM: headers at once, then nothing for longer than the first-byte limit (2 s here)
+    status, _, content, rid = post(gw["ports"]["assist"], body(stream=True),
+                                   headers={"X-Fake-First-Chunk-Ms": "2600"})
+    assert status == 200
+    text = content.decode()
+    assert '"index"' not in text and "event: error" in text and "before the first streamed chunk" in text
+    assert wait_until(lambda: any(r.aborted_at for _, r in records(gw, rid)), timeout_s=3)
+
+
+def test_no_response_headers_within_limit_is_a_json_504(gw):
+    # no headers at all: HAProxy's own idle timeout (first-byte limit + 1 s backstop) answers
+    status, _, content, _ = post(gw["ports"]["assist"], body(stream=True), headers={"X-Fake-Ttfb-Ms": "3400"})
     assert status == 504
     assert json.loads(content)["error"]["code"] == 504
 
