@@ -36,3 +36,18 @@ def stack(request, planned_stacks):
     """Parametrised over every stack file: (name, inputs, spec)."""
     inputs, spec = planned_stacks[request.param]
     return request.param, inputs, spec
+
+
+@pytest.fixture(autouse=True)
+def event_loop_for_pulumi():
+    """Pulumi's mock runner calls asyncio.get_event_loop(); a test that used asyncio.run() leaves none set
+    (and the policy then refuses to create one), so every test starts with a usable loop."""
+    import asyncio
+
+    try:
+        loop = asyncio.get_event_loop_policy().get_event_loop()
+        if loop.is_closed():
+            raise RuntimeError("closed")
+    except RuntimeError:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+    yield
