@@ -208,7 +208,11 @@ def _placement(
             f"{t_min * 1000:.1f} ms ({m.weights_gb:g} GB over {bandwidth:.2f} TB/s)",
         )
     k = (t_sat - t_min) / max_seqs
-    itl_limit = max_seqs if k <= 0 else int((itl_s - t_min) / k)
+    # Continuous batching interleaves the other sequences' prefills with decode steps: each of the b − 1
+    # neighbours brings p̄ seconds of prefill per ō tokens it generates, so a sequence sees the gap
+    # gap(b) = t_min + b·k + (b − 1)·p̄/ō, and the inter-token SLO caps b where gap(b) = SLO.
+    prefill_per_token = (shape.input_tokens_mean * (1 - ep.prefix_cache_hit_fraction) / prefill) / shape.output_tokens_mean
+    itl_limit = int((itl_s - t_min + prefill_per_token) / (k + prefill_per_token)) if (k + prefill_per_token) > 0 else max_seqs
     usable = max(0, min(max_seqs, itl_limit))
     if usable < 1:
         return Infeasible(label, f"no batch size keeps the inter-token gap under {slo.inter_token_p99_ms:g} ms")
