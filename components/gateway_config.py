@@ -205,7 +205,9 @@ def render_gateway_config(
         *_secret_guards(secret_env),
         "global",
         f"    log {log_target}",
-        f"    lua-load {lua_path}",
+        # one Lua state per thread: HAProxy 2.6 with a single shared state let concurrent Lua
+        # filters on two threads corrupt each other (seen under load: hung streams)
+        f"    lua-load-per-thread {lua_path}",
         # on a rollout the old process stops accepting and lets streams finish, at most this long
         f"    hard-stop-after {longest_request_s(spec)}s",
         # bodies are validated and stamped in one buffer: it must hold the largest allowed body
