@@ -165,24 +165,8 @@ def test_bad_trace_names_the_flag_the_problem_and_the_formats(tmp_path, content,
 # overall and over its busiest hours. Prod runs the six hours around each endpoint's weekly peak (the rise
 # into it and the peak itself: where the SLO is at risk); dev runs its whole week.
 
-KNOWN_FAILURES = {
-    ("prod", "autocomplete"): (
-        "planner issue: a replica's token gap includes the other sequences' prefill share "
-        "(gap(b) = t_min + b·k + (b−1)·p̄/ō); at the gateway overflow threshold / burst target_inputs of 79 in flight "
-        "it is 46 ms > the 30 ms inter-token SLO (ITL-safe batch: 50) — see the simulator's diagnostics"
-    ),
-}
-
-
 def _endpoint_cases():
     return [("prod", "assist"), ("prod", "autocomplete"), ("prod", "guard"), ("dev", None)]
-
-
-def _xfail_known(request, stack_name, endpoint):
-    """Known failures stay checked: strict, so the test fails (XPASS) once the plan is fixed."""
-    reason = KNOWN_FAILURES.get((stack_name, endpoint))
-    if reason:
-        request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
 
 
 def _check_slo(results):
@@ -196,7 +180,7 @@ def _check_slo(results):
 
 
 @pytest.mark.parametrize("stack_name,endpoint", _endpoint_cases())
-def test_bundled_stacks_meet_their_slo_on_the_synthetic_week(request, planned_stacks, stack_name, endpoint):
+def test_bundled_stacks_meet_their_slo_on_the_synthetic_week(planned_stacks, stack_name, endpoint):
     inputs, spec = planned_stacks[stack_name]
     if endpoint is None:
         res = simulate_week(inputs, spec, seed=0).endpoints
@@ -204,13 +188,11 @@ def test_bundled_stacks_meet_their_slo_on_the_synthetic_week(request, planned_st
         ep_in = next(e for e in inputs.endpoints if e.name == endpoint)
         p = peak_hour(ep_in)
         res = (simulate_endpoint(inputs, spec, endpoint, seed=0, start_h=max(0, p - 4), end_h=p + 2),)
-    _xfail_known(request, stack_name, endpoint)
     _check_slo(res)
 
 
 @pytest.mark.parametrize("stack_name,endpoint", _endpoint_cases())
-def test_bundled_stacks_meet_their_slo_on_the_azure_conversation_trace(request, root, planned_stacks, stack_name,
-                                                                       endpoint):
+def test_bundled_stacks_meet_their_slo_on_the_azure_conversation_trace(root, planned_stacks, stack_name, endpoint):
     """Azure 2023 conversation trace (Azure/AzurePublicDataset, CC-BY-4.0), time-rescaled to each endpoint's
     hour-of-week rate and its token means scaled to the endpoint's shape."""
     inputs, spec = planned_stacks[stack_name]
@@ -221,7 +203,6 @@ def test_bundled_stacks_meet_their_slo_on_the_azure_conversation_trace(request, 
         ep_in = next(e for e in inputs.endpoints if e.name == endpoint)
         p = peak_hour(ep_in)
         res = (simulate_endpoint(inputs, spec, endpoint, seed=0, trace=tr, start_h=max(0, p - 4), end_h=p + 2),)
-    _xfail_known(request, stack_name, endpoint)
     _check_slo(res)
 
 
