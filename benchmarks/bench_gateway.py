@@ -46,16 +46,18 @@ async def burst_of(n: int, targets: list[tuple[int, dict[str, str]]]):
         for i, (port, headers) in enumerate(targets[j % len(targets)] for j in range(n))])
 
 
-def run(concurrency: int, rounds: int, targets) -> dict[str, list[float]]:
-    first, total, lost = [], [], 0
+def run_interleaved(concurrency: int, rounds: int, direct_targets, gw_targets):
+    """Alternate direct and gateway rounds, so drift in the machine's load hits both alike."""
+    out = {name: {"first_ms": [], "total_ms": [], "lost": 0} for name in ("direct", "gateway")}
     for _ in range(rounds):
-        for status, t_first, t_total, body in asyncio.run(burst_of(concurrency, targets)):
-            if status != 200 or b"[DONE]" not in body or t_first is None:
-                lost += 1
-                continue
-            first.append(t_first * 1000)
-            total.append(t_total * 1000)
-    return {"first_ms": first, "total_ms": total, "lost": lost}
+        for name, targets in (("direct", direct_targets), ("gateway", gw_targets)):
+            for status, t_first, t_total, body in asyncio.run(burst_of(concurrency, targets)):
+                if status != 200 or b"[DONE]" not in body or t_first is None:
+                    out[name]["lost"] += 1
+                    continue
+                out[name]["first_ms"].append(t_first * 1000)
+                out[name]["total_ms"].append(t_total * 1000)
+    return out["direct"], out["gateway"]
 
 
 def main() -> int:
@@ -87,12 +89,9 @@ def main() -> int:
             gw_targets = [(ports["assist"], {"Authorization": f"Bearer {KEY}"})]
             rows = []
             for c in (1, a.concurrency):
-                rounds = a.rounds if c > 1 else 50  # 50 sequential streams for the unloaded figure
-                conc = c if c > 1 else 1
-                run(conc, 1, direct_targets), run(conc, 1, gw_targets)  # warm both paths
-                direct = run(conc, rounds, direct_targets)
-                via = run(conc, rounds, gw_targets)
-                rows.append((c, direct, via))
+                rounds = a.rounds if c > 1 else 60  # 60 sequential streams each way for the unloaded figure
+                run_interleaved(c, 1, direct_targets, gw_targets)  # warm both paths
+                rows.append((c, *run_interleaved(c, rounds, direct_targets, gw_targets)))
         finally:
             proc.stop()
             for u in ups:
