@@ -29,6 +29,7 @@ from .gateway_config import (
     DnsServers,
     RenderedGateway,
     endpoint_ports,
+    env_name,
     gated_endpoints,
     longest_request_s,
     needs_burst,
@@ -59,7 +60,9 @@ class GatewayArgs:
     image: str = HAPROXY_IMAGE
     cpu_request: str = "500m"
     memory_request: str = "512Mi"
-    memory_limit: str = "2Gi"  # bufsize (~200 KiB) x 2 buffers per active stream, plus headroom
+    # HAProxy holds up to 2 buffers of tune.bufsize (~208 KiB for prod) per active stream; the
+    # renderer's global maxconn (4000) x 2 x 208 KiB ~ 1.6 GiB fits under this limit
+    memory_limit: str = "2Gi"
 
 
 def tenant_secret_name(endpoint: str) -> str:
@@ -100,7 +103,6 @@ class Gateway(pulumi.ComponentResource):
                                          canary_servers=canary, lua_path=f"{CONFIG_DIR}/{LUA_FILE}")
 
         rendered = urls.apply(render)
-        # the secret env is decided by the spec alone: render once with stand-in URLs to list it
         self.ports = endpoint_ports(spec)
         secret_env = _secret_env(spec, floor, canary, burst_names)
 
@@ -215,8 +217,6 @@ def _secret_env(spec: TopologySpec, floor, canary, burst_names: list[str]) -> di
 
 
 def _endpoint_of(var: str, eps) -> str:
-    from .gateway_config import env_name
-
     for e in eps:
         for t in e.gateway.tenants:
             if var in (env_name(e.name, t.api_key_secret_key),

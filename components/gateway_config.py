@@ -1,9 +1,22 @@
 """Render the HAProxy gateway configuration from the TopologySpec. Pure: no pulumi import.
 
-One frontend per endpoint (its own port), each with a floor backend (session-sticky consistent
-hashing, `maxconn` = the spec's overflow threshold per replica), a burst backend (Modal, proxy-auth
-headers injected from environment variables that Kubernetes fills from a Secret) and, when the spec
-has a canary, a candidate backend chosen by a stable hash of the user or session.
+One frontend per endpoint (its own port), each with a floor backend (session-sticky bounded-load
+consistent hashing, `maxconn` = the spec's overflow threshold per replica), a burst backend (Modal,
+proxy-auth headers injected from environment variables that Kubernetes fills from a Secret) and,
+when the spec has a canary, a candidate backend chosen by a stable hash of the user or session.
+
+What each piece enforces:
+- overflow: a request goes to the floor while its in-flight count is below its capacity
+  (`floor_capacity`), else to burst; decided before any byte goes upstream;
+- bodies: 413 above max_request_body_bytes from Content-Length alone, before reading the body; the
+  (size-capped) body is then buffered and checked by Lua (`gateway_lua.py`): JSON object, max_tokens
+  within the endpoint cap (stamped when absent), no client-chosen cache_salt; the tenant's salt is
+  stamped into the body, which is where vLLM reads it;
+- streams: responses are never buffered (`http-no-delay`, `X-Accel-Buffering: no`); a Lua response
+  filter enforces the first-byte and inter-chunk gap limits and ends a stalled stream with an SSE
+  error event; there is no total request timeout on a stream;
+- retries: `retries` = max_retries, only on connection failure or a close before any response byte,
+  redispatched to another replica, and switched off once the Lua retry budget is spent.
 
 Secrets never appear in the rendered text: HAProxy expands "${VAR}" at start-up, and a `.if`
 guard refuses to start when one is empty (an empty API key would otherwise match "Bearer ").
@@ -65,7 +78,7 @@ class RenderedGateway:
     secret_env: dict[str, str] = field(default_factory=dict)
     """Environment variable -> key in the Secret that fills it (API keys, cache salts, Modal auth)."""
     ports: dict[str, int] = field(default_factory=dict)
-    """Endpoint -> listening port (cluster render) ."""
+    """Endpoint -> listening port in the cluster (tests bind elsewhere)."""
 
 
 def config_name(name: str) -> str:
@@ -133,7 +146,7 @@ def _parse_burst_url(endpoint: str, url: str) -> tuple[str, int, bool]:
 
 
 def _is_ip(host: str) -> bool:
-    return bool(re.fullmatch(r"[0-9.]+|\[?[0-9a-fA-F:]+\]?", host))
+    return bool(re.fullmatch(r"[0-9.]+|\[?[0-9a-fA-F]*:[0-9a-fA-F:]*\]?", host))
 
 
 def _server_lines(prefix: str, servers: Servers, options: str) -> list[str]:
@@ -172,7 +185,7 @@ def render_gateway_config(
     lua_path: str = f"/usr/local/etc/haproxy/{LUA_FILE}",
     health_check_interval_ms: int = 2000,
     log_target: str = "stdout format raw local0",
-    max_connections: int = 10000,
+    max_connections: int = 4000,
 ) -> RenderedGateway:
     """haproxy.cfg + gateway.lua for every gated endpoint of `spec`.
 
