@@ -279,6 +279,7 @@ class EndpointSim:
     def _init_state(self) -> None:
         t0 = self.start_s
         self.bad_revision = False
+        self.next_ready = math.inf  # earliest cold start to finish among starting replicas
         self._rb_next: float | None = None
         self.done: list[tuple[float, int]] = []
         # floor replicas: parallel lists indexed by replica id
@@ -360,6 +361,8 @@ class EndpointSim:
         self.f_bad.append(self.bad_revision)
         if ready:
             self.routable.append(rid)
+        else:
+            self.next_ready = min(self.next_ready, ready_at)
 
     def _launch_container(self, t: float, warm: bool = False) -> int:
         ready = t if warm else t + self.b_cold
@@ -406,15 +409,24 @@ class EndpointSim:
             self._tick_burst(now)
         self._tick_rollout(now)
 
+    def promote(self, now: float) -> None:
+        """Starting replicas whose cold start is over join the gateway's pool (checked at each arrival too)."""
+        nxt = math.inf
+        for i, s in enumerate(self.f_state):
+            if s == 1:
+                if self.f_ready_at[i] <= now:
+                    self.f_state[i] = 2
+                    self.routable.append(i)
+                else:
+                    nxt = min(nxt, self.f_ready_at[i])
+        self.next_ready = nxt
+
     def _tick_floor(self, now: float, dt: float, hour: int) -> None:
         st, c = self.f_state, self.feng.slots
         ready_n = 0
         waiting = 0
+        self.promote(now)
         for i, s in enumerate(st):
-            if s == 1 and self.f_ready_at[i] <= now:
-                st[i] = 2
-                self.routable.append(i)
-                s = 2
             if s == 3 and self.f_inflight[i] == 0:
                 st[i] = 0
                 s = 0
@@ -601,6 +613,8 @@ class EndpointSim:
                 next_tick += tick_s
                 routable = self.routable
                 fbad = self.f_bad
+            if t >= self.next_ready:
+                self.promote(t)
             while done and done[0][0] <= t:
                 rid = heappop(done)[1]
                 if rid >= 0:
