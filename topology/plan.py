@@ -492,6 +492,23 @@ def choose_floors(
     return FloorChoice(best_r, running, floor.astype(int), best)
 
 
+PEAKS_PER_HOUR = 4  # within-hour peaks recur about every 15 minutes (bursty arrivals; the simulator checks it)
+
+
+def serverless_alive_container_hours(
+    rps: np.ndarray, containers_mean: np.ndarray, containers_peak: np.ndarray, scaledown_window_s: float
+) -> np.ndarray:
+    """Container-hours a serverless tier bills in each hour: containers live on for the scaledown window.
+
+    A container bills whole while it is up, not the fraction of it the mean load uses: the first one is
+    alive whenever a request came within the window (Poisson: 1 − e^(−λ·W)), and the containers a
+    within-hour peak starts stay up for W after it — for the whole hour when peaks recur within W."""
+    first = 1.0 - np.exp(-rps * scaledown_window_s)
+    base = np.maximum(containers_mean, first)
+    held = min(1.0, scaledown_window_s * PEAKS_PER_HOUR / 3600.0)
+    return base + np.maximum(containers_peak - base, 0.0) * held
+
+
 def _evaluate_floor(
     tier: Tier, ep: EndpointInputs, demand: Demand, pl: Placement, sls: Placement, pr: Prices,
     floor: np.ndarray, reserved_nodes: int, lead_s: float, ng: NodeGroups | None = None,
@@ -518,8 +535,9 @@ def _evaluate_floor(
         warm_min = np.where(burst_active, 1, 0)
     if tier == "serverless_only" and not ep.scale_to_zero_allowed:
         warm_min = np.maximum(warm_min, 1)
-    sls_hours = np.maximum(containers_mean, warm_min)
-    overhead = containers_peak * (cold + ep.serverless.scaledown_window_s) / 3600.0
+    sls_hours = np.maximum(serverless_alive_container_hours(over_mean, containers_mean, containers_peak,
+                                                            ep.serverless.scaledown_window_s), warm_min)
+    overhead = containers_peak * cold / 3600.0  # each start bills its cold start
     serverless_usd = float((sls_hours.sum() + overhead.sum()) * pr.serverless_container_hour)
     max_containers = int(containers_peak.max()) if containers_peak.size else 0
     scheduled_nodes = int(max(0, nodes.max(initial=0) - reserved_nodes))
