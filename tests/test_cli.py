@@ -83,3 +83,11 @@ def test_readme_quickstart_is_two_commands_that_exist():
     commands = [line.split("#")[0].strip() for line in block.strip().splitlines()]
     assert commands == ["python3 dev.py demo", "python3 dev.py test"]
     assert "python3 dev.py test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_plan_with_simulate_shows_simulated_attainment_and_cost_next_to_the_plan():
+    out = run("plan", str(ROOT / "stacks" / "Pulumi.dev.yaml"), "--simulate")
+    section = out.split("simulated week vs this plan:", 1)[1]
+    for name in ("assist", "autocomplete", "guard"):
+        assert name in section
+    assert "sim goodput" in section and "plan $/month" in section and "(±15%)" in section

@@ -18,13 +18,18 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from .loading import load_inputs
     from .plan import plan
 
-    spec = plan(load_inputs(args.file))
+    inputs = load_inputs(args.file)
+    spec = plan(inputs)
     if args.json:
         print(spec.to_json())
-    elif args.markdown:
-        print(report.markdown(spec))
-    else:
-        print(report.terminal(spec))
+        return 0
+    print(report.markdown(spec) if args.markdown else report.terminal(spec))
+    if args.simulate:
+        from .simulate import format_plan_check, plan_check
+
+        rows = plan_check(inputs, spec, seed=args.seed, progress=not args.markdown and sys.stderr.isatty())
+        print("\n" + ("#### Simulated week vs this plan" if args.markdown else "simulated week vs this plan:"))
+        print(format_plan_check(rows, markdown=args.markdown))
     return 0
 
 
@@ -58,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = pp.add_mutually_exclusive_group()
     g.add_argument("--json", action="store_true", help="print the TopologySpec as JSON")
     g.add_argument("--markdown", action="store_true", help="print a PR-comment version of the report")
+    pp.add_argument("--simulate", action="store_true",
+                    help="also replay a synthetic week through the plan and show simulated SLO attainment and cost "
+                    "next to the plan's (warns beyond the stated tolerance; about a minute for the prod stack)")
+    pp.add_argument("--seed", type=int, default=0, help="seed of the simulated week (with --simulate)")
     pp.set_defaults(func=_cmd_plan)
 
     pd = sub.add_parser("diff", help="what changed between two inputs files or saved specs")
