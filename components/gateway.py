@@ -56,9 +56,11 @@ class GatewayArgs:
     # endpoint -> Secret holding its tenants' API keys and cache salts (keys named by TenantSpec)
     tenant_secret_names: Mapping[str, str] = field(default_factory=dict)
     modal_auth_secret_name: str = "modal-proxy-auth"  # keys: modal-key, modal-secret
+    # Each pod enforces 1/replicas of the per-replica overflow threshold (it sees only its own
+    # in-flight requests); change replicas, not a per-pod figure, to scale the gateway.
     replicas: int = 2
     image: str = HAPROXY_IMAGE
-    cpu_request: str = "500m"
+    cpu_request: str = "1"  # HAProxy runs one thread (see gateway_config)
     memory_request: str = "512Mi"
     # HAProxy holds up to 2 buffers of tune.bufsize (~208 KiB for prod) per active stream; the
     # renderer's global maxconn (4000) x 2 x 208 KiB ~ 1.6 GiB fits under this limit
@@ -100,7 +102,8 @@ class Gateway(pulumi.ComponentResource):
             if empty:
                 raise ValueError(f"Gateway: burst URL empty for {empty}; deploy the Modal app first")
             return render_gateway_config(spec, burst_urls=dict(zip(burst_names, values)), floor_servers=floor,
-                                         canary_servers=canary, lua_path=f"{CONFIG_DIR}/{LUA_FILE}")
+                                         canary_servers=canary, lua_path=f"{CONFIG_DIR}/{LUA_FILE}",
+                                         gateway_replicas=args.replicas)
 
         rendered = urls.apply(render)
         self.ports = endpoint_ports(spec)
@@ -213,7 +216,8 @@ def _slots(e) -> int:
 def _secret_env(spec: TopologySpec, floor, canary, burst_names: list[str]) -> dict[str, str]:
     # Secret references depend on the spec only, not on the URLs: render with stand-ins to list them.
     stand_in = {n: "https://burst.invalid" for n in burst_names}
-    return render_gateway_config(spec, burst_urls=stand_in, floor_servers=floor, canary_servers=canary).secret_env
+    return render_gateway_config(spec, burst_urls=stand_in, floor_servers=floor, canary_servers=canary,
+                                 gateway_replicas=2).secret_env
 
 
 def _endpoint_of(var: str, eps) -> str:

@@ -1,13 +1,14 @@
 """Render the HAProxy gateway configuration from the TopologySpec. Pure: no pulumi import.
 
-One frontend per endpoint (its own port), each with a floor backend (session-sticky bounded-load
-consistent hashing, `maxconn` = the spec's overflow threshold per replica), a burst backend (Modal,
+One frontend per endpoint (its own port), each with a floor backend (session-sticky rendezvous
+hashing in Lua, `maxconn` = the spec's overflow threshold per replica), a burst backend (Modal,
 proxy-auth headers injected from environment variables that Kubernetes fills from a Secret) and,
 when the spec has a canary, a candidate backend chosen by a stable hash of the user or session.
 
 What each piece enforces:
-- overflow: a request goes to the floor while its in-flight count is below its capacity
-  (`floor_capacity`), else to burst; decided before any byte goes upstream;
+- overflow: the session key picks its replica (rendezvous hashing); if that one is at the
+  threshold the next in the key's order, and when every replica is at the threshold the request
+  goes to burst; decided before any byte goes upstream, so nothing waits in HAProxy's queue;
 - bodies: 413 above max_request_body_bytes from Content-Length alone, before reading the body; the
   (size-capped) body is then buffered and checked by Lua (`gateway_lua.py`): JSON object, max_tokens
   within the endpoint cap (stamped when absent), no client-chosen cache_salt; the tenant's salt is
@@ -43,12 +44,6 @@ MODAL_KEY_ENV = "GW_MODAL_KEY"
 MODAL_SECRET_ENV = "GW_MODAL_SECRET"
 USER_HASH_HEADER = "X-User-Id"  # SPEC: CanarySpec.hash_key == "user" names no header; this is it.
 BODY_WAIT_S = 10  # longest a client may take to upload a (size-capped) body
-# Bounded-load consistent hashing (HAProxy hash-balance-factor, percent): a session stays on its
-# replica until that replica carries 1.25x the average. The floor therefore overflows once the
-# *average* reaches threshold/1.25, which guarantees the hashed replica is below the threshold and
-# a request never waits in HAProxy's queue while burst has room.
-# SPEC: a `sticky_balance_factor` on GatewaySpec would make this planning figure explicit.
-HASH_BALANCE_FACTOR = 125
 STREAM_BACKSTOP_MS = 1000  # native idle timeout = first-byte limit + this, so the Lua filter acts first
 HEADER_ROOM_BYTES = 16384  # headers + the stamped prefix on top of the largest allowed body
 
@@ -98,9 +93,15 @@ def endpoint_ports(spec: TopologySpec) -> dict[str, int]:
     return {e.name: GATEWAY_BASE_PORT + i for i, e in enumerate(gated_endpoints(spec))}
 
 
-def floor_capacity(overflow_inflight_per_replica: int, replicas: int) -> int:
-    """Requests the floor takes before overflowing (see HASH_BALANCE_FACTOR)."""
-    return replicas * overflow_inflight_per_replica * 100 // HASH_BALANCE_FACTOR
+def per_pod_threshold(overflow_inflight_per_replica: int, gateway_replicas: int) -> int:
+    """In-flight per floor replica one gateway pod allows: its share of the spec's threshold
+    (rounded down, so all pods together never exceed it; at least 1)."""
+    return max(1, overflow_inflight_per_replica // gateway_replicas)
+
+
+def floor_capacity(overflow_inflight_per_replica: int, replicas: int, gateway_replicas: int = 1) -> int:
+    """Requests one gateway pod sends to the floor before overflowing to burst."""
+    return replicas * per_pod_threshold(overflow_inflight_per_replica, gateway_replicas)
 
 
 def request_limit_s(e: EndpointSpec) -> int:
@@ -162,6 +163,10 @@ def _server_lines(prefix: str, servers: Servers, options: str) -> list[str]:
     ]
 
 
+def _slot_count(servers: Servers) -> int:
+    return len(servers.addresses) if isinstance(servers, StaticServers) else servers.slots
+
+
 def _canary_seed(revision: str) -> int:
     # a new revision reshuffles who is in the canary; the same revision never does
     return int.from_bytes(hashlib.sha256(revision.encode()).digest()[:4], "big")
@@ -186,6 +191,7 @@ def render_gateway_config(
     health_check_interval_ms: int = 2000,
     log_target: str = "stdout format raw local0",
     max_connections: int = 4000,
+    gateway_replicas: int = 1,
 ) -> RenderedGateway:
     """haproxy.cfg + gateway.lua for every gated endpoint of `spec`.
 
@@ -193,7 +199,11 @@ def render_gateway_config(
     floor_servers: endpoint -> floor replicas (dedicated_only and floor_plus_burst endpoints).
     canary_servers: endpoint -> candidate replicas, required when the endpoint's spec has a canary.
     binds: endpoint -> "addr:port" (default "*:<8080+i>"); stats_bind likewise (default "*:8404").
+    gateway_replicas: HAProxy pods sharing the floor. Each pod sees only its own in-flight
+    requests, so each enforces its share of the per-replica threshold (`per_pod_threshold`).
     """
+    if gateway_replicas < 1:
+        raise ValueError(f"gateway_replicas must be >= 1, got {gateway_replicas}")
     canary_servers = canary_servers or {}
     ports = endpoint_ports(spec)
     binds = dict(binds or {e: f"*:{p}" for e, p in ports.items()})
@@ -209,7 +219,7 @@ def render_gateway_config(
         if e.name not in binds:
             raise ValueError(f"no bind address for endpoint {e.name!r}; given: {sorted(binds)}")
         sections.append(_endpoint_sections(e, burst_urls, floor_servers, canary_servers, binds[e.name],
-                                           health_check_interval_ms, secret_env))
+                                           health_check_interval_ms, secret_env, gateway_replicas))
 
     head = [
         "# Rendered by components/gateway_config.py from the TopologySpec "
@@ -221,6 +231,10 @@ def render_gateway_config(
         # one Lua state per thread: HAProxy 2.6 with a single shared state let concurrent Lua
         # filters on two threads corrupt each other (seen under load: hung streams)
         f"    lua-load-per-thread {lua_path}",
+        # One thread: the floor choice (Lua) and the server assignment then happen without another
+        # stream in between, so two requests can never both take a replica's last slot. One
+        # HAProxy thread carries thousands of LLM streams; more capacity = more gateway pods.
+        "    nbthread 1",
         # on a rollout the old process stops accepting and lets streams finish, at most this long
         f"    hard-stop-after {longest_request_s(spec)}s",
         # bodies are validated and stamped in one buffer: it must hold the largest allowed body
@@ -274,8 +288,10 @@ def _endpoint_sections(
     bind: str,
     health_check_interval_ms: int,
     secret_env: dict[str, str],
+    gateway_replicas: int,
 ) -> str:
     g = e.gateway
+    threshold = per_pod_threshold(g.overflow_inflight_per_replica, gateway_replicas)
     n = config_name(e.name)
     fe, be_floor, be_burst, be_canary = f"fe_{n}", f"be_{n}_floor", f"be_{n}_burst", f"be_{n}_canary"
     has_floor, has_burst = needs_floor(e), needs_burst(e)
@@ -352,13 +368,12 @@ def _endpoint_sections(
                   f"-m int lt {basis_points}")
         route.append(f"    use_backend {be_canary} if canary_key canary_side")
         backends_for_budget.append(be_canary)
+    if has_floor:
+        slots = _slot_count(floor_servers[e.name])
+        fl.append(f"    http-request set-var(txn.floor_server) lua.llm_pick_floor({be_floor},floor,{slots},"
+                  f"{threshold},{g.sticky_hash_header})")
     if has_floor and has_burst:
-        # in-flight on the floor (queued included) vs the floor's capacity for replicas that are up
-        fl.append(f"    http-request set-var(txn.floor_conn) be_conn({be_floor})")
-        fl.append(f"    http-request set-var(txn.floor_room) nbsrv({be_floor}),"
-                  f"mul({g.overflow_inflight_per_replica * 100}),div({HASH_BALANCE_FACTOR}),sub(txn.floor_conn)")
-        route.append("    acl floor_has_room var(txn.floor_room) -m int gt 0")
-        route.append(f"    use_backend {be_floor} if floor_has_room")
+        route.append(f"    use_backend {be_floor} if {{ var(txn.floor_server) -m beg floor }}")
         route.append(f"    default_backend {be_burst}")
     elif has_floor:
         route.append(f"    default_backend {be_floor}")
@@ -394,21 +409,23 @@ def _endpoint_sections(
 
     bl: list[str] = []
     floor_opts = (f"check inter {health_check_interval_ms} fall 2 rise 2 "
-                  f"maxconn {g.overflow_inflight_per_replica} maxqueue {g.overflow_inflight_per_replica}")
+                  f"maxconn {threshold} maxqueue {threshold}")
     if has_floor:
+        slots = _slot_count(floor_servers[e.name])
         bl += [f"backend {be_floor}",
-               f"    balance hdr({g.sticky_hash_header})",
-               "    hash-type consistent",
-               f"    hash-balance-factor {HASH_BALANCE_FACTOR}",
+               # the replica chosen in the frontend; leastconn only when none had room (dedicated_only)
+               "    balance leastconn",
+               *[f"    use-server floor{i} if {{ var(txn.floor_server) -m str floor{i} }}"
+                 for i in range(1, slots + 1)],
                "    option httpchk GET /health",
                "    http-check expect status 200",
                *common("floor"),
                *_server_lines("floor", floor_servers[e.name], floor_opts), ""]
     if g.canary is not None:
         bl += [f"backend {be_canary}",
+               # canary users never spill to another side, so plain consistent hashing suffices
                f"    balance hdr({g.sticky_hash_header})",
                "    hash-type consistent",
-               f"    hash-balance-factor {HASH_BALANCE_FACTOR}",
                "    option httpchk GET /health",
                "    http-check expect status 200",
                *common("canary"),

@@ -163,6 +163,64 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
   txn:set_var("txn.gate_len", #body + #prefix)
 end, 2)
 
+-- Floor replica choice: rendezvous (highest-random-weight) hashing of the session key over the
+-- floor's server slots, taking the first replica in the key's order whose in-flight (served +
+-- queued) is below the threshold. A session therefore stays on its replica (warm prefix cache)
+-- until that replica is full; only then does it move, and when every replica is full the fetch
+-- returns "" and the frontend routes to burst. Without a key: the least-loaded replica.
+-- lua.llm_pick_floor(<backend>,<server prefix>,<slots>,<threshold>,<key header>)
+local function mix32(h)
+  h = h ~ (h >> 16); h = (h * 0x85ebca6b) & 0xffffffff
+  h = h ~ (h >> 13); h = (h * 0xc2b2ae35) & 0xffffffff
+  return h ~ (h >> 16)
+end
+local function hrw_score(key, i)
+  local h = 0x811c9dc5 ~ i
+  for k = 1, #key do h = ((h ~ key:byte(k)) * 0x01000193) & 0xffffffff end
+  return mix32(h)
+end
+local floor_servers = {}  -- backend -> { [i] = Server } (this thread's Lua state)
+local function floor_server(backend, name)
+  local per = floor_servers[backend]
+  if not per then per = {} floor_servers[backend] = per end
+  local srv = per[name]
+  if srv == nil then
+    local px = core.backends[backend]
+    srv = (px and px.servers[name]) or false
+    per[name] = srv
+  end
+  return srv
+end
+local function inflight(srv)
+  local st = srv:get_stats()  -- 2.6: srv_conn() cannot be called from Lua; the stats can
+  return (tonumber(st.scur) or 0) + (tonumber(st.qcur) or 0)
+end
+core.register_fetches("llm_pick_floor", function(txn, backend, prefix, slots_arg, threshold_arg, header)
+  local slots, threshold = tonumber(slots_arg), tonumber(threshold_arg)
+  local key = txn.f:req_fhdr(header)
+  local order = {}
+  for i = 1, slots do
+    local name = prefix .. i
+    if txn.f:srv_is_up(backend .. "/" .. name) then
+      local srv = floor_server(backend, name)
+      if srv then order[#order + 1] = { name = name, srv = srv, score = (key and key ~= "") and hrw_score(key, i) or 0 } end
+    end
+  end
+  if key and key ~= "" then
+    table.sort(order, function(a, b) return a.score > b.score end)
+    for _, c in ipairs(order) do
+      if inflight(c.srv) < threshold then return c.name end
+    end
+    return ""  -- a nil return would still set the variable; "" means "no replica has room"
+  end
+  local best, best_load = nil, threshold
+  for _, c in ipairs(order) do
+    local load = inflight(c.srv)
+    if load < best_load then best, best_load = c.name, load end
+  end
+  return best or ""
+end)
+
 -- Request filter: inserts txn.gate_prefix right after the body's opening brace.
 local BodyStamp = { id = "llm-body-stamp", flags = filter.FLT_CFG_FL_HTX }
 BodyStamp.__index = BodyStamp

@@ -53,7 +53,8 @@ def test_configmap_is_the_rendered_config(prod):
     floor = {e.name: DnsServers(floor_dns(spec)[e.name], e.engine.port, e.autoscaling.max_replicas)
              for e in spec.endpoints if e.tier in ("dedicated_only", "floor_plus_burst")}
     expected = render_gateway_config(spec, burst_urls={k: URLS[k] for k in ("assist", "autocomplete")},
-                                     floor_servers=floor, lua_path=f"/usr/local/etc/haproxy/{LUA_FILE}")
+                                     floor_servers=floor, lua_path=f"/usr/local/etc/haproxy/{LUA_FILE}",
+                                     gateway_replicas=2)
     assert cm["data"] == expected.files
 
 
