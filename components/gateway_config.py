@@ -1,7 +1,8 @@
 """Render the HAProxy gateway configuration from the TopologySpec. Pure: no pulumi import.
 
 One frontend per endpoint (its own port), each with a floor backend (session-sticky rendezvous
-hashing in Lua, `maxconn` = the spec's overflow threshold per replica), a burst backend (Modal,
+hashing in Lua, `maxconn` = this pod's share of the spec's overflow threshold per replica), a
+burst backend (Modal,
 proxy-auth headers injected from environment variables that Kubernetes fills from a Secret) and,
 when the spec has a canary, a candidate backend chosen by a stable hash of the user or session.
 
