@@ -2,9 +2,9 @@
 
 One frontend per endpoint (its own port), each with a floor backend (session-sticky rendezvous
 hashing in Lua, `maxconn` = this pod's share of the spec's overflow threshold per replica), a
-burst backend (Modal,
-proxy-auth headers injected from environment variables that Kubernetes fills from a Secret) and,
-when the spec has a canary, a candidate backend chosen by a stable hash of the user or session.
+burst backend (Modal, proxy-auth headers injected from environment variables that Kubernetes fills
+from a Secret) and, when the spec has a canary, a candidate backend chosen by a stable hash of the
+user or session.
 
 What each piece enforces:
 - overflow: the session key picks its replica (rendezvous hashing); if that one is at the
