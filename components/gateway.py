@@ -98,10 +98,14 @@ class Gateway(pulumi.ComponentResource):
         urls = pulumi.Output.all(*[args.burst_urls[n] for n in burst_names])
 
         def render(values: list[str]) -> RenderedGateway:
-            empty = [n for n, v in zip(burst_names, values) if not v]
-            if empty:
-                raise ValueError(f"Gateway: burst URL empty for {empty}; deploy the Modal app first")
-            return render_gateway_config(spec, burst_urls=dict(zip(burst_names, values)), floor_servers=floor,
+            # ModalBurst's url is "" until a deploy printed its record: say so, and render a burst
+            # backend without a server (JSON 503) rather than guess an address
+            missing = [n for n, v in zip(burst_names, values) if not v]
+            if missing:
+                pulumi.log.warn(f"Gateway: no Modal URL for {missing}; their burst traffic gets 503 until deployed",
+                                resource=self)
+            urls = {n: (v or None) for n, v in zip(burst_names, values)}
+            return render_gateway_config(spec, burst_urls=urls, floor_servers=floor,
                                          canary_servers=canary, lua_path=f"{CONFIG_DIR}/{LUA_FILE}",
                                          gateway_replicas=args.replicas)
 

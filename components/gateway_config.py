@@ -183,7 +183,7 @@ def _secret_guards(secret_env: Mapping[str, str]) -> list[str]:
 def render_gateway_config(
     spec: TopologySpec,
     *,
-    burst_urls: Mapping[str, str],
+    burst_urls: Mapping[str, str | None],
     floor_servers: Mapping[str, Servers],
     canary_servers: Mapping[str, Servers] | None = None,
     binds: Mapping[str, str] | None = None,
@@ -196,7 +196,9 @@ def render_gateway_config(
 ) -> RenderedGateway:
     """haproxy.cfg + gateway.lua for every gated endpoint of `spec`.
 
-    burst_urls: endpoint -> Modal web URL (floor_plus_burst and serverless_only endpoints).
+    burst_urls: endpoint -> Modal web URL (floor_plus_burst and serverless_only endpoints); None
+    when the app has no URL yet (not deployed): its backend then has no server and answers a
+    JSON 503, so overflow fails loudly instead of pointing anywhere made up.
     floor_servers: endpoint -> floor replicas (dedicated_only and floor_plus_burst endpoints).
     canary_servers: endpoint -> candidate replicas, required when the endpoint's spec has a canary.
     binds: endpoint -> "addr:port" (default "*:<8080+i>"); stats_bind likewise (default "*:8404").
@@ -283,7 +285,7 @@ def render_gateway_config(
 
 def _endpoint_sections(
     e: EndpointSpec,
-    burst_urls: Mapping[str, str],
+    burst_urls: Mapping[str, str | None],
     floor_servers: Mapping[str, Servers],
     canary_servers: Mapping[str, Servers],
     bind: str,
@@ -431,7 +433,11 @@ def _endpoint_sections(
                "    http-check expect status 200",
                *common("canary"),
                *_server_lines("canary", canary_servers[e.name], floor_opts), ""]
-    if has_burst:
+    if has_burst and burst_urls[e.name] is None:
+        bl += [f"backend {be_burst}",
+               f"    # no Modal URL for {e.name} yet (app not deployed): requests here get a JSON 503",
+               *common("burst"), ""]
+    elif has_burst:
         host, port, tls = _parse_burst_url(e.name, burst_urls[e.name])
         opts = ""  # no health check: probing Modal would keep (or wake) a container for nothing
         if tls:

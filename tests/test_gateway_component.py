@@ -113,3 +113,18 @@ def test_haproxy_accepts_the_cluster_config(prod, tmp_path):
     out = subprocess.run([binary, "-c", "-f", str(tmp_path / "haproxy.cfg")], env={**os.environ, **env},
                          capture_output=True, text=True, timeout=30)
     assert out.returncode != 0 and "acme-api-key" in out.stderr
+
+
+def test_undeployed_burst_renders_a_serverless_backend_not_an_invented_url(planned_stacks):
+    spec = planned_stacks["prod"][1]
+
+    def program():
+        Gateway("gateway", GatewayArgs(spec=spec, namespace="serving", floor_services=floor_dns(spec),
+                                       burst_urls={"assist": pulumi.Output.from_input(""),
+                                                   "autocomplete": pulumi.Output.from_input(URLS["autocomplete"])}))
+
+    rec = run_function(program, stack="prod")
+    (cm,) = [o for o in rec.kubernetes_objects() if o["kind"] == "ConfigMap"]
+    cfg = cm["data"]["haproxy.cfg"]
+    assert "no Modal URL for assist yet" in cfg
+    assert "server burst acme-prod--ac.modal.run:443" in cfg

@@ -39,3 +39,21 @@ def test_serverless_only_goes_to_burst_and_managed_api_is_not_gated(dev_gateway)
     (rec,) = [r for r in burst.log.completions() if r.request_id == rid]
     assert rec.headers["modal-key"] == env["GW_MODAL_KEY"]
     assert rec.body["cache_salt"] == env["GW_ASSIST_ACME_CACHE_SALT"]
+
+
+def test_burst_without_url_answers_json_503(planned_stacks, tmp_path):
+    require_haproxy()
+    spec = planned_stacks["dev"][1]
+    gated = [e.name for e in spec.endpoints if e.tier != "managed_api"]
+    ports = {name: free_port() for name in gated}
+    rendered = render_gateway_config(
+        spec, burst_urls={name: None for name in gated}, floor_servers={},
+        binds={k: f"127.0.0.1:{p}" for k, p in ports.items()}, stats_bind=f"127.0.0.1:{free_port()}",
+        lua_path=lua_path(tmp_path), max_connections=500)
+    env = {var: f"dev-{key}" for var, key in rendered.secret_env.items()}
+    proc = HaproxyProcess(rendered, tmp_path, env, list(ports.values()))
+    try:
+        status, _, content, _ = post(ports["assist"], body(), key=env["GW_ASSIST_ACME_API_KEY"])
+    finally:
+        proc.stop()
+    assert status == 503 and b'"code":503' in content
