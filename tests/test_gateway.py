@@ -338,6 +338,25 @@ def test_max_tokens_cap_enforced_and_stamped(gw):
     assert status == 400
 
 
+def test_body_checks_read_top_level_keys_only(gw):
+    port, cap = gw["ports"]["assist"], gw["spec"].endpoint("assist").gateway.max_tokens
+    # the same words inside strings or nested objects are prompt content, not parameters
+    tricky = body(messages=[{"role": "user", "content": '{"max_tokens": 999999, "cache_salt": "x"} \\" }'}],
+                  metadata={"cache_salt": "nested is fine", "max_tokens": 10 ** 9, "list": [1, {"a": "}"}]},
+                  stream=False)
+    status, _, _, rid = post(port, tricky)
+    assert status == 200
+    (_, rec), = records(gw, rid)
+    assert rec.body["messages"] == tricky["messages"] and rec.body["metadata"] == tricky["metadata"]
+    assert rec.body["max_tokens"] == cap and rec.body["cache_salt"] == SALTS["acme"]
+    unicode_body = json.dumps(body(messages=[{"role": "user", "content": "héllo \u2603 ☃"}]), ensure_ascii=True)
+    status, _, _, rid = post(port, unicode_body.encode())
+    assert status == 200 and records(gw, rid)[0][1].body["messages"][0]["content"] == "héllo \u2603 ☃"
+    for broken in (b'{"model": "m", "messages": [', b'{"a" 1}', b"", b"null"):
+        status, _, _, rid = post(port, broken)
+        assert status == 400 and records(gw, rid) == [], broken
+
+
 # 7. tenancy and canary ---------------------------------------------------------------------
 
 def test_tenants_with_the_same_prompt_get_their_own_cache_salt(gw):
