@@ -13,9 +13,11 @@ import pulumi
 
 from components.cluster import Cluster, ClusterArgs
 from components.floor_replicas import FloorReplicas, FloorReplicasArgs, canary_weights_prefix
+from components.gateway import Gateway, GatewayArgs
 from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
 from components.gpu_operator import GpuOperator, GpuOperatorArgs
 from components.keda import Keda
+from components.modal_burst import ModalBurst, ModalBurstArgs
 from components.stack_settings import stack_settings
 from components.weight_cache import WeightCache, WeightCacheArgs, WeightReader
 from components.weight_replication import WeightReplication, WeightReplicationArgs
@@ -116,13 +118,28 @@ if floor_endpoints:
             ),
         )
 
-# ── gateway and Modal burst: WIRED IN HERE by their owners (components/gateway.py, components/modal_burst.py)
-# Inputs they need from above: `spec` (EndpointSpec.gateway / .burst), `settings.namespace`, `k8s_opts`
-# (the cluster's Kubernetes provider), and per floor endpoint `floors[name].pods_dns` (headless Service of
-# the ready, warmed-up replicas), `floors[name].canary_pods_dns` (the canary track, when the spec has one)
-# or `floors[name].service_dns` (ClusterIP). Burst apps read their weights
-# from `weight_caches[e.burst.weights_region]`. Add their exports next to `endpoints` below.
-# ── end of the gateway / Modal burst section ──────────────────────────────────────────────────
+# ── burst capacity on Modal, and the gateway that overflows to it ─────────────────────────────
+# Each endpoint with burst capacity gets its Modal app (deployed by a local command; token from secret
+# config or the environment). The gateway sends each endpoint's traffic to its floor replicas while they
+# have room and overflows to the burst URL; managed_api endpoints are called at the provider directly.
+bursts = {
+    e.name: ModalBurst(f"{e.name}-burst", ModalBurstArgs(endpoint=e, environment=spec.environment))
+    for e in spec.endpoints
+    if e.burst is not None
+}
+gateway = None
+if any(e.tier != "managed_api" for e in spec.endpoints):
+    gateway = Gateway(
+        "gateway",
+        GatewayArgs(
+            spec=spec,
+            namespace=settings.namespace,
+            floor_services={n: f.pods_dns for n, f in floors.items()},
+            canary_services={n: f.canary_pods_dns for n, f in floors.items() if f.canary_pods_dns},
+            burst_urls={n: b.url for n, b in bursts.items()},
+        ),
+        opts=k8s_opts,
+    )
 
 # ── exports ────────────────────────────────────────────────────────────────────────────────────
 pulumi.export("spec", json.loads(spec.to_json()))
@@ -149,4 +166,7 @@ pulumi.export("endpoints", {
              "canaryPods": floors[e.name].canary_pods_dns if e.name in floors else None}
     for e in spec.endpoints
 })
+pulumi.export("burstUrls", {name: b.url for name, b in bursts.items()})
+if gateway is not None:
+    pulumi.export("gateway", {"service": gateway.service_name, "ports": gateway.ports})
 pulumi.export("clusterName", cluster.name)

@@ -36,9 +36,14 @@ def floor_endpoints(spec):
     return [e for e in spec.endpoints if e.node_pools]
 
 
+def vllm_deployments(rec) -> list[dict]:
+    """Deployments that run the engine (the gateway's HAProxy Deployment is not one of them)."""
+    return [d for d in objects(rec, "Deployment") if d["metadata"]["labels"].get("app.kubernetes.io/name") == "vllm"]
+
+
 def floor_deployments(rec, spec) -> list[dict]:
     """The vLLM Deployments — exactly one per endpoint with dedicated pools (none in dev)."""
-    deployments = objects(rec, "Deployment")
+    deployments = vllm_deployments(rec)
     assert sorted(d["metadata"]["name"] for d in deployments) == sorted(f"{e.name}-vllm" for e in floor_endpoints(spec))
     return deployments
 
@@ -115,7 +120,7 @@ def test_autoscaling_is_queue_based_with_capped_steps(stack):
     name, _inputs, spec = stack
     rec = recording(name)
     scaled = by_name(objects(rec, "ScaledObject"))
-    deployments = by_name(objects(rec, "Deployment"))
+    deployments = by_name(vllm_deployments(rec))
     assert sorted(scaled) == sorted(f"{e.name}-vllm" for e in floor_endpoints(spec))
     for e in floor_endpoints(spec):
         so = scaled[f"{e.name}-vllm"]["spec"]
@@ -239,7 +244,9 @@ def test_dev_declares_no_floor_replicas_but_its_weight_caches():
     spec = plan(load_inputs(ROOT / "stacks" / "Pulumi.dev.yaml"))
     rec = recording("dev")
     assert not gpu_node_groups(rec)
-    assert not objects(rec, "Deployment") and not objects(rec, "ScaledObject")
+    assert not vllm_deployments(rec) and not objects(rec, "ScaledObject")
+    # the gateway still fronts the serverless endpoints (everything to burst)
+    assert [d["metadata"]["name"] for d in objects(rec, "Deployment")] == ["gateway-haproxy"]
     assert not rec.of_type("kubernetes:helm.sh/v3:Release")
     assert sorted(r.inputs["bucket"] for r in rec.of_type("aws:s3/bucket:Bucket")) == sorted(
         c.bucket_name for c in spec.weight_caches
