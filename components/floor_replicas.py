@@ -106,7 +106,11 @@ def canary_weights_prefix(ep: EndpointSpec, cache: WeightCacheSpec) -> str | Non
     return matches[0]
 
 
+PRESTOP_SLEEP_S = 10  # long enough for the headless Service (and the gateway resolving it) to drop the pod
+
+
 @dataclass(frozen=True)
+
 class FloorReplicasArgs:
     endpoint: EndpointSpec
     """The endpoint; it must have node pools and autoscaling settings."""
@@ -120,9 +124,6 @@ class FloorReplicasArgs:
     """Prometheus the KEDA queue trigger queries."""
     monitor_labels: dict[str, str] = field(default_factory=dict)
     """Labels the Prometheus operator selects PodMonitors by."""
-    # SPEC: a `startup_probe_budget_s` in the spec would replace this margin over the measured cold start
-    startup_budget_factor: float = 2.0
-    """Startup probe budget as a multiple of the measured pod cold start (a slow start is not killed into a loop)."""
     canary_weights_uri: str | None = None
     """s3:// URI of the canary revision; required when the spec has a canary (see canary_weights_prefix())."""
     # SPEC: `CanarySpec.replicas` — the canary runs a fixed count, outside the autoscaler
@@ -294,7 +295,7 @@ class FloorReplicas(pulumi.ComponentResource):
             {"name": "weights", "hostPath": {"path": f"{NVME_MOUNT}/llm-weights", "type": "DirectoryOrCreate"}}
             if on_nvme else {"name": "weights", "emptyDir": {}}
         )
-        budget_s = args.startup_budget_factor * ep.pod_cold_start_s
+        budget_s = ep.startup_budget_s
         env = [{"name": k, "value": v} for k, v in sorted(HUB_OFFLINE_ENV.items())]
         warmup_env = [
             {"name": "WARMUP_PORT", "value": str(eng.port)},
@@ -347,6 +348,8 @@ class FloorReplicas(pulumi.ComponentResource):
                 {"name": "scripts", "mountPath": WARMUP_MOUNT, "readOnly": True},
                 {"name": "dshm", "mountPath": "/dev/shm"},  # NCCL between tensor-parallel ranks
             ],
+            # on scale-down or rollout: leave the gateway's pool first, then let in-flight streams finish
+            "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_S}}},
         }
         return {
             "replicas": replicas,
@@ -358,6 +361,8 @@ class FloorReplicas(pulumi.ComponentResource):
                 "spec": {
                     "serviceAccountName": app,
                     "automountServiceAccountToken": False,
+                    # the default 30 s would cut long streams on every scale-down (spec: longest request + 15 s)
+                    "terminationGracePeriodSeconds": ep.drain_grace_s,
                     "nodeSelector": node_selector,
                     "tolerations": [{"key": p, "operator": "Exists", "effect": GPU_TAINT_EFFECT_K8S}
                                     for p in sorted({p.taint_key for p in pools})],

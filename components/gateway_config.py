@@ -107,10 +107,9 @@ def floor_capacity(overflow_inflight_per_replica: int, replicas: int, gateway_re
 
 def request_limit_s(e: EndpointSpec) -> int:
     """Longest a single request may run. A non-streamed completion sends nothing until it is done,
-    so this is its only limit. SPEC: GatewaySpec has no such field; BurstSpec.timeout_s is that
-    figure (max_tokens at the inter-token SLO, plus prefill) where the endpoint has a burst tier."""
+    so this is its only limit (max_tokens at the inter-token SLO, plus prefill, from the spec)."""
     g = e.gateway
-    return max(e.burst.timeout_s if e.burst is not None else g.first_byte_timeout_s, g.first_byte_timeout_s)
+    return max(g.max_request_s, g.first_byte_timeout_s)
 
 
 def longest_request_s(spec: TopologySpec) -> int:

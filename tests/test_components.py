@@ -306,3 +306,18 @@ def test_exports_name_the_spec_costs_buckets_and_endpoints(stack):
     assert sorted(out["endpoints"]) == sorted(e.name for e in spec.endpoints)
     for e in spec.endpoints:
         assert (out["endpoints"][e.name]["floorService"] is not None) == bool(e.node_pools)
+
+
+def test_scale_down_never_cuts_a_stream_and_startup_has_its_budget(stack):
+    """A replica leaving (scale-down, rollout) first leaves the gateway's pool, then has the longest request's
+    time to finish its streams; the startup probe allows the measured cold start with margin."""
+    name, _inputs, spec = stack
+    rec = recording(name)
+    for d in floor_deployments(rec, spec):
+        ep = spec.endpoint(d["metadata"]["labels"]["serving.llm/endpoint"])
+        pod = d["spec"]["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] == ep.drain_grace_s >= ep.longest_request_s + 10
+        engine = vllm_container(d)
+        assert engine["lifecycle"]["preStop"]["sleep"]["seconds"] > 0
+        probe = engine["startupProbe"]
+        assert probe["periodSeconds"] * probe["failureThreshold"] >= ep.startup_budget_s >= ep.pod_cold_start_s

@@ -1064,6 +1064,8 @@ def _build_endpoint_spec(
         engine=engine, burst=burst, gateway=gateway, mig_decision=_mig_decision(ep, options, ok, win),
         pod_cold_start_s=ep.cold_starts.pod_on_warm_node_s, node_cold_start_s=ep.cold_starts.new_node_and_pod_s,
         serverless_cold_start_s=serverless_cold_start_s(ep),
+        longest_request_s=longest_request_s(ep, pl), drain_grace_s=longest_request_s(ep, pl) + 15,
+        startup_budget_s=math.ceil(1.5 * ep.cold_starts.pod_on_warm_node_s + herd.start_jitter_s),
         monthly_usd=monthly, derivations=tuple(derivs), warnings=tuple(warnings),
     )
     weekly = dict(win.breakdown_weekly)
@@ -1113,8 +1115,6 @@ def _burst_spec(
     max_c = max(1, min(ep.serverless.max_containers_cap, win.burst_max_containers))
     ramp_rps_per_s = max(0.0, float(np.max(np.diff(demand.peak_rps)))) / 3600.0
     buffer = min(max_c, math.ceil(ramp_rps_per_s * cold / sls.planning_rps)) if win.tier == "serverless_only" else 0
-    prefill_max = ep.shape.product_max_context_tokens / sls.prefill_tokens_per_s
-    timeout = math.ceil(prefill_max + ep.shape.max_tokens * ep.slo.inter_token_p99_ms / 1000.0 * 2 + 60)
     kind = GPU_KINDS[sls.gpu_kind]
     return BurstSpec(
         app_name=f"{inp.project}-{inp.environment}-{ep.name}-burst", environment=inp.environment,
@@ -1122,13 +1122,21 @@ def _burst_spec(
         gpu_kind=sls.gpu_kind, region=ep.serverless.region, min_containers=1 if always else 0,
         max_containers=max_c, buffer_containers=buffer, scaledown_window_s=ep.serverless.scaledown_window_s,
         startup_timeout_s=int(min(3600, max(600, 3 * ep.cold_starts.serverless_no_snapshot_s))),
-        timeout_s=int(min(86400, max(300, timeout))), max_inputs=sls.usable_concurrency,
+        timeout_s=longest_request_s(ep, sls), max_inputs=sls.usable_concurrency,
         target_inputs=max(1, math.floor(sls.usable_concurrency * sls.planning_utilisation)),
         enable_memory_snapshot=ep.serverless.gpu_snapshots, enable_gpu_snapshot=ep.serverless.gpu_snapshots,
         volume_name=f"{inp.project}-{inp.environment}-{ep.name}-weights", weights_region=ep.serverless.weights_region,
         weights_bucket=_bucket_name(inp, ep.serverless.weights_region), min_containers_schedule=schedule,
         schedule_timezone=ep.traffic.timezone,
     )
+
+
+def longest_request_s(ep: EndpointInputs, pl: Placement) -> int:
+    """Longest one request may run: prefill of a max-context prompt plus max_tokens at the inter-token SLO,
+    doubled for margin, plus a minute for queueing and cold starts (never under 5 minutes)."""
+    prefill_max = ep.shape.product_max_context_tokens / pl.prefill_tokens_per_s
+    t = math.ceil(prefill_max + ep.shape.max_tokens * ep.slo.inter_token_p99_ms / 1000.0 * 2 + 60)
+    return int(min(86400, max(300, t)))
 
 
 def _gateway_spec(ep: EndpointInputs, pl: Placement, burst: BurstSpec | None) -> GatewaySpec:
@@ -1147,7 +1155,7 @@ def _gateway_spec(ep: EndpointInputs, pl: Placement, burst: BurstSpec | None) ->
         canary = CanarySpec(percent=ep.canary_percent, revision=ep.canary_revision)
     return GatewaySpec(
         overflow_inflight_per_replica=max(1, math.floor(pl.usable_concurrency * pl.planning_utilisation)),
-        first_byte_timeout_s=first_byte, inter_chunk_timeout_s=inter_chunk,
+        first_byte_timeout_s=first_byte, max_request_s=longest_request_s(ep, pl), inter_chunk_timeout_s=inter_chunk,
         max_request_body_bytes=s.product_max_context_tokens * OVERHEAD_BYTES_PER_TOKEN + BODY_SLACK_BYTES,
         max_tokens=s.max_tokens, retry_budget_fraction=RETRY_BUDGET_FRACTION, max_retries=1,
         sticky_hash_header="X-Session-Id", cache_isolation="cache_salt" if multi else "single_tenant",

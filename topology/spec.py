@@ -238,6 +238,7 @@ class GatewaySpec(_Spec):
 
     overflow_inflight_per_replica: int = Field(description="In-flight per floor replica above which requests go to burst.")
     first_byte_timeout_s: int = Field(description="Time-to-first-byte limit (TTFT + burst cold start + prefill at max context).")
+    max_request_s: int = Field(description="Limit for a non-streamed request, which sends nothing until done (= longest_request_s).")
     inter_chunk_timeout_s: int = Field(description="Idle limit between streamed chunks; never a total request timeout.")
     max_request_body_bytes: int = Field(description="Bodies above this get 413 before reaching a GPU.")
     max_tokens: int
@@ -271,6 +272,17 @@ class EndpointSpec(_Spec):
     pod_cold_start_s: float = Field(description="Measured: pod on a warm node to first token (startup probe budget).")
     node_cold_start_s: float = Field(description="Measured: new node + pod to first token.")
     serverless_cold_start_s: float = Field(description="Measured: serverless container start (snapshot restore when on).")
+    longest_request_s: int = Field(
+        description="Longest a single request may run: prefill at the max context + max_tokens at the inter-token "
+        "SLO, with margin. Bounds non-streamed requests at the gateway and the burst function timeout."
+    )
+    drain_grace_s: int = Field(
+        description="Pod termination grace: in-flight streams finish before a replica goes (longest_request_s + 15 s)."
+    )
+    startup_budget_s: int = Field(
+        description="Startup probe budget: 1.5 × the measured pod cold start + the start jitter (a slow start is not "
+        "killed into a restart loop)."
+    )
     monthly_usd: float
     derivations: tuple[Derivation, ...]
     warnings: tuple[str, ...]
