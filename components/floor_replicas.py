@@ -24,7 +24,7 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
-from topology.spec import EndpointSpec, FloorSchedule, NodePoolSpec, WeightCacheSpec
+from topology.spec import ENGINE_OFFLINE_ENV, EndpointSpec, FloorSchedule, NodePoolSpec, WeightCacheSpec
 
 from ._common import CAPACITY_LABEL, ENDPOINT_LABEL, GPU_TAINT_EFFECT_K8S, MIG_CONFIG_LABEL, TYPE_PREFIX, child
 from .gpu_node_pool import NVME_MOUNT, node_labels
@@ -39,14 +39,7 @@ TRACK_METRIC_LABEL = "serving_llm_track"
 WARMUP_SENTINEL = "/tmp/warmup-done"  # container filesystem: an engine restart clears it
 AWS_CLI_IMAGE = "public.ecr.aws/aws-cli/aws-cli:2.27.50"  # pinned: the init container's only tool
 # Environment that keeps every hub client offline: weights and tokenizer come from the local copy only.
-HUB_OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-}
+HUB_OFFLINE_ENV = ENGINE_OFFLINE_ENV
 _WARMUP_SCRIPT = Path(__file__).with_name("warmup_probe.py")
 _FETCH_SCRIPT = Path(__file__).with_name("fetch_weights.sh")
 
@@ -297,6 +290,7 @@ class FloorReplicas(pulumi.ComponentResource):
         )
         budget_s = ep.startup_budget_s
         env = [{"name": k, "value": v} for k, v in sorted(HUB_OFFLINE_ENV.items())]
+        engine_env = [{"name": k, "value": v} for k, v in sorted(eng.vllm_env(local_dir).items())]
         warmup_env = [
             {"name": "WARMUP_PORT", "value": str(eng.port)},
             {"name": "WARMUP_MODEL", "value": eng.served_model_name},
@@ -324,7 +318,7 @@ class FloorReplicas(pulumi.ComponentResource):
             "image": eng.image,
             "command": eng.vllm_args(local_dir),
             "ports": [{"name": "http", "containerPort": eng.port, "protocol": "TCP"}],
-            "env": env + warmup_env,
+            "env": engine_env + warmup_env,
             "resources": {"requests": dict(gpu_resources), "limits": dict(gpu_resources)},
             "startupProbe": {
                 "httpGet": {"path": "/health", "port": "http"},

@@ -29,7 +29,7 @@ from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from topology.spec import BurstSpec, EndpointSpec, EngineSpec, MinContainersWindow, TopologySpec
+from topology.spec import ENGINE_OFFLINE_ENV, BurstSpec, EndpointSpec, EngineSpec, MinContainersWindow, TopologySpec
 
 ENV_SPEC = "LLM_SERVING_BURST_SPEC"
 ENV_SPEC_FILE = "LLM_SERVING_BURST_SPEC_FILE"
@@ -228,14 +228,7 @@ class BurstSettings:
         return bool(self.min_containers_schedule)
 
 
-HUB_OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-}
+HUB_OFFLINE_ENV = ENGINE_OFFLINE_ENV  # the floor's pods run with the same environment
 
 # Flags added to the floor's command line that change how the process starts and sleeps, never what it
 # answers: bind on all interfaces (Modal's proxy connects from outside the process) and sleep mode, so
@@ -289,9 +282,9 @@ def build_settings(config: BurstAppConfig) -> BurstSettings:
         container_env={
             # The container re-imports burst.py: it reads the same config instead of re-planning.
             ENV_SPEC: config.to_json(),
-            # Never a model hub at boot: the weights come from the volume or nowhere. The same
-            # offline/no-telemetry environment as the floor's pods, so the engine behaves the same.
-            **HUB_OFFLINE_ENV,
+            # Never a model hub at boot: the weights come from the volume or nowhere. The same engine
+            # environment as the floor's pods (offline hubs, LoRA resolver), so the engine behaves the same.
+            **engine.vllm_env(path),
             # Exposes /sleep and /wake_up, used around the snapshot; the endpoint is private (proxy auth).
             "VLLM_SERVER_DEV_MODE": "1",
         },

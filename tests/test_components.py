@@ -321,3 +321,20 @@ def test_scale_down_never_cuts_a_stream_and_startup_has_its_budget(stack):
         assert engine["lifecycle"]["preStop"]["sleep"]["seconds"] > 0
         probe = engine["startupProbe"]
         assert probe["periodSeconds"] * probe["failureThreshold"] >= ep.startup_budget_s >= ep.pod_cold_start_s
+
+
+def test_engine_environment_comes_from_the_spec_and_loads_lora_adapters_from_the_local_copy(stack):
+    name, _inputs, spec = stack
+    rec = recording(name)
+    for d in floor_deployments(rec, spec):
+        ep = spec.endpoint(d["metadata"]["labels"]["serving.llm/endpoint"])
+        engine = vllm_container(d)
+        model_path = engine["command"][2]
+        env = env_of(engine)
+        assert ep.engine.vllm_env(model_path).items() <= env.items()
+        if ep.engine.lora is not None:
+            # adapters resolve by name from the weights copy on local disk, never from a hub
+            assert env["VLLM_PLUGINS"] == "lora_filesystem_resolver"
+            assert env["VLLM_LORA_RESOLVER_CACHE_DIR"] == f"{model_path}/{ep.engine.lora.adapters_subdir}"
+        else:
+            assert "VLLM_PLUGINS" not in env

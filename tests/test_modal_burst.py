@@ -285,3 +285,12 @@ def test_deployment_record_round_trips_and_renames_stop_the_old_app():
     renamed = DeploymentRecord("llm-serving-prod-assist-burst-v2", "prod", None, "b" * 64, 0)
     assert superseded(old, renamed) == old
     assert superseded(None, renamed) is None
+
+
+def test_burst_engine_environment_is_the_floors_including_the_lora_resolver(stack):
+    _, _, spec = stack
+    for endpoint in burst_endpoints(spec):
+        s = S.build_settings(S.BurstAppConfig.from_endpoint(endpoint))
+        assert endpoint.engine.vllm_env(s.model_path).items() <= s.container_env.items()
+        if endpoint.engine.lora is not None:
+            assert s.container_env["VLLM_LORA_RESOLVER_CACHE_DIR"].startswith(s.model_path + "/")

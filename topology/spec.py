@@ -128,7 +128,24 @@ class HerdSpec(_Spec):
     start_jitter_s: int = Field(description="Random delay window each pod waits before pulling weights.")
 
 
+# Every hub client offline and no telemetry: weights and tokenizer come from the local copy only. Both tiers
+# run the engine with exactly this environment (plus the LoRA resolver when adapters are served).
+ENGINE_OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
 class LoraSettings(_Spec):
+    adapters_subdir: str = Field(
+        default="adapters",
+        description="Folder under the model revision's prefix holding one folder per adapter (adapters are trained "
+        "against a base revision, so they travel with it through the weight caches and the Modal volume).",
+    )
     enable_lora: bool
     max_loras: int
     max_cpu_loras: int
@@ -156,6 +173,18 @@ class EngineSpec(_Spec):
     quantization: str | None
     lora: LoraSettings | None
     port: int = 8000
+
+    def vllm_env(self, model_path: str) -> dict[str, str]:
+        """The engine's environment, the single source for both tiers: offline hubs, and with LoRA, vLLM's
+        filesystem resolver loading an adapter by name from `<model_path>/<adapters_subdir>/<name>` on first use."""
+        env = dict(ENGINE_OFFLINE_ENV)
+        if self.lora is not None and self.lora.enable_lora:
+            env.update({
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true",
+                "VLLM_PLUGINS": "lora_filesystem_resolver",
+                "VLLM_LORA_RESOLVER_CACHE_DIR": f"{model_path.rstrip('/')}/{self.lora.adapters_subdir}",
+            })
+        return env
 
     def vllm_args(self, model_path: str) -> list[str]:
         """The `vllm serve` command line, the single source for both tiers."""
