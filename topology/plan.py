@@ -492,7 +492,7 @@ def choose_floors(
     return FloorChoice(best_r, running, floor.astype(int), best)
 
 
-PEAKS_PER_HOUR = 4  # within-hour peaks recur about every 15 minutes (bursty arrivals; the simulator checks it)
+PEAKS_PER_HOUR = 8  # within-hour peaks recur about every 7.5 minutes (bursty arrivals; calibrated against the simulator)
 
 
 def serverless_alive_container_hours(
