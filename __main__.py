@@ -137,6 +137,7 @@ if any(e.tier != "managed_api" for e in spec.endpoints):
             floor_services={n: f.pods_dns for n, f in floors.items()},
             canary_services={n: f.canary_pods_dns for n, f in floors.items() if f.canary_pods_dns},
             burst_urls={n: b.url for n, b in bursts.items()},
+            monitor_labels=settings.monitor_labels,
         ),
         opts=k8s_opts,
     )

@@ -27,6 +27,7 @@ import pulumi_kubernetes as k8s
 from topology.spec import ENGINE_OFFLINE_ENV, EndpointSpec, FloorSchedule, NodePoolSpec, WeightCacheSpec
 
 from ._common import CAPACITY_LABEL, ENDPOINT_LABEL, GPU_TAINT_EFFECT_K8S, MIG_CONFIG_LABEL, TYPE_PREFIX, child
+from .gateway_config import burst_backend_name
 from .gpu_node_pool import NVME_MOUNT, node_labels
 
 MINUTES_PER_DAY = 24 * 60
@@ -82,6 +83,11 @@ def queue_query(namespace: str, served_model_name: str) -> str:
     Canary pods serve the same model name, so the track label keeps their queue out of the stable count."""
     return (f'sum(vllm:num_requests_waiting{{namespace="{namespace}",model_name="{served_model_name}",'
             f'{TRACK_METRIC_LABEL}="stable"}})')
+
+
+def burst_backlog_query(namespace: str, endpoint: str) -> str:
+    """Requests the gateway pods have in flight to the endpoint's burst backend (HAProxy's own exporter)."""
+    return f'sum(haproxy_backend_current_sessions{{namespace="{namespace}",proxy="{burst_backend_name(endpoint)}"}})'
 
 
 def canary_weights_prefix(ep: EndpointSpec, cache: WeightCacheSpec) -> str | None:
@@ -417,6 +423,28 @@ def scaled_object_spec(ep: EndpointSpec, deployment: str, namespace: str, promet
                     "ignoreNullValues": "false",
                 },
             },
+            *burst_backlog_trigger(ep, namespace, prometheus_url),
             *cron_triggers(ep.floor),
         ],
     }
+
+
+def burst_backlog_trigger(ep: EndpointSpec, namespace: str, prometheus_url: str) -> list[dict]:
+    """floor_plus_burst: the gateway keeps the floor's queue short by overflowing, so a sustained overload
+    shows up as requests in flight to the burst tier; beyond the burst's planned capacity the floor grows
+    too (still within the capped step and max replicas)."""
+    threshold = ep.autoscaling.burst_backlog_threshold if ep.autoscaling else None
+    if threshold is None:
+        return []
+    return [{
+        "type": "prometheus",
+        "name": "burst-backlog",
+        "metricType": "Value",
+        "metadata": {
+            "serverAddress": prometheus_url,
+            "query": burst_backlog_query(namespace, ep.name),
+            "threshold": _number(threshold),
+            # no series means no burst traffic (or no gateway yet): nothing to add
+            "ignoreNullValues": "true",
+        },
+    }]

@@ -65,6 +65,9 @@ class GatewayArgs:
     # HAProxy holds up to 2 buffers of tune.bufsize (~208 KiB for prod) per active stream; the
     # renderer's global maxconn (4000) x 2 x 208 KiB ~ 1.6 GiB fits under this limit
     memory_limit: str = "2Gi"
+    # labels the Prometheus operator selects PodMonitors by (the floors' burst-backlog trigger reads the
+    # gateway's own exporter)
+    monitor_labels: Mapping[str, str] = field(default_factory=dict)
 
 
 def tenant_secret_name(endpoint: str) -> str:
@@ -198,6 +201,17 @@ class Gateway(pulumi.ComponentResource):
                           for ep, p in self.ports.items()],
             },
             opts=child(self, depends_on=[deployment]),
+        )
+        k8s.apiextensions.CustomResource(
+            f"{name}-pod-monitor",
+            api_version="monitoring.coreos.com/v1",
+            kind="PodMonitor",
+            metadata={**meta, "labels": {**labels, **args.monitor_labels}},
+            spec={
+                "selector": {"matchLabels": labels},
+                "podMetricsEndpoints": [{"port": "stats", "path": "/metrics", "interval": "15s"}],
+            },
+            opts=child(self),
         )
         self.config_map_name = config_map.metadata["name"]
         self.service_name = service.metadata["name"]

@@ -81,6 +81,12 @@ def config_name(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
+def burst_backend_name(endpoint: str) -> str:
+    """The burst backend's name: the `proxy` label of its series in the gateway's /metrics (the floor's
+    autoscaler watches `haproxy_backend_current_sessions` of this backend for burst backlog)."""
+    return f"be_{config_name(endpoint)}_burst"
+
+
 def env_name(endpoint: str, secret_key: str) -> str:
     return "GW_" + re.sub(r"[^A-Z0-9]+", "_", f"{endpoint}_{secret_key}".upper()).strip("_")
 
@@ -295,7 +301,7 @@ def _endpoint_sections(
     g = e.gateway
     threshold = per_pod_threshold(g.overflow_inflight_per_replica, gateway_replicas)
     n = config_name(e.name)
-    fe, be_floor, be_burst, be_canary = f"fe_{n}", f"be_{n}_floor", f"be_{n}_burst", f"be_{n}_canary"
+    fe, be_floor, be_burst, be_canary = f"fe_{n}", f"be_{n}_floor", burst_backend_name(e.name), f"be_{n}_canary"
     has_floor, has_burst = needs_floor(e), needs_burst(e)
     if has_floor and e.name not in floor_servers:
         raise ValueError(f"endpoint {e.name!r} ({e.tier}) needs floor servers; none given")

@@ -127,7 +127,7 @@ def test_autoscaling_is_queue_based_with_capped_steps(stack):
         a = e.autoscaling
         assert so["scaleTargetRef"]["name"] in deployments
         assert so["minReplicaCount"] == e.floor.base_replicas and so["maxReplicaCount"] == a.max_replicas
-        queue = [t for t in so["triggers"] if t["type"] == "prometheus"]
+        queue = [t for t in so["triggers"] if t["type"] == "prometheus" and t["name"] == "requests-waiting"]
         assert len(queue) == 1
         assert queue[0]["metricType"] == "AverageValue"
         assert "vllm:num_requests_waiting" in queue[0]["metadata"]["query"]
@@ -338,3 +338,28 @@ def test_engine_environment_comes_from_the_spec_and_loads_lora_adapters_from_the
             assert env["VLLM_LORA_RESOLVER_CACHE_DIR"] == f"{model_path}/{ep.engine.lora.adapters_subdir}"
         else:
             assert "VLLM_PLUGINS" not in env
+
+
+def test_floor_also_scales_on_burst_backlog_read_from_the_gateways_own_metrics(stack):
+    """In floor + burst the gateway keeps the floor's queue short by overflowing, so sustained overload is
+    visible only as requests in flight to the burst: the floor's ScaledObject watches exactly the burst
+    backend the rendered gateway config defines, and Prometheus scrapes the gateway's exporter."""
+    import re
+
+    name, _inputs, spec = stack
+    rec = recording(name)
+    scaled = by_name(objects(rec, "ScaledObject"))
+    gateway_cfg = next(cm for cm in objects(rec, "ConfigMap") if "haproxy.cfg" in cm.get("data", {}))["data"]["haproxy.cfg"]
+    assert "use-service prometheus-exporter if { path /metrics }" in gateway_cfg
+    monitors = [m for m in objects(rec, "PodMonitor") if m["metadata"]["name"].startswith("gateway")]
+    assert monitors and monitors[0]["spec"]["podMetricsEndpoints"][0]["path"] == "/metrics"
+    for e in floor_endpoints(spec):
+        triggers = {t["name"]: t for t in scaled[f"{e.name}-vllm"]["spec"]["triggers"]}
+        if e.tier != "floor_plus_burst":
+            assert "burst-backlog" not in triggers
+            continue
+        t = triggers["burst-backlog"]
+        assert t["type"] == "prometheus" and t["metricType"] == "Value"
+        proxy = re.search(r'proxy="([^"]+)"', t["metadata"]["query"]).group(1)
+        assert f"backend {proxy}\n" in gateway_cfg
+        assert float(t["metadata"]["threshold"]) == e.burst.max_containers * e.burst.target_inputs

@@ -44,7 +44,7 @@ def test_children_named_and_parented(prod):
     (component,) = rec.of_type("serving:components:Gateway")
     children = [r for r in rec.resources if r.parent == component.urn]
     assert sorted(r.name for r in children) == ["gateway-config", "gateway-deployment", "gateway-pdb",
-                                                "gateway-service"]
+                                                "gateway-pod-monitor", "gateway-service"]
 
 
 def test_configmap_is_the_rendered_config(prod):

@@ -1045,6 +1045,15 @@ def _build_endpoint_spec(
             f"{ep.serverless.max_containers_cap}",
             inputs=("traffic.hourly_mean_requests_per_s", "traffic.within_hour_peak_factor", "serverless.max_containers_cap"),
         ))
+    if autoscaling is not None and burst is not None and win.tier == "floor_plus_burst":
+        backlog = float(burst.max_containers * burst.target_inputs)
+        autoscaling = autoscaling.model_copy(update={"burst_backlog_threshold": backlog})
+        derivs.append(Derivation(
+            figure="burst_backlog_threshold", value=backlog, unit="requests in flight to burst",
+            formula=f"max_containers {burst.max_containers} × target_inputs {burst.target_inputs}: beyond the burst's "
+            "planned capacity the floor scales up as well",
+            inputs=("serverless.max_containers_cap", "traffic.hourly_mean_requests_per_s"),
+        ))
     gateway = _gateway_spec(ep, pl, burst)
     monthly = round(costs.monthly_from_weekly(win.weekly_usd), 2)
     alternatives = tuple(

@@ -115,6 +115,11 @@ class AutoscalingSpec(_Spec):
     scale_down_pods_per_period: int
     scale_down_period_s: int
     required_headroom_fraction: float = Field(description="steepest ramp × cold start / peak: what headroom must absorb.")
+    burst_backlog_threshold: float | None = Field(
+        default=None,
+        description="floor_plus_burst: requests in flight to the burst tier above its planned capacity "
+        "(max_containers × target_inputs); beyond it the floor scales up too, since the burst is saturated.",
+    )
     steepest_ramp_requests_per_s_per_min: float
 
 
