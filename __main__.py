@@ -86,8 +86,7 @@ if spec.weight_caches:
         "weights-replication",
         WeightReplicationArgs(
             source_bucket=spec.weight_caches[0].source_bucket,
-            # SPEC: the source bucket's region is not in the spec; the registry is assumed to live in the cluster region
-            source_region=spec.cluster_region,
+            source_region=spec.weight_caches[0].source_region,
             caches=spec.weight_caches,
         ),
         opts=pulumi.ResourceOptions(depends_on=[c.versioning for c in weight_caches.values()]),

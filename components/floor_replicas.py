@@ -95,14 +95,12 @@ def canary_weights_prefix(ep: EndpointSpec, cache: WeightCacheSpec) -> str | Non
     canary = ep.gateway.canary
     if canary is None:
         return None
-    # SPEC: a `CanarySpec.weights_uri_suffix` would replace this look-up of the one prefix of the canary revision
-    matches = [p for p in cache.model_prefixes if p.rstrip("/").rsplit("/", 1)[-1] == canary.revision]
-    if len(matches) != 1:
+    if canary.weights_uri_suffix not in cache.model_prefixes:
         raise ValueError(
-            f"endpoint {ep.name!r}: canary revision {canary.revision!r} matches {len(matches)} prefixes of weight cache "
-            f"{cache.bucket_name} ({list(cache.model_prefixes)}); expected exactly one"
+            f"endpoint {ep.name!r}: canary weights {canary.weights_uri_suffix!r} are not among the prefixes of weight "
+            f"cache {cache.bucket_name} ({list(cache.model_prefixes)})"
         )
-    return matches[0]
+    return canary.weights_uri_suffix
 
 
 PRESTOP_SLEEP_S = 10  # long enough for the headless Service (and the gateway resolving it) to drop the pod
@@ -125,9 +123,6 @@ class FloorReplicasArgs:
     """Labels the Prometheus operator selects PodMonitors by."""
     canary_weights_uri: str | None = None
     """s3:// URI of the canary revision; required when the spec has a canary (see canary_weights_prefix())."""
-    # SPEC: `CanarySpec.replicas` — the canary runs a fixed count, outside the autoscaler
-    canary_replicas: int = 1
-    """Replicas of the canary track."""
     warmup_timeout_s: int = 50
     """Longest the warm-up generation may take before the readiness probe reports not ready."""
     warmup_max_tokens: int = 1
@@ -232,7 +227,7 @@ class FloorReplicas(pulumi.ComponentResource):
                 f"{name}-canary-deployment",
                 metadata={**meta(f"{app}-canary"), "annotations": {"serving.llm/canary-percent": f"{ep.gateway.canary.percent:g}"}},
                 spec=self._deployment_spec(args, app, canary, args.canary_weights_uri, ep.gateway.canary.revision,
-                                           args.canary_replicas),
+                                           ep.gateway.canary.replicas),
                 opts=child(self, depends_on=[warmup]),
             )
             self._headless_service(f"{name}-canary-pods-service", meta(f"{app}-canary-pods"), canary, ep.engine.port)

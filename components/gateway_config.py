@@ -43,7 +43,6 @@ LUA_FILE = "gateway.lua"
 CONFIG_FILE = "haproxy.cfg"
 MODAL_KEY_ENV = "GW_MODAL_KEY"
 MODAL_SECRET_ENV = "GW_MODAL_SECRET"
-USER_HASH_HEADER = "X-User-Id"  # SPEC: CanarySpec.hash_key == "user" names no header; this is it.
 BODY_WAIT_S = 10  # longest a client may take to upload a (size-capped) body
 STREAM_BACKSTOP_MS = 1000  # native idle timeout = first-byte limit + this, so the Lua filter acts first
 HEADER_ROOM_BYTES = 16384  # headers + the stamped prefix on top of the largest allowed body
@@ -369,7 +368,7 @@ def _endpoint_sections(
     backends_for_budget: list[str] = []
     route: list[str] = []
     if g.canary is not None:
-        hdr = g.sticky_hash_header if g.canary.hash_key == "session" else USER_HASH_HEADER
+        hdr = g.sticky_hash_header if g.canary.hash_key == "session" else g.canary.user_header
         basis_points = int(round(g.canary.percent * 100))
         route.append(f"    acl canary_key req.fhdr({hdr}) -m found")
         route.append(f"    acl canary_side req.fhdr({hdr}),xxh32({_canary_seed(g.canary.revision)}),mod(10000) "

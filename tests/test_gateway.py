@@ -31,7 +31,8 @@ def scaled_spec(spec):
         update = {"first_byte_timeout_s": 2, "inter_chunk_timeout_s": 1}
         if e.name == "assist":
             update |= {"overflow_inflight_per_replica": 4,
-                       "canary": CanarySpec(percent=30.0, revision="assist-rev-b", hash_key="user")}
+                       "canary": CanarySpec(percent=30.0, revision="assist-rev-b", hash_key="user",
+                                                     weights_uri_suffix="models/assist/assist-rev-b/", replicas=1)}
         eps.append(e.model_copy(update={"gateway": e.gateway.model_copy(update=update)}))
     return spec.model_copy(update={"endpoints": tuple(eps)})
 

@@ -363,6 +363,9 @@ class CostInputs(_Inputs):
     )
     cluster_region: str = Field(min_length=1, description="AWS region of the Kubernetes cluster.")
     weights_source_bucket: str = Field(min_length=3, description="Source-of-truth bucket replicated to each region.")
+    weights_source_region: str | None = Field(
+        default=None, description="AWS region of the source-of-truth bucket (default: cluster_region)."
+    )
     regions: list[Region] = Field(min_length=1, description="Regions with a region-local weight cache.")
     prices: Prices = Field(description="Dated prices.")
     endpoints: list[EndpointInputs] = Field(min_length=1, description="Endpoints served by this environment.")

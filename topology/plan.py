@@ -1128,7 +1128,9 @@ def _burst_spec(
     return BurstSpec(
         app_name=f"{inp.project}-{inp.environment}-{ep.name}-burst", environment=inp.environment,
         gpu=kind.modal_gpu if sls.gpus_per_replica == 1 else f"{kind.modal_gpu}:{sls.gpus_per_replica}",
-        gpu_kind=sls.gpu_kind, region=ep.serverless.region, min_containers=1 if always else 0,
+        gpu_kind=sls.gpu_kind, gpus_per_container=sls.gpus_per_replica,
+        planning_requests_per_s=round(sls.planning_rps, 4), region=ep.serverless.region,
+        min_containers=1 if always else 0,
         max_containers=max_c, buffer_containers=buffer, scaledown_window_s=ep.serverless.scaledown_window_s,
         startup_timeout_s=int(min(3600, max(600, 3 * ep.cold_starts.serverless_no_snapshot_s))),
         timeout_s=longest_request_s(ep, sls), max_inputs=sls.usable_concurrency,
@@ -1161,7 +1163,12 @@ def _gateway_spec(ep: EndpointInputs, pl: Placement, burst: BurstSpec | None) ->
     )
     canary = None
     if ep.canary_percent > 0 and ep.canary_revision:
-        canary = CanarySpec(percent=ep.canary_percent, revision=ep.canary_revision)
+        peak = max(ep.traffic.hourly_mean_requests_per_s or [0.0]) * ep.traffic.within_hour_peak_factor
+        canary = CanarySpec(
+            percent=ep.canary_percent, revision=ep.canary_revision,
+            weights_uri_suffix=f"models/{ep.model.name}/{ep.canary_revision}/",
+            replicas=max(1, math.ceil(peak * ep.canary_percent / 100.0 / pl.planning_rps - 1e-9)),
+        )
     return GatewaySpec(
         overflow_inflight_per_replica=max(1, math.floor(pl.usable_concurrency * pl.planning_utilisation)),
         first_byte_timeout_s=first_byte, max_request_s=longest_request_s(ep, pl), inter_chunk_timeout_s=inter_chunk,
@@ -1215,6 +1222,7 @@ def plan(inputs: CostInputs, catalog: Mapping[str, GpuKind] = GPU_KINDS) -> Topo
     caches = tuple(
         WeightCacheSpec(
             region=r.name, bucket_name=_bucket_name(inputs, r.name), source_bucket=inputs.weights_source_bucket,
+            source_region=inputs.weights_source_region or inputs.cluster_region,
             model_prefixes=tuple(prefixes), vpc_id=r.vpc_id, protect=True,
         )
         for r in inputs.regions

@@ -232,8 +232,7 @@ class EndpointSim:
         if self.has_burst:
             b = ep.burst
             assert b is not None
-            # SPEC: BurstSpec has no GPUs-per-container figure; read it from Modal's `gpu="H100:2"` string
-            gpus = int(b.gpu.split(":")[1]) if ":" in b.gpu else 1
+            gpus = b.gpus_per_container
             spl = find_placement(ep_in, b.gpu_kind, None, gpus)
             self.beng = engine_for(ep_in, spl, b.max_inputs)
             self.b_gpus = gpus

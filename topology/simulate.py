@@ -218,7 +218,7 @@ def _result(sim: EndpointSim, ep: EndpointSpec, start_h: float, end_h: float) ->
     hours_len[-1] = window_s - SECONDS_PER_HOUR * (len(tl.arrivals) - 1) or SECONDS_PER_HOUR
     sls_rps = 0.0
     if sim.has_burst:
-        sls_rps = next((a for a in _sls_planning_rps(sim)), 0.0)
+        sls_rps = sim.ep.burst.planning_requests_per_s if sim.ep.burst is not None else 0.0
     return EndpointResult(
         endpoint=ep.name, tier=ep.tier, start_h=start_h, end_h=end_h, requests=sim.n_total,
         goodput=float(tl.met.sum() / n), peak_hours_goodput=peak_good,
@@ -274,16 +274,6 @@ def _diagnostics(sim: EndpointSim, ep: EndpointSpec) -> list[str]:
                 "replicas had none waiting: the KEDA trigger on vllm:num_requests_waiting never saw that backlog"
             )
     return out
-
-
-def _sls_planning_rps(sim: EndpointSim):
-    b = sim.ep.burst
-    assert b is not None
-    # SPEC: no serverless planning req/s in the spec; target_inputs per container over the per-request slot time
-    eng = sim.beng
-    s = sim.ep_in.shape
-    slot_s = s.input_tokens_mean * (1 - sim.hit) / eng.prefill_tokens_per_s + s.output_tokens_mean * eng.gap_s(b.target_inputs)
-    yield b.target_inputs / slot_s
 
 
 # --------------------------------------------------------------------------------------------------

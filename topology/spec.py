@@ -234,6 +234,8 @@ class BurstSpec(_Spec):
     environment: str
     gpu: str = Field(description="Modal `gpu=` string, e.g. 'H100' or 'H100:2'.")
     gpu_kind: str
+    gpus_per_container: int = Field(description="GPUs per container (the engine's tensor-parallel size).")
+    planning_requests_per_s: float = Field(description="Requests/s one container is planned to carry at peak.")
     region: str
     min_containers: int = Field(description="Warm containers outside scheduled windows (0 = scale to zero).")
     max_containers: int = Field(description="Sized to the peak above the floor, capped by the input cap.")
@@ -265,6 +267,9 @@ class CanarySpec(_Spec):
     percent: float
     revision: str
     hash_key: Literal["user", "session"] = "user"
+    user_header: str = Field(default="X-User-Id", description="Header carrying the user id the canary hash reads.")
+    weights_uri_suffix: str = Field(description="Path of the candidate revision's weights under each weight cache.")
+    replicas: int = Field(description="Candidate replicas: its share of users at peak, at the planning rate (≥ 1).")
 
 
 class GatewaySpec(_Spec):
@@ -346,6 +351,7 @@ class WeightCacheSpec(_Spec):
     region: str
     bucket_name: str
     source_bucket: str
+    source_region: str = Field(description="Region of the source-of-truth bucket (replication reads from there).")
     model_prefixes: tuple[str, ...] = Field(description="Prefixes (per model revision) replicated and readable by serving pods.")
     vpc_id: str | None
     protect: bool = True
