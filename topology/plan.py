@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -703,7 +704,7 @@ def _better(a: OptionEval, b: OptionEval) -> bool:
 
 def _options(
     inp: CostInputs, ep: EndpointInputs, demand: Demand, ded: list[Placement], sls: Placement | None,
-    sls_bad: str, herd: HerdSpec, fixed_share_weekly: float,
+    sls_bad: str, herd: HerdSpec,
 ) -> list[OptionEval]:
     """Every alternative, each at its cheapest placement and layer split."""
     out: list[OptionEval] = []
@@ -777,8 +778,6 @@ def _options(
             if burst and not choice.floor.any():
                 why_not.append(f"{pl.label}: the cheapest mix runs no floor (that is serverless_only)")
                 continue
-            ev.breakdown_weekly["platform_fixed"] = fixed_share_weekly
-            ev.weekly_usd += fixed_share_weekly
             if burst:
                 ev.breakdown_weekly["serverless_fixed"] = sls_fixed
                 ev.weekly_usd += sls_fixed
@@ -801,9 +800,18 @@ def _options(
     return out
 
 
-def _plan_endpoint(
-    inp: CostInputs, ep: EndpointInputs, catalog: Mapping[str, GpuKind], fixed_share_weekly: float
-) -> _EndpointPlan:
+@dataclass
+class _Prepared:
+    """Everything about an endpoint that does not depend on how the fixed platform cost is shared."""
+
+    demand: Demand
+    ok: list[Placement]
+    sls: Placement | None
+    herd: HerdSpec
+    options: list[OptionEval]  # dedicated options without their platform share
+
+
+def _prepare_endpoint(inp: CostInputs, ep: EndpointInputs, catalog: Mapping[str, GpuKind]) -> _Prepared:
     demand = _demand(ep)
     ok, bad = placements(ep, catalog)
     if not ok:
@@ -816,7 +824,21 @@ def _plan_endpoint(
         f"serverless.gpu_kind={ep.serverless.gpu_kind} cannot serve the model",
     )
     herd = herd_limits(ep)
-    options = _options(inp, ep, demand, ok, sls, sls_bad, herd, fixed_share_weekly)
+    return _Prepared(demand, ok, sls, herd, _options(inp, ep, demand, ok, sls, sls_bad, herd))
+
+
+def _with_platform_share(options: list[OptionEval], share_weekly: float) -> list[OptionEval]:
+    """Dedicated options carry their share of the cluster's fixed cost (the same for every placement)."""
+    out = []
+    for o in options:
+        if o.feasible and o.tier in ("dedicated_only", "floor_plus_burst"):
+            o = dataclasses.replace(o, weekly_usd=o.weekly_usd + share_weekly,
+                                    breakdown_weekly={**o.breakdown_weekly, "platform_fixed": share_weekly})
+        out.append(o)
+    return out
+
+
+def _decide(ep: EndpointInputs, options: list[OptionEval]) -> tuple[OptionEval, OptionEval | None, str]:
     feasible = sorted((o for o in options if o.feasible), key=lambda o: o.weekly_usd)
     if not feasible:
         raise PlanningError(
@@ -832,7 +854,7 @@ def _plan_endpoint(
         diff = costs.monthly_from_weekly(runner.weekly_usd - win.weekly_usd)
         why = (f"{runner.tier} costs ${costs.monthly_from_weekly(runner.weekly_usd):,.0f}/month, "
                f"${diff:,.0f} more than {win.tier} (${costs.monthly_from_weekly(win.weekly_usd):,.0f})")
-    return _build_endpoint_spec(inp, ep, demand, ok, sls, herd, options, win, runner, why)
+    return win, runner, why
 
 
 def _mig_decision(ep: EndpointInputs, options: list[OptionEval], ok: list[Placement], win: OptionEval) -> str:
@@ -1194,15 +1216,19 @@ def plan(inputs: CostInputs, catalog: Mapping[str, GpuKind] = GPU_KINDS) -> Topo
 
     weekly_fixed = inputs.prices.platform_fixed_usd_per_month / costs.WEEKS_PER_MONTH
     n = len(inputs.endpoints)
+    prepared = [_prepare_endpoint(inputs, ep, catalog) for ep in inputs.endpoints]
     sharing = n  # start by assuming every endpoint shares the cluster, then settle the real count
-    plans: list[_EndpointPlan] = []
     for _ in range(n + 1):
         share = weekly_fixed / max(1, sharing)
-        plans = [_plan_endpoint(inputs, ep, catalog, share) for ep in inputs.endpoints]
-        users = sum(1 for p in plans if p.uses_dedicated)
+        decided = [_decide(ep, _with_platform_share(p.options, share)) for ep, p in zip(inputs.endpoints, prepared)]
+        users = sum(1 for win, _, _ in decided if win.tier in ("dedicated_only", "floor_plus_burst"))
         if users == 0 or users == sharing:
             break
         sharing = users
+    plans: list[_EndpointPlan] = []
+    for ep, p, (win, runner, why) in zip(inputs.endpoints, prepared, decided):
+        options = _with_platform_share(p.options, share)
+        plans.append(_build_endpoint_spec(inputs, ep, p.demand, p.ok, p.sls, p.herd, options, win, runner, why))
     warnings: list[str] = []
     by_tier: dict[str, float] = {"reserved": 0.0, "on_demand": 0.0, "serverless": 0.0, "api": 0.0,
                                  "platform_fixed": 0.0, "serverless_fixed": 0.0}
