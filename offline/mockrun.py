@@ -27,6 +27,10 @@ MOCK_ACCOUNT = "111122223333"
 SECRET = "[secret]"
 
 
+class UnmockedInvokeError(RuntimeError):
+    """The program called a data source the offline mocks do not answer."""
+
+
 @dataclass(frozen=True)
 class RecordedResource:
     type: str
@@ -162,7 +166,8 @@ class ServingMocks(pulumi_mocks.Mocks):
         if args.token == "aws:ec2/getRouteTables:getRouteTables":
             vpc = args.args.get("vpcId", "vpc")
             return {"id": vpc, "ids": [f"rtb-{vpc[-6:]}-private-a", f"rtb-{vpc[-6:]}-private-b"]}
-        raise NotImplementedError(f"the offline mocks answer no invoke {args.token!r}")
+        # a component that starts reading the cloud (a data source) must get an answer here, or the render fails loudly
+        raise UnmockedInvokeError(f"the offline mocks answer no invoke {args.token!r}; add its answer to offline/mockrun.py")
 
 
 def read_stack_config(stack_file: str | Path) -> tuple[str, dict[str, Any]]:
