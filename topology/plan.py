@@ -1095,6 +1095,8 @@ def _build_endpoint_spec(
         engine=engine, burst=burst, gateway=gateway, mig_decision=_mig_decision(ep, options, ok, win),
         pod_cold_start_s=ep.cold_starts.pod_on_warm_node_s, node_cold_start_s=ep.cold_starts.new_node_and_pod_s,
         serverless_cold_start_s=serverless_cold_start_s(ep),
+        slo_ttft_p99_ms=slo.ttft_p99_ms, slo_inter_token_p99_ms=slo.inter_token_p99_ms,
+        planned_prefix_cache_hit_fraction=ep.prefix_cache_hit_fraction, planned_input_tokens_p99=s.input_tokens_p99,
         longest_request_s=longest_request_s(ep, pl), drain_grace_s=longest_request_s(ep, pl) + 15,
         startup_budget_s=math.ceil(1.5 * ep.cold_starts.pod_on_warm_node_s + herd.start_jitter_s),
         monthly_usd=monthly, derivations=tuple(derivs), warnings=tuple(warnings),

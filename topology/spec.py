@@ -311,6 +311,10 @@ class EndpointSpec(_Spec):
     pod_cold_start_s: float = Field(description="Measured: pod on a warm node to first token (startup probe budget).")
     node_cold_start_s: float = Field(description="Measured: new node + pod to first token.")
     serverless_cold_start_s: float = Field(description="Measured: serverless container start (snapshot restore when on).")
+    slo_ttft_p99_ms: float = Field(description="The endpoint's TTFT p99 SLO (input), for alerts and checks.")
+    slo_inter_token_p99_ms: float = Field(description="The endpoint's inter-token p99 SLO (input).")
+    planned_prefix_cache_hit_fraction: float = Field(description="Prefix-cache hit share the plan assumed (input).")
+    planned_input_tokens_p99: float = Field(description="p99 prompt length the plan assumed (input), tokens.")
     longest_request_s: int = Field(
         description="Longest a single request may run: prefill at the max context + max_tokens at the inter-token "
         "SLO, with margin. Bounds non-streamed requests at the gateway and the burst function timeout."
