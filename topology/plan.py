@@ -791,10 +791,11 @@ def _options(
             out.append(OptionEval(tier, False, "; ".join(why_not) or "no feasible schedule"))
         else:
             rpn = best.placement.replicas_per_node
+            reserved_nodes, scheduled_nodes = best.reserved_layers // rpn, best.scheduled_layers // rpn
             best.reason = (
-                f"{best.placement.label}: {best.reserved_layers // rpn} reserved + up to {best.scheduled_layers // rpn} "
-                f"clock-scheduled node(s) of {rpn} replica(s)"
-                + (f", burst up to {best.burst_max_containers}" if burst else "")
+                f"{best.placement.label}, {rpn} replica(s)/node: {reserved_nodes} reserved node(s)"
+                + (f" + up to {scheduled_nodes} on the clock" if scheduled_nodes else "")
+                + (f", burst up to {best.burst_max_containers} containers" if burst else "")
             )
             out.append(best)
     return out
