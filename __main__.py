@@ -18,6 +18,7 @@ from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
 from components.gpu_operator import GpuOperator, GpuOperatorArgs
 from components.keda import Keda
 from components.modal_burst import ModalBurst, ModalBurstArgs
+from components.observability import Observability, ObservabilityArgs
 from components.stack_settings import stack_settings
 from components.weight_cache import WeightCache, WeightCacheArgs, WeightReader
 from components.weight_replication import WeightReplication, WeightReplicationArgs
@@ -116,6 +117,14 @@ if floor_endpoints:
                             *(node_pools[p.name] for p in pools), *([gpu_operator] if gpu_operator else [])],
             ),
         )
+
+# ── alerts: the doctrine's vLLM alerts for each endpoint with floor replicas ────────────────────
+if floor_endpoints:
+    Observability(
+        "observability",
+        ObservabilityArgs(spec=spec, namespace=settings.namespace, monitor_labels=settings.monitor_labels),
+        opts=k8s_opts,
+    )
 
 # ── burst capacity on Modal, and the gateway that overflows to it ─────────────────────────────
 # Each endpoint with burst capacity gets its Modal app (deployed by a local command; token from secret

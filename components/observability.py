@@ -95,6 +95,17 @@ KV_SATURATION_FOR_S = 300
 SEVERITIES = ("critical", "warning")
 
 
+def prompt_shift_threshold(planned_p99: float, max_model_len: int) -> tuple[float, str]:
+    """1.5 × the planned p99 prompt — or, where the product limit is closer than that (the engine rejects longer
+    prompts, so the p99 can never get there), halfway from the planned p99 to max_model_len."""
+    shifted = PROMPT_P99_SHIFT_FACTOR * planned_p99
+    halfway = (planned_p99 + max_model_len) / 2
+    if shifted < halfway:
+        return shifted, f"{PROMPT_P99_SHIFT_FACTOR:g} × planned_input_tokens_p99 {planned_p99:g}"
+    return halfway, (f"halfway from planned_input_tokens_p99 {planned_p99:g} to max_model_len {max_model_len} "
+                     f"({PROMPT_P99_SHIFT_FACTOR:g}× the plan would be above the product limit)")
+
+
 def vllm_token_buckets(max_model_len: int) -> list[int]:
     """Upper bounds of vLLM's token histograms (`build_1_2_5_buckets(max_model_len)`): 1, 2, 5, 10, 20, 50,
     ... up to max_model_len; everything above the last lands in +Inf."""
@@ -274,22 +285,20 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
         ))
 
     planned_p99 = ep.planned_input_tokens_p99
-    long_prompt = PROMPT_P99_SHIFT_FACTOR * planned_p99
-    if long_prompt >= ep.engine.max_model_len:
+    long_prompt, shift_derivation = prompt_shift_threshold(planned_p99, ep.engine.max_model_len)
+    if planned_p99 >= ep.engine.max_model_len:  # unreachable for validated inputs (p99 + output ≤ the limit)
         skipped["VllmPromptLengthShift"] = (
-            f"{PROMPT_P99_SHIFT_FACTOR:g} × planned p99 prompt {planned_p99:g} = {long_prompt:g} tokens is at or above "
-            f"max_model_len {ep.engine.max_model_len}: the engine rejects such prompts, so the p99 cannot get there "
-            f"(the largest possible shift is {ep.engine.max_model_len / planned_p99:.2f}× the plan)")
+            f"planned p99 prompt {planned_p99:g} is at max_model_len {ep.engine.max_model_len}: no shift is visible")
     else:
         alerts.append(Alert(
             name="VllmPromptLengthShift",
             query=prompt_p99_query(namespace, ep, long_prompt),
             comparison=">", threshold=long_prompt, for_s=PROMPT_SHIFT_FOR_S, severity="warning",
-            summary=f"{name}: p99 prompt length is more than {PROMPT_P99_SHIFT_FACTOR - 1:.0%} above the plan",
+            summary=f"{name}: p99 prompt length is {long_prompt / planned_p99 - 1:.0%} above the plan",
             description=(f"p99 prompt tokens of {served} over the last hour is {{{{ $value | humanize }}}}; the plan "
                          f"assumed {planned_p99:g}. Token-shape changes are cost changes (GPU-seconds per request) "
                          "and stability changes (KV pressure, preemptions) before they are incidents: re-plan."),
-            derivation=f"{PROMPT_P99_SHIFT_FACTOR:g} × planned_input_tokens_p99 {planned_p99:g}",
+            derivation=shift_derivation,
         ))
 
     alerts.append(Alert(
