@@ -63,6 +63,27 @@ def test_spike_on_floor_plus_burst_is_carried_by_burst_containers(planned_stacks
     assert r.values["cost (window)"][1] > r.values["cost (window)"][0]
 
 
+def test_spike_beyond_the_burst_grows_the_floor_through_the_burst_backlog_trigger(planned_stacks):
+    """prod autocomplete, 3× for 10 min: in flight to burst passes its planned capacity (the trigger's
+    threshold), so the floor scales up too; the same spec without that trigger adds no replicas."""
+    inputs, spec = planned_stacks["prod"]
+    ep = spec.endpoint("autocomplete")
+    threshold = ep.autoscaling.burst_backlog_threshold
+    r = spike(inputs, spec, "autocomplete", factor=3.0, minutes=10.0)
+    assert r.shows_effect, r.finding
+    base_added, hit_added = r.values["replicas added by the burst-backlog trigger"]
+    assert base_added == 0 < hit_added
+    assert r.values["peak in flight to burst"][1] > threshold >= r.values["peak in flight to burst"][0]
+    assert r.values["pod / node cold starts"][1] >= r.values["pod / node cold starts"][0] + hit_added
+    assert "by the burst-backlog trigger" in r.finding
+
+    no = ep.model_copy(update={"autoscaling": ep.autoscaling.model_copy(update={"burst_backlog_threshold": None})})
+    without = spec.model_copy(update={"endpoints": tuple(no if e.name == ep.name else e for e in spec.endpoints)})
+    r0 = spike(inputs, without, "autocomplete", factor=3.0, minutes=10.0)
+    assert "replicas added by the burst-backlog trigger" not in r0.values
+    assert r0.values["pod / node cold starts"] == (0.0, 0.0)  # the floor's own queue never asked for more
+
+
 def test_long_prompt_without_the_gateway_cap_preempts_and_overflows_the_kv_cache(planned_stacks):
     inputs, spec = planned_stacks["prod"]
     r = long_prompt(inputs, spec, "assist")

@@ -16,7 +16,7 @@ from topology.plan import erlang_c
 from topology.sim_drills import peak_hour
 from topology.sim_engine import Engine, EndpointSim, Overrides
 from topology.sim_traffic import (
-    Chunk, RateTrace, RequestTrace, arrivals, gamma_alpha_for_peak, lognormal_params, load_trace,
+    Chunk, RateTrace, RequestTrace, Spike, arrivals, gamma_alpha_for_peak, lognormal_params, load_trace,
 )
 from topology.simulate import (
     COST_TOLERANCE_FRACTION, GOODPUT_TARGET, compare_with_plan, format_plan_check, plot_week, simulate_endpoint,
@@ -222,6 +222,64 @@ def test_an_under_provisioned_spec_fails_its_slo(planned_stacks):
     assert good.meets_slo
     assert not r.meets_slo
     assert r.goodput < GOODPUT_TARGET and r.floor_queue_peak > 0 and r.ttft_p99_s > r.ttft_slo_s
+
+
+def _without_burst_backlog_trigger(spec, name):
+    """The same stack with the endpoint's ScaledObject lacking its burst-backlog trigger."""
+    ep = spec.endpoint(name)
+    no = ep.model_copy(update={"autoscaling": ep.autoscaling.model_copy(update={"burst_backlog_threshold": None})})
+    return spec.model_copy(update={"endpoints": tuple(no if e.name == name else e for e in spec.endpoints)})
+
+
+@pytest.mark.parametrize("in_flight,threshold_set,replicas_after", [
+    (588, True, 8),  # exactly at the threshold: ⌈8 × 1⌉ = 8, nothing to add
+    (600, True, 9),  # ⌈8 × 600 / 588⌉ = ⌈8.16⌉ = 9: one more, not the step cap of two
+    (900, True, 10),  # ⌈12.2⌉ = 13, capped at two per period
+    (900, False, 8),  # no trigger: the floor's queue is empty, so nothing asks for more
+])
+def test_burst_backlog_trigger_asks_for_current_times_value_over_threshold(planned_stacks, in_flight, threshold_set,
+                                                                           replicas_after):
+    """The HPA's Value-metric rule at one poll on prod assist (8 replicas, threshold 588, step cap 2)."""
+    inputs, spec = planned_stacks["prod"]
+    if not threshold_set:
+        spec = _without_burst_backlog_trigger(spec, "assist")
+    ep = spec.endpoint("assist")
+    assert ep.autoscaling.scale_up_pods_per_period == 2 and ep.floor.base_replicas == max(ep.floor.replicas_by_hour)
+    if threshold_set:
+        assert ep.autoscaling.burst_backlog_threshold == 588 == ep.burst.max_containers * ep.burst.target_inputs
+    ep_in = next(e for e in inputs.endpoints if e.name == "assist")
+    start = 10 * 3600.0
+    sim = EndpointSim(inputs, ep_in, ep, start, start + 3600.0, np.random.default_rng(0))
+    assert sum(1 for s in sim.f_state if s in (1, 2)) == 8
+    sim.burst_inflight = in_flight  # what Prometheus reads from the gateway at this poll
+    sim.tick(start + ep.autoscaling.polling_interval_s)
+    assert sum(1 for s in sim.f_state if s in (1, 2)) == replicas_after
+    assert sim.backlog_replicas_added == replicas_after - 8
+    assert sim.backlog_peak == (in_flight if threshold_set else 0)
+
+
+def test_floor_grows_on_a_saturated_burst_only_with_the_burst_backlog_trigger(planned_stacks):
+    """prod autocomplete at 3× its peak for 10 minutes: the burst (3 containers × 39) saturates while the
+    gateway keeps the floor's own queue short. With the trigger the floor grows and the diagnostic says by
+    how much; without it the floor stays put and the diagnostic says the autoscaler never saw the backlog."""
+    inputs, spec = planned_stacks["prod"]
+    p = peak_hour(next(e for e in inputs.endpoints if e.name == "autocomplete"))
+    at = p * 3600.0 + 600.0
+    kw = dict(seed=0, start_h=p - 0.5, end_h=p + 1.0, spike=Spike(3.0, at, 10.0))
+    with_t = simulate_endpoint(inputs, spec, "autocomplete", **kw)
+    without = simulate_endpoint(inputs, _without_burst_backlog_trigger(spec, "autocomplete"), "autocomplete", **kw)
+    threshold = spec.endpoint("autocomplete").autoscaling.burst_backlog_threshold
+    assert with_t.burst_backlog_threshold == threshold and without.burst_backlog_threshold is None
+    assert with_t.burst_inflight_peak > 2 * threshold  # the burst is saturated
+    assert with_t.burst_backlog_polls > 0 and with_t.burst_backlog_replicas_added > 0
+    assert with_t.pod_cold_starts + with_t.node_cold_starts >= with_t.burst_backlog_replicas_added
+    assert max(with_t.hourly_floor_replicas) > max(without.hourly_floor_replicas)
+    assert without.burst_backlog_polls == without.burst_backlog_replicas_added == 0
+    assert without.pod_cold_starts + without.node_cold_starts == 0
+    assert any("burst-backlog threshold" in d and f"added {with_t.burst_backlog_replicas_added} replicas" in d
+               for d in with_t.diagnostics), with_t.diagnostics
+    assert any("no burst-backlog trigger" in d for d in without.diagnostics), without.diagnostics
+    assert not any("never saw" in d for d in with_t.diagnostics)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -219,6 +219,16 @@ def spike(inputs: CostInputs, spec: TopologySpec, name: str, factor: float = 3.0
     rec = minutes_to_recover(rb, ra, at + minutes * 60)
     vals["minutes to recover after the spike"] = (0.0, rec)
     rows.append(("minutes to recover after the spike", "—", f"{rec:.1f}"))
+    by_backlog = ""
+    if rb.burst_backlog_threshold is not None:  # floor_plus_burst: the floor also grows on the burst's backlog
+        key = "replicas added by the burst-backlog trigger"
+        vals[key] = (float(ra.burst_backlog_replicas_added), float(rb.burst_backlog_replicas_added))
+        vals["peak in flight to burst"] = (float(ra.burst_inflight_peak), float(rb.burst_inflight_peak))
+        rows.append((key, _fmt(vals[key][0]), _fmt(vals[key][1])))
+        rows.append(("peak in flight to burst", _fmt(vals["peak in flight to burst"][0]),
+                     _fmt(vals["peak in flight to burst"][1])))
+        by_backlog = (f" ({rb.burst_backlog_replicas_added} of them by the burst-backlog trigger: in flight to burst "
+                      f"peaked at {rb.burst_inflight_peak} against its threshold {rb.burst_backlog_threshold:g})")
     absorbed = (vals["container cold starts"][1] > vals["container cold starts"][0]
                 or vals["pod / node cold starts"][1] > vals["pod / node cold starts"][0])
     shows = vals["goodput (window)"][1] < vals["goodput (window)"][0] or vals["queue peak (floor/burst)"][1] > \
@@ -226,7 +236,8 @@ def spike(inputs: CostInputs, spec: TopologySpec, name: str, factor: float = 3.0
     finding = (f"{name}: {factor:g}× for {minutes:g} min at {_how(p)}+10 min: goodput in the window "
                f"{vals['goodput (window)'][1]:.2%} (baseline {vals['goodput (window)'][0]:.2%}), "
                f"{int(vals['container cold starts'][1] - vals['container cold starts'][0])} extra burst containers, "
-               f"{int(vals['pod / node cold starts'][1] - vals['pod / node cold starts'][0])} extra replicas; "
+               f"{int(vals['pod / node cold starts'][1] - vals['pod / node cold starts'][0])} extra replicas"
+               f"{by_backlog}; "
                f"goodput back to the baseline's {rec:.1f} min after the spike ended")
     return DrillResult("spike", name, ("baseline", f"spike {factor:g}× {minutes:g} min"), tuple(rows), vals, finding,
                        shows)

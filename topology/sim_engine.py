@@ -16,7 +16,10 @@ The model (measured figures come from the inputs, decisions from the spec):
   floor replica) the request overflows to burst; with no burst tier it queues on the floor, and with no
   ready replica at all it gets a 503.
 - Dedicated autoscaler (KEDA → HPA), every polling interval: desired = max(cron floor window,
-  ⌈waiting / target⌉, min) ≤ max; scale-up uses the lowest desired over the up-stabilization window,
+  ⌈waiting / target⌉, burst backlog, min) ≤ max, where the burst-backlog trigger (floor_plus_burst, when
+  the spec sets burst_backlog_threshold; a Value metric) asks for ⌈current × in flight to burst / threshold⌉
+  (current = starting + ready replicas; in flight to burst = running in burst containers + waiting in their
+  queues, at the poll); scale-up uses the lowest desired over the up-stabilization window,
   scale-down the highest over the down window; steps capped per period. A new replica is ready after the
   pod cold start on a node with room, else the node cold start; an emptied on-demand node goes after
   NODE_SCALE_DOWN_S.
@@ -295,7 +298,12 @@ class EndpointSim:
         self.res_node_s = 0.0
         self.pod_starts = 0
         self.node_starts = 0
-        self.hpa_hist: deque[tuple[float, int]] = deque()
+        self.hpa_hist: deque[tuple[float, int, int]] = deque()  # (poll, desired, desired without burst backlog)
+        # the burst-backlog trigger: polls where it asked for more than every other trigger, replicas it added
+        # beyond what the others asked for, and the highest in-flight-to-burst it read
+        self.backlog_polls = 0
+        self.backlog_replicas_added = 0
+        self.backlog_peak = 0
         self.scale_events: deque[tuple[float, int]] = deque()
         self.waiting_peak_total = 0
         self.last_tick = t0
@@ -445,20 +453,35 @@ class EndpointSim:
             return
         a = self.ep.autoscaling
         cron = int(self.cron[int(now // 60) % MINUTES_PER_WEEK])
+        current = sum(1 for s in st if s in (1, 2))
+        threshold = None
         if a is None:
             desired_raw, up_w, down_w = cron, 0, 0
+            desired_other = desired_raw
         else:
             q = math.ceil(waiting / a.target_waiting_per_replica) if waiting > 0 else 0
-            desired_raw = min(a.max_replicas, max(cron, q, self._min_replicas()))
+            desired_other = min(a.max_replicas, max(cron, q, self._min_replicas()))
+            desired_raw = desired_other
+            threshold = a.burst_backlog_threshold if self.has_burst else None
+            if threshold is not None:
+                # KEDA's burst-backlog trigger (metricType Value): the HPA asks for ⌈current × value / target⌉
+                # (⌈value / target⌉ from zero replicas); no series reads as 0 (ignoreNullValues)
+                inflight = self.burst_inflight
+                if inflight > self.backlog_peak:
+                    self.backlog_peak = inflight
+                if inflight > 0:
+                    b = min(a.max_replicas, math.ceil((current or 1) * inflight / threshold))
+                    if b > desired_other:
+                        self.backlog_polls += 1
+                        desired_raw = b
             up_w, down_w = a.scale_up_stabilization_s, a.scale_down_stabilization_s
         hist = self.hpa_hist
-        hist.append((now, desired_raw))
+        hist.append((now, desired_raw, desired_other))
         keep = max(up_w, down_w)
         while hist and hist[0][0] < now - keep:
             hist.popleft()
-        current = sum(1 for s in st if s in (1, 2))
         if desired_raw > current:
-            rec = min(v for t, v in hist if t >= now - up_w)
+            rec = min(v for t, v, _ in hist if t >= now - up_w)
             if rec > current:
                 step_cap, period = (a.scale_up_pods_per_period, a.scale_up_period_s) if a else (10**6, 1)
                 recent = sum(n for t, n in self.scale_events if t > now - period and n > 0)
@@ -467,8 +490,12 @@ class EndpointSim:
                     self._add_replica(now, ready=False)
                 if add:
                     self.scale_events.append((now, add))
+                    if threshold is not None:
+                        # what the queue and cron triggers alone would have added at this poll
+                        rec_other = min(v for t, _, v in hist if t >= now - up_w)
+                        self.backlog_replicas_added += add - min(add, max(0, rec_other - current))
         elif desired_raw < current:
-            rec = max(v for t, v in hist if t >= now - down_w)
+            rec = max(v for t, v, _ in hist if t >= now - down_w)
             if rec < current:
                 cap, period = (a.scale_down_pods_per_period, a.scale_down_period_s) if a else (10**6, 1)
                 recent = -sum(n for t, n in self.scale_events if t > now - period and n < 0)

@@ -88,6 +88,10 @@ class EndpointResult:
     focus_minute_met: tuple[float, ...] = ()
     focus_ttft_max_s: float = 0.0
     diagnostics: tuple[str, ...] = ()  # why the SLO slipped, where the model can tell
+    burst_backlog_threshold: float | None = None  # the floor's burst-backlog trigger (None: no such trigger)
+    burst_backlog_polls: int = 0  # autoscaler polls where that trigger asked for more than every other one
+    burst_backlog_replicas_added: int = 0  # floor replicas added beyond what the queue and cron triggers asked
+    burst_inflight_peak: int = 0  # most requests in flight to burst at an autoscaler poll
 
     @property
     def full_week(self) -> bool:
@@ -244,7 +248,16 @@ def _result(sim: EndpointSim, ep: EndpointSpec, start_h: float, end_h: float) ->
         focus_minute_met=tuple(float(x) for x in tl.minute_met),
         focus_ttft_max_s=tl.focus_ttft_max,
         diagnostics=tuple(_diagnostics(sim, ep)),
+        burst_backlog_threshold=_backlog_threshold(sim, ep), burst_backlog_polls=sim.backlog_polls,
+        burst_backlog_replicas_added=sim.backlog_replicas_added, burst_inflight_peak=sim.backlog_peak,
     )
+
+
+def _backlog_threshold(sim: EndpointSim, ep: EndpointSpec) -> float | None:
+    """The burst-backlog trigger's threshold when the simulated autoscaler has that trigger."""
+    if not (sim.has_floor and sim.has_burst) or ep.autoscaling is None or sim.ov.fixed_replicas is not None:
+        return None
+    return ep.autoscaling.burst_backlog_threshold
 
 
 def _diagnostics(sim: EndpointSim, ep: EndpointSpec) -> list[str]:
@@ -268,10 +281,23 @@ def _diagnostics(sim: EndpointSim, ep: EndpointSpec) -> list[str]:
                 f"{ep.burst.max_inputs}); the token gap there is {sim.beng.gap_s(ep.burst.target_inputs) * 1000:.0f} ms "
                 f"> {itl_ms:g} ms; the largest batch within the SLO is {safe}"
             )
-        if sim.has_floor and sim.burst_waiting_peak > 0 and sim.waiting_peak_total == 0:
+        threshold = _backlog_threshold(sim, ep)
+        if threshold is not None and sim.backlog_polls:
+            out.append(
+                f"{ep.name}: requests in flight to burst peaked at {sim.backlog_peak} (burst-backlog threshold "
+                f"{threshold:g}, the burst's planned capacity); that KEDA trigger asked for more floor replicas than "
+                f"the queue and cron triggers at {sim.backlog_polls} polls and added {sim.backlog_replicas_added} "
+                "replicas beyond theirs (within the capped step and max replicas)"
+            )
+        elif sim.has_floor and sim.burst_waiting_peak > 0 and sim.waiting_peak_total == 0:
+            why = ("the ScaledObject has no burst-backlog trigger, and the one on vllm:num_requests_waiting never saw "
+                   "that backlog" if threshold is None else
+                   f"in flight to burst peaked at {sim.backlog_peak}, never enough for the burst-backlog trigger "
+                   f"(threshold {threshold:g}) to ask for more replicas than the other triggers, so the floor did not "
+                   "grow from it")
             out.append(
                 f"{ep.name}: up to {sim.burst_waiting_peak} requests waited in the burst tier's queue while floor "
-                "replicas had none waiting: the KEDA trigger on vllm:num_requests_waiting never saw that backlog"
+                f"replicas had none waiting: {why}"
             )
     return out
 
