@@ -29,7 +29,7 @@ from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from topology.spec import ENGINE_OFFLINE_ENV, BurstSpec, EndpointSpec, EngineSpec, MinContainersWindow, TopologySpec
+from topology.spec import BurstSpec, EndpointSpec, EngineSpec, MinContainersWindow, TopologySpec
 
 ENV_SPEC = "LLM_SERVING_BURST_SPEC"
 ENV_SPEC_FILE = "LLM_SERVING_BURST_SPEC_FILE"
@@ -227,8 +227,6 @@ class BurstSettings:
     def follows_clock(self) -> bool:
         return bool(self.min_containers_schedule)
 
-
-HUB_OFFLINE_ENV = ENGINE_OFFLINE_ENV  # the floor's pods run with the same environment
 
 # Flags added to the floor's command line that change how the process starts and sleeps, never what it
 # answers: bind on all interfaces (Modal's proxy connects from outside the process) and sleep mode, so

@@ -325,8 +325,6 @@ class OptionEval:
 
 @dataclass(frozen=True)
 class Prices:
-    on_demand_replica_hour: float
-    reserved_replica_hour: float
     serverless_container_hour: float
     on_demand_node_hour: float
     reserved_node_hour: float
@@ -337,8 +335,6 @@ def _prices(inp: CostInputs, ep: EndpointInputs, pl: Placement, sls: Placement) 
     res_gpu = od_gpu * (1 - inp.prices.reserved_discount_fraction)
     sls_gpu_s = inp.prices.serverless_usd_per_gpu_second[ep.serverless.gpu_kind] * ep.serverless.region_price_multiplier
     return Prices(
-        on_demand_replica_hour=od_gpu * pl.gpu_fraction_per_replica,
-        reserved_replica_hour=res_gpu * pl.gpu_fraction_per_replica,
         serverless_container_hour=sls_gpu_s * costs.SECONDS_PER_HOUR * sls.gpus_per_replica,
         on_demand_node_hour=od_gpu * pl.gpus_per_node,
         reserved_node_hour=res_gpu * pl.gpus_per_node,
@@ -446,7 +442,6 @@ class FloorChoice:
     reserved_nodes: int
     running: np.ndarray  # (G, 168) node g runs in hour h
     floor: np.ndarray  # (168,) replicas ready
-    estimate_usd_week: float
 
 
 def choose_floors(
@@ -458,7 +453,7 @@ def choose_floors(
     g_count, rpn = ng.groups, ng.rpn
     max_nodes = max_replicas // rpn
     if g_count == 0:
-        return FloorChoice(0, np.zeros((0, 168), bool), np.full(168, min_floor if max_nodes else 0), 0.0)
+        return FloorChoice(0, np.zeros((0, 168), bool), np.full(168, min_floor if max_nodes else 0))
     # hours where serverless may not carry a group: not allowed at all, or beyond the burst cap
     if allow_serverless:
         burst_replicas = math.floor(burst_cap_containers / ng.ratio + 1e-9)
@@ -490,7 +485,7 @@ def choose_floors(
     running = running.copy()
     running[:best_r] = True
     floor = np.minimum(running.sum(axis=0) * rpn, max_replicas)
-    return FloorChoice(best_r, running, floor.astype(int), best)
+    return FloorChoice(best_r, running, floor.astype(int))
 
 
 PEAKS_PER_HOUR = 8  # within-hour peaks recur about every 7.5 minutes (bursty arrivals; calibrated against the simulator)
@@ -1098,7 +1093,7 @@ def _build_endpoint_spec(
         serverless_cold_start_s=serverless_cold_start_s(ep),
         slo_ttft_p99_ms=slo.ttft_p99_ms, slo_inter_token_p99_ms=slo.inter_token_p99_ms,
         planned_prefix_cache_hit_fraction=ep.prefix_cache_hit_fraction, planned_input_tokens_p99=s.input_tokens_p99,
-        longest_request_s=longest_request_s(ep, pl), drain_grace_s=longest_request_s(ep, pl) + 15,
+        longest_request_s=gateway.max_request_s, drain_grace_s=gateway.max_request_s + 15,
         startup_budget_s=math.ceil(1.5 * ep.cold_starts.pod_on_warm_node_s + herd.start_jitter_s),
         monthly_usd=monthly, derivations=tuple(derivs), warnings=tuple(warnings),
     )
