@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .timebase import MINUTES_PER_WEEK
+
 SPEC_VERSION = "1"
 
 Tier = Literal["managed_api", "serverless_only", "dedicated_only", "floor_plus_burst"]
@@ -72,6 +74,19 @@ class ReplicaCapacity(_Spec):
     decode_tokens_per_s: float = Field(description="Aggregate decode tok/s of a replica at usable_concurrency.")
     prefill_tokens_per_s: float = Field(description="Prefill tok/s of a replica.")
     headroom_fraction: float
+    kv_capacity_tokens: float = Field(
+        description="KV cache of one replica, tokens: memory × gpu_memory_utilization − weights − overhead, over KV per token."
+    )
+    decode_step_floor_s: float = Field(
+        description="Decode step time at batch 0 (the weights read once over the memory bandwidth), s: t_min of the "
+        "decode line t(b) = t_min + b·k."
+    )
+    decode_step_s_per_sequence: float = Field(
+        description="k of the decode line: step time added per sequence in the batch, s (unrounded, with t_min it "
+        "reproduces decode_tokens_per_s at usable_concurrency)."
+    )
+    replicas_per_node: int = Field(description="Replicas one node of this placement carries.")
+    gpus_per_node: int = Field(description="GPUs of the smallest instance type that fits a replica.")
 
 
 class CapacityLayer(_Spec):
@@ -85,8 +100,8 @@ class CapacityLayer(_Spec):
 class FloorWindow(_Spec):
     """A clock window with at least `replicas` ready; starts ahead of the demand rise by the cold-start lead."""
 
-    start_minute_of_week: int = Field(ge=0, lt=10080, description="Monday 00:00 = 0, in the profile's timezone.")
-    end_minute_of_week: int = Field(ge=0, lt=10080, description="Exclusive end; may be < start when wrapping past Sunday.")
+    start_minute_of_week: int = Field(ge=0, lt=MINUTES_PER_WEEK, description="Monday 00:00 = 0, in the profile's timezone.")
+    end_minute_of_week: int = Field(ge=0, lt=MINUTES_PER_WEEK, description="Exclusive end; may be < start when wrapping past Sunday.")
     replicas: int = Field(ge=1)
     demand_rise_minute_of_week: int | None = Field(
         description="When the demand this window serves begins (start + lead), None when it is not a rise."
@@ -221,8 +236,8 @@ class EngineSpec(_Spec):
 
 
 class MinContainersWindow(_Spec):
-    start_minute_of_week: int = Field(ge=0, lt=10080)
-    end_minute_of_week: int = Field(ge=0, lt=10080)
+    start_minute_of_week: int = Field(ge=0, lt=MINUTES_PER_WEEK)
+    end_minute_of_week: int = Field(ge=0, lt=MINUTES_PER_WEEK)
     min_containers: int = Field(ge=1)
 
 
@@ -306,6 +321,9 @@ class EndpointSpec(_Spec):
     herd: HerdSpec
     engine: EngineSpec
     burst: BurstSpec | None
+    burst_capacity: ReplicaCapacity | None = Field(
+        description="One burst container's capacity and physics (the serverless placement); None without a burst tier."
+    )
     gateway: GatewaySpec
     mig_decision: str = Field(description="Why MIG slices or whole GPUs were chosen.")
     pod_cold_start_s: float = Field(description="Measured: pod on a warm node to first token (startup probe budget).")
@@ -329,6 +347,21 @@ class EndpointSpec(_Spec):
     monthly_usd: float
     derivations: tuple[Derivation, ...]
     warnings: tuple[str, ...]
+
+    @property
+    def has_floor(self) -> bool:
+        """Dedicated replicas on the cluster (dedicated_only, floor_plus_burst)."""
+        return self.tier in ("dedicated_only", "floor_plus_burst")
+
+    @property
+    def has_burst(self) -> bool:
+        """A serverless tier carries traffic (serverless_only, floor_plus_burst); `burst` is then set."""
+        return self.burst is not None and self.tier in ("serverless_only", "floor_plus_burst")
+
+    @property
+    def gated(self) -> bool:
+        """Served by our own replicas behind the gateway (every tier but managed_api)."""
+        return self.tier != "managed_api"
 
 
 class MigLayoutSpec(_Spec):

@@ -1,0 +1,203 @@
+"""Stage 2, the per-node schedule: the load-duration curve cut into node-sized layers, each node reserved,
+on the clock (an on/off schedule per node by dynamic programming) or left to serverless, and the
+serverless container-hours a layer costs when it is not running (PEAKS_PER_HOUR). Also the spec's floor
+schedule: replicas by hour and the clock windows that start a cold-start lead ahead of each rise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import costs
+from ..inputs import CostInputs, EndpointInputs
+from ..spec import Derivation, FloorSchedule, HerdSpec
+from ..timebase import HOURS_PER_WEEK
+from ..windows import floor_windows
+from .demand import Demand, replicas_needed_by_hour
+from .placement import Placement
+from .section import Section
+from .timing import lead_time_s
+
+
+@dataclass(frozen=True)
+class Prices:
+    serverless_container_hour: float
+    on_demand_node_hour: float
+    reserved_node_hour: float
+
+
+def prices_for(inp: CostInputs, ep: EndpointInputs, pl: Placement, sls: Placement) -> Prices:
+    od_gpu = inp.prices.dedicated_on_demand_usd_per_gpu_hour[pl.gpu_kind]
+    res_gpu = od_gpu * (1 - inp.prices.reserved_discount_fraction)
+    sls_gpu_s = inp.prices.serverless_usd_per_gpu_second[ep.serverless.gpu_kind] * ep.serverless.region_price_multiplier
+    return Prices(
+        serverless_container_hour=sls_gpu_s * costs.SECONDS_PER_HOUR * sls.gpus_per_replica,
+        on_demand_node_hour=od_gpu * pl.gpus_per_node,
+        reserved_node_hour=res_gpu * pl.gpus_per_node,
+    )
+
+
+@dataclass
+class NodeGroups:
+    """One placement's demand cut into node-sized layers: group g carries replicas g·rpn+1 … (g+1)·rpn.
+
+    Nodes are what is paid for, so the load-duration choice is made per node: reserved (all hours),
+    on-demand in the hours the clock schedules it, or serverless in the hours it is not running."""
+
+    need: np.ndarray  # (HOURS_PER_WEEK,) replicas needed at the within-hour peak
+    needed: np.ndarray  # (G, HOURS_PER_WEEK) the group's lowest layer is needed
+    serverless_usd: np.ndarray  # (G, HOURS_PER_WEEK) serverless cost of carrying the group's layers in that hour
+    reserved_usd_week: float  # one reserved node for the week
+    on_demand_node_hour: float
+    rise_usd: float  # a scheduled node starts lead_s before its hour and is billed from then
+    rpn: int
+    ratio: float  # serverless containers per dedicated replica of capacity
+
+    @property
+    def groups(self) -> int:
+        return self.needed.shape[0]
+
+
+def node_groups(
+    demand: Demand, pl: Placement, sls: Placement, pr: Prices, lead_s: float, sls_overhead_s: float,
+    warm_container: bool = False,
+) -> NodeGroups:
+    need = replicas_needed_by_hour(demand.peak_rps, pl.planning_rps)
+    rpn = pl.replicas_per_node
+    top = int(need.max()) if need.size else 0
+    groups = math.ceil(top / rpn)
+    ks = np.arange(1, groups * rpn + 1)
+    active = need[None, :] >= ks[:, None]  # (layers, HOURS_PER_WEEK)
+    # serverless bills per second for the share of each layer's band that mean demand occupies, in
+    # containers of the serverless placement's size, plus a cold start and scaledown tail per active hour
+    fill = np.clip(demand.mean_rps[None, :] / pl.planning_rps - (ks[:, None] - 1), 0.0, 1.0) * active
+    ratio = pl.planning_rps / sls.planning_rps
+    per_layer = (fill * ratio + active * math.ceil(ratio) * sls_overhead_s / 3600.0) * pr.serverless_container_hour
+    starts = np.arange(groups) * rpn
+    sls_usd = np.add.reduceat(per_layer, starts, axis=0) if groups else np.zeros((0, HOURS_PER_WEEK))
+    if warm_container and groups:
+        # a restore slower than the TTFT SLO keeps a container warm in every hour the burst carries anything
+        sls_usd = np.maximum(sls_usd, pr.serverless_container_hour * active[starts])
+    return NodeGroups(
+        need=need, needed=active[starts] if groups else np.zeros((0, HOURS_PER_WEEK), bool), serverless_usd=sls_usd,
+        reserved_usd_week=HOURS_PER_WEEK * pr.reserved_node_hour, on_demand_node_hour=pr.on_demand_node_hour,
+        rise_usd=lead_s / 3600.0 * pr.on_demand_node_hour, rpn=rpn, ratio=ratio,
+    )
+
+
+def schedule_dp(run_usd: np.ndarray, idle_usd: np.ndarray, rise_usd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cheapest on/off schedule per row over the week's hours (rows = node groups, all placements at once).
+
+    A running node costs run_usd that hour; a stopped one costs idle_usd (what serverless pays instead,
+    inf where it may not stop); starting costs rise_usd (the cold-start lead billed ahead of the hour).
+    Returns (weekly cost per row, running mask). The week is treated as starting stopped, which can only
+    overcount one rise at the wrap."""
+    n = run_usd.shape[0]
+    on = np.full(n, np.inf)
+    off = np.zeros(n)
+    came_on_from_on = np.zeros((HOURS_PER_WEEK, n), bool)
+    came_off_from_on = np.zeros((HOURS_PER_WEEK, n), bool)
+    for h in range(HOURS_PER_WEEK):
+        stay = on
+        start = off + rise_usd
+        came_on_from_on[h] = stay <= start
+        new_on = np.minimum(stay, start) + run_usd[:, h]
+        came_off_from_on[h] = on <= off
+        new_off = np.minimum(on, off) + idle_usd[:, h]
+        on, off = new_on, new_off
+    cost = np.minimum(on, off)
+    state = on <= off
+    running = np.zeros((n, HOURS_PER_WEEK), bool)
+    for h in range(HOURS_PER_WEEK - 1, -1, -1):
+        running[:, h] = state
+        state = np.where(state, came_on_from_on[h], came_off_from_on[h])
+    return cost, running
+
+
+@dataclass
+class FloorChoice:
+    reserved_nodes: int
+    running: np.ndarray  # (G, HOURS_PER_WEEK) node g runs in hour h
+    floor: np.ndarray  # (HOURS_PER_WEEK,) replicas ready
+
+
+def choose_floors(
+    ng: NodeGroups, *, allow_serverless: bool, max_replicas: int, min_floor: int, burst_cap_containers: int
+) -> FloorChoice | str:
+    """Reserved nodes at the bottom, then each node group on the clock where it pays, serverless elsewhere.
+
+    Returns the choice, or a reason why none meets the caps."""
+    g_count, rpn = ng.groups, ng.rpn
+    max_nodes = max_replicas // rpn
+    if g_count == 0:
+        return FloorChoice(0, np.zeros((0, HOURS_PER_WEEK), bool), np.full(HOURS_PER_WEEK, min_floor if max_nodes else 0))
+    # hours where serverless may not carry a group: not allowed at all, or beyond the burst cap
+    if allow_serverless:
+        burst_replicas = math.floor(burst_cap_containers / ng.ratio + 1e-9)
+        min_nodes = np.ceil(np.maximum(ng.need - burst_replicas, 0) / rpn).astype(int)
+    else:
+        min_nodes = np.ceil(ng.need / rpn).astype(int)
+    if min_floor:
+        min_nodes = np.maximum(min_nodes, 1)
+    if int(min_nodes.max()) > max_nodes:
+        h = int(np.argmax(min_nodes))
+        what = f"burst cap {burst_cap_containers} containers" if allow_serverless else "no burst"
+        return (f"hour {h} needs {int(min_nodes[h]) * rpn} dedicated replicas ({int(ng.need[h])} at peak, {what}) "
+                f"> max_dedicated_replicas={max_replicas}")
+    g_index = np.arange(g_count)[:, None]
+    forced = g_index < min_nodes[None, :]
+    idle = np.where(ng.needed, ng.serverless_usd, 0.0)
+    idle = np.where(forced, np.inf, idle)
+    run = np.where(g_index < max_nodes, ng.on_demand_node_hour, np.inf) * np.ones((1, HOURS_PER_WEEK))
+    dp_cost, running = schedule_dp(run, idle, np.full(g_count, ng.rise_usd))
+    # reserved at the bottom: R nodes all week, the rest as scheduled above
+    best_r, best = 0, math.inf
+    suffix = np.concatenate([np.cumsum(dp_cost[::-1])[::-1], [0.0]])
+    for r in range(0, min(g_count, max_nodes) + 1):
+        total = r * ng.reserved_usd_week + suffix[r]
+        if total < best - 1e-9:
+            best_r, best = r, total
+    if not math.isfinite(best):
+        return "no schedule meets the caps"
+    running = running.copy()
+    running[:best_r] = True
+    floor = np.minimum(running.sum(axis=0) * rpn, max_replicas)
+    return FloorChoice(best_r, running, floor.astype(int))
+
+
+PEAKS_PER_HOUR = 8  # within-hour peaks recur about every 7.5 minutes (bursty arrivals; calibrated against the simulator)
+
+
+def serverless_alive_container_hours(
+    rps: np.ndarray, containers_mean: np.ndarray, containers_peak: np.ndarray, scaledown_window_s: float
+) -> np.ndarray:
+    """Container-hours a serverless tier bills in each hour: containers live on for the scaledown window.
+
+    A container bills whole while it is up, not the fraction of it the mean load uses: the first one is
+    alive whenever a request came within the window (Poisson: 1 − e^(−λ·W)), and the containers a
+    within-hour peak starts stay up for W after it — for the whole hour when peaks recur within W."""
+    first = 1.0 - np.exp(-rps * scaledown_window_s)
+    base = np.maximum(containers_mean, first)
+    held = min(1.0, scaledown_window_s * PEAKS_PER_HOUR / 3600.0)
+    return base + np.maximum(containers_peak - base, 0.0) * held
+
+
+def floor_section(ep: EndpointInputs, floor_by_hour: np.ndarray, reserved_replicas: int, herd: HerdSpec) -> Section[FloorSchedule]:
+    """The floor the winner keeps ready by hour, and the clock windows above its base (each rise starts a lead early)."""
+    floor_list = [int(x) for x in floor_by_hour]
+    base = min(floor_list)
+    lead = lead_time_s(ep, herd)
+    windows = floor_windows(floor_list, base, lead)
+    spec = FloorSchedule(
+        timezone=ep.traffic.timezone, replicas_by_hour=tuple(floor_list), base_replicas=base,
+        reserved_replicas=reserved_replicas, lead_time_s=round(lead, 1), windows=windows,
+    )
+    derivs = (Derivation(
+        figure="floor_lead_time_s", value=round(lead, 1), unit="s",
+        formula=f"new node + pod {ep.cold_starts.new_node_and_pod_s:g} s + start jitter {herd.start_jitter_s} s",
+        inputs=("cold_starts.new_node_and_pod_s", "weight_path.shared_path_gb_per_s", "weight_path.per_node_gb_per_s"),
+    ),)
+    return Section(spec, derivs)

@@ -1,0 +1,23 @@
+"""The weight caches: one protected bucket per region, holding every served (and canary) model revision."""
+
+from __future__ import annotations
+
+from ..inputs import CostInputs
+from ..spec import WeightCacheSpec
+
+
+def bucket_name(inp: CostInputs, region: str) -> str:
+    return f"{inp.project}-{inp.environment}-weights-{region}"
+
+
+def weight_caches(inputs: CostInputs) -> tuple[WeightCacheSpec, ...]:
+    prefixes = sorted({f"models/{e.model.name}/{e.model.revision}/" for e in inputs.endpoints}
+                      | {f"models/{e.model.name}/{e.canary_revision}/" for e in inputs.endpoints if e.canary_revision})
+    return tuple(
+        WeightCacheSpec(
+            region=r.name, bucket_name=bucket_name(inputs, r.name), source_bucket=inputs.weights_source_bucket,
+            source_region=inputs.weights_source_region or inputs.cluster_region,
+            model_prefixes=tuple(prefixes), vpc_id=r.vpc_id, protect=True,
+        )
+        for r in inputs.regions
+    )
