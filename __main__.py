@@ -136,7 +136,7 @@ bursts = {
     if e.burst is not None
 }
 gateway = None
-if any(e.tier != "managed_api" for e in spec.endpoints):
+if any(e.gated for e in spec.endpoints):
     gateway = Gateway(
         "gateway",
         GatewayArgs(

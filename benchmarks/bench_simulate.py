@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from topology import load_inputs, plan  # noqa: E402
-from topology.sim_traffic import load_trace  # noqa: E402
-from topology.simulate import simulate_endpoint  # noqa: E402
+from simulator.traffic import load_trace  # noqa: E402
+from simulator.simulate import simulate_endpoint  # noqa: E402
 
 MEAN_RPS = 3.0
 

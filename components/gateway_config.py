@@ -92,7 +92,7 @@ def env_name(endpoint: str, secret_key: str) -> str:
 
 def gated_endpoints(spec: TopologySpec) -> list[EndpointSpec]:
     """Endpoints served through the gateway: everything except managed_api."""
-    return [e for e in spec.endpoints if e.tier != "managed_api"]
+    return [e for e in spec.endpoints if e.gated]
 
 
 def endpoint_ports(spec: TopologySpec) -> dict[str, int]:
@@ -122,11 +122,11 @@ def longest_request_s(spec: TopologySpec) -> int:
 
 
 def needs_floor(e: EndpointSpec) -> bool:
-    return e.tier in ("dedicated_only", "floor_plus_burst")
+    return e.has_floor
 
 
 def needs_burst(e: EndpointSpec) -> bool:
-    return e.tier in ("serverless_only", "floor_plus_burst")
+    return e.has_burst
 
 
 def _ms(seconds: float) -> int:

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from topology.sim_drills import (
+from simulator.drills import (
     disconnect, kv_step_replica, long_prompt, morning_cold_start, rollback, spike,
 )
-from topology.sim_engine import Engine
+from simulator.engine import Engine
 
 
 def test_morning_cold_start_without_the_clock_lead_hits_the_first_users(planned_stacks):

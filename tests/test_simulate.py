@@ -13,12 +13,12 @@ import pytest
 from topology import InputError
 from topology.costs import WEEKS_PER_MONTH
 from topology.plan import erlang_c
-from topology.sim_drills import peak_hour
-from topology.sim_engine import Engine, EndpointSim, Overrides
-from topology.sim_traffic import (
+from simulator.drills import peak_hour
+from simulator.engine import Engine, EndpointSim, Overrides
+from simulator.traffic import (
     Chunk, RateTrace, RequestTrace, Spike, arrivals, gamma_alpha_for_peak, lognormal_params, load_trace,
 )
-from topology.simulate import (
+from simulator.simulate import (
     COST_TOLERANCE_FRACTION, GOODPUT_TARGET, compare_with_plan, format_plan_check, plot_week, simulate_endpoint,
     simulate_week, summary,
 )
@@ -390,7 +390,7 @@ def test_cli_bad_input_is_a_clear_error_without_traceback(root, args, fragment):
 
 
 def test_importing_the_simulator_stays_light():
-    code = ("import sys, topology.simulate, topology.sim_drills; "
+    code = ("import sys, simulator, simulator.cli; "
             "bad = [m for m in ('matplotlib', 'tqdm', 'pulumi', 'modal') if m in sys.modules]; print(bad)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.stdout.strip() == "[]", p.stdout + p.stderr

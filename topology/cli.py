@@ -25,7 +25,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return 0
     print(report.markdown(spec) if args.markdown else report.terminal(spec))
     if args.simulate:
-        from .simulate import format_plan_check, plan_check
+        from simulator import format_plan_check, plan_check  # lazily: the simulator is a separate package
 
         rows = plan_check(inputs, spec, seed=args.seed, progress=not args.markdown and sys.stderr.isatty())
         print("\n" + ("#### Simulated week vs this plan" if args.markdown else "simulated week vs this plan:"))
@@ -42,9 +42,13 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from .simulate import cli_main  # the simulator owns its options
+    from simulator.cli import cli_main  # the simulator owns its options; it reads the spec, never the planner
 
-    return cli_main(args)
+    from .loading import load_inputs
+    from .plan import plan
+
+    inputs = load_inputs(args.stack)
+    return cli_main(args, inputs, plan(inputs))
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
@@ -76,12 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     pd.set_defaults(func=_cmd_diff)
 
     ps = sub.add_parser("simulate", help="replay a week (or a trace) through a stack's plan; run failure drills")
-    try:
-        from .simulate import add_arguments
-    except ImportError:  # pragma: no cover - the simulator ships with the package
-        add_arguments = None
-    if add_arguments is not None:
-        add_arguments(ps)
+    from simulator.cli import add_arguments
+
+    add_arguments(ps)
     ps.set_defaults(func=_cmd_simulate)
 
     pr = sub.add_parser("render", help="run the Pulumi program under mocks; write Kubernetes YAML and an inventory")

@@ -88,6 +88,11 @@ class ReplicaCapacity(_Spec):
     replicas_per_node: int = Field(description="Replicas one node of this placement carries.")
     gpus_per_node: int = Field(description="GPUs of the smallest instance type that fits a replica.")
 
+    @property
+    def gpu_fraction_per_replica(self) -> float:
+        """GPUs one replica bills: a MIG slice bills its share of the GPU."""
+        return self.gpus_per_replica / self.replicas_per_gpu
+
 
 class CapacityLayer(_Spec):
     index: int = Field(description="1 = the bottom node of the load-duration curve (a node carries replicas_per_node replicas).")

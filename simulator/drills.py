@@ -25,12 +25,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .costs import SECONDS_PER_HOUR
-from .inputs import CostInputs, EndpointInputs
-from .loading import InputError
-from .sim_engine import Abandon, Engine, Overrides, Rollout, engine_for, find_placement
-from .sim_traffic import Spike, Trace
-from .spec import TopologySpec
+from topology.inputs import CostInputs, EndpointInputs
+from topology.loading import InputError
+from topology.spec import TopologySpec
+from topology.timebase import HOURS_PER_WEEK, SECONDS_PER_HOUR
+
+from .engine import Abandon, Engine, Overrides, Rollout, engine_for
+from .format import fmt_seconds, table
+from .simulate import simulate_endpoint
+from .traffic import Spike, Trace
 
 DRILLS = ("morning-cold-start", "spike", "long-prompt", "disconnect", "rollback")
 
@@ -51,7 +54,7 @@ def _ep_in(inputs: CostInputs, name: str) -> EndpointInputs:
 
 
 def _profile(ep_in: EndpointInputs) -> np.ndarray:
-    return np.asarray(ep_in.traffic.hourly_mean_requests_per_s or [0.0] * 168, dtype=float)
+    return np.asarray(ep_in.traffic.hourly_mean_requests_per_s or [0.0] * HOURS_PER_WEEK, dtype=float)
 
 
 def peak_hour(ep_in: EndpointInputs) -> int:
@@ -89,9 +92,7 @@ def _focus_goodput(res) -> float:
 
 
 def _sec(v: float) -> str:
-    from .simulate import _s
-
-    return _s(v)
+    return fmt_seconds(v)
 
 
 def _fmt(v: float, unit: str = "") -> str:
@@ -115,8 +116,6 @@ class _Focused:
         self.a = (inputs, spec, name, seed, start_h, end_h, trace)
 
     def __call__(self, ov: Overrides, spike: Spike | None = None):
-        from .simulate import simulate_endpoint
-
         inputs, spec, name, seed, start_h, end_h, trace = self.a
         return simulate_endpoint(inputs, spec, name, seed=seed, start_h=start_h, end_h=end_h, overrides=ov,
                                  spike=spike, trace=trace)
@@ -132,7 +131,7 @@ def morning_cold_start(inputs: CostInputs, spec: TopologySpec, name: str, seed: 
     """No traffic and a zero floor overnight; Monday's steepest morning rise arrives. With a floor the two
     variants differ only in when the floor window opens: the plan's lead ahead of the rise, or at the rise."""
     ep, ep_in = spec.endpoint(name), _ep_in(inputs, name)
-    if ep.tier == "managed_api":
+    if not ep.gated:
         return _not_applicable("morning-cold-start", name, "a managed API has no cold start of ours")
     h = morning_rise_hour(ep_in)
     start_h, end_h = h - 2.0, h + 2.0
@@ -141,21 +140,21 @@ def morning_cold_start(inputs: CostInputs, spec: TopologySpec, name: str, seed: 
     focus = (h * SECONDS_PER_HOUR, end_h * SECONDS_PER_HOUR)
     night = Spike(0.0, start_h * SECONDS_PER_HOUR, (h - start_h) * 60.0)  # overnight: no requests at all
     run = _Focused(inputs, spec, name, seed, start_h, end_h, trace)
-    has_floor = ep.tier in ("dedicated_only", "floor_plus_burst")
-    zero = tuple([0] * 168)
+    has_floor = ep.has_floor
+    zero = tuple([0] * HOURS_PER_WEEK)
     if has_floor:
         labels = (f"clock-led floor (plan's lead {ep.floor.lead_time_s:g} s)", "floor opens at the rise (reactive)")
         floor = list(ep.floor.replicas_by_hour)
         for k in range(1, 9):  # the night before the rise: nothing running
-            floor[(h - k) % 168] = 0
+            floor[(h - k) % HOURS_PER_WEEK] = 0
         ov_a = Overrides(focus=focus, floor_by_hour=tuple(floor), lead_time_s=ep.floor.lead_time_s, min_replicas=0)
         ov_b = Overrides(focus=focus, floor_by_hour=tuple(floor), lead_time_s=0.0, min_replicas=0,
                          burst_min_by_hour=zero if ep.burst else None)
     else:
         labels = ("as planned (scale to zero)", "one container warmed an hour ahead")
-        warm = [0] * 168
+        warm = [0] * HOURS_PER_WEEK
         for k in range(-1, 3):
-            warm[(h + k) % 168] = 1
+            warm[(h + k) % HOURS_PER_WEEK] = 1
         ov_a = Overrides(focus=focus, burst_min_by_hour=zero)
         ov_b = Overrides(focus=focus, burst_min_by_hour=tuple(warm))
     ra, rb = run(ov_a, night), run(ov_b, night)
@@ -205,7 +204,7 @@ def _not_applicable(drill: str, name: str, why: str) -> DrillResult:
 def spike(inputs: CostInputs, spec: TopologySpec, name: str, factor: float = 3.0, minutes: float = 10.0,
           seed: int = 0, trace: Trace | None = None) -> DrillResult:
     ep, ep_in = spec.endpoint(name), _ep_in(inputs, name)
-    if ep.tier == "managed_api":
+    if not ep.gated:
         return _not_applicable("spike", name, "a managed API absorbs spikes on the provider's side")
     p = peak_hour(ep_in)
     at = p * SECONDS_PER_HOUR + 600.0
@@ -338,17 +337,16 @@ def kv_step_replica(eng: Engine, max_seqs: int, prompts: list[float], outs: list
 
 def long_prompt(inputs: CostInputs, spec: TopologySpec, name: str) -> DrillResult:
     ep, ep_in = spec.endpoint(name), _ep_in(inputs, name)
-    if ep.tier == "managed_api":
+    if not ep.gated:
         return _not_applicable("long-prompt", name, "the API's context limit is the provider's")
     s = ep_in.shape
-    if ep.tier == "serverless_only":
-        assert ep.burst is not None
-        gpus = int(ep.burst.gpu.split(":")[1]) if ":" in ep.burst.gpu else 1
-        pl = find_placement(ep_in, ep.burst.gpu_kind, None, gpus)
+    if not ep.has_floor:
+        assert ep.burst is not None and ep.burst_capacity is not None
+        pl = ep.burst_capacity
         replicas = max(1, ep.burst.max_containers)
         cap_per = ep.burst.target_inputs
     else:
-        pl = find_placement(ep_in, ep.capacity.gpu_kind, ep.capacity.mig_profile, ep.capacity.gpus_per_replica)
+        pl = ep.capacity
         replicas = max(1, ep.floor.base_replicas)  # the fewest replicas the gateway can spread over
         cap_per = ep.gateway.overflow_inflight_per_replica
     eng = engine_for(ep_in, pl, pl.usable_concurrency)
@@ -390,7 +388,7 @@ def long_prompt(inputs: CostInputs, spec: TopologySpec, name: str) -> DrillResul
 def disconnect(inputs: CostInputs, spec: TopologySpec, name: str, fraction: float = 0.2, seed: int = 0,
                trace: Trace | None = None) -> DrillResult:
     ep, ep_in = spec.endpoint(name), _ep_in(inputs, name)
-    if ep.tier == "managed_api":
+    if not ep.gated:
         return _not_applicable("disconnect", name, "the API bills and stops generation on its side")
     p = peak_hour(ep_in)
     start_h, end_h = max(0.0, p - 1.0), p + 1.0
@@ -428,7 +426,7 @@ def disconnect(inputs: CostInputs, spec: TopologySpec, name: str, fraction: floa
 def rollback(inputs: CostInputs, spec: TopologySpec, name: str, detect_minutes: float = 10.0, seed: int = 0,
              trace: Trace | None = None) -> DrillResult:
     ep, ep_in = spec.endpoint(name), _ep_in(inputs, name)
-    if ep.tier == "managed_api":
+    if not ep.gated:
         return _not_applicable("rollback", name, "the API's model version is the provider's")
     p = peak_hour(ep_in)
     at = p * SECONDS_PER_HOUR - 1800.0
@@ -496,13 +494,11 @@ def run_drill(drill: str, inputs: CostInputs, spec: TopologySpec, args: argparse
 
 
 def format_drills(env: str, drill: str, results: list[DrillResult], markdown: bool = False) -> str:
-    from .simulate import _table
-
     out = [("### " if markdown else "") + f"Drill {drill} on {env}"]
     for r in results:
         out.append("")
         out.append(("**" if markdown else "") + r.finding + ("**" if markdown else ""))
         if r.metrics:
             out.append("")
-            out.append(_table(["metric", r.variants[0], r.variants[1]], [list(m) for m in r.metrics], markdown))
+            out.append(table(["metric", r.variants[0], r.variants[1]], [list(m) for m in r.metrics], markdown))
     return "\n".join(out)

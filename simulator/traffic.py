@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .inputs import EndpointInputs
-from .loading import InputError
+from topology.inputs import EndpointInputs
+from topology.loading import InputError
+from topology.timebase import HOURS_PER_WEEK, MINUTES_PER_HOUR, MINUTES_PER_WEEK, SECONDS_PER_MINUTE
 
-SECONDS_PER_WEEK = 604800
-MINUTES_PER_WEEK = 10080
+SECONDS_PER_WEEK = MINUTES_PER_WEEK * SECONDS_PER_MINUTE
 Z_PEAK_MINUTE = 2.13  # standard normal quantile at 60/61: the expected largest of 60 draws
 
 
@@ -204,7 +204,7 @@ def gamma_alpha_for_peak(peak_factor: float) -> float | None:
 
 def minute_rates(ep: EndpointInputs, trace: Trace | None) -> tuple[np.ndarray, float | None]:
     """Base requests/s for each of the week's 10,080 minutes, and the Gamma α for within-minute-set burstiness."""
-    profile = np.asarray(ep.traffic.hourly_mean_requests_per_s or [0.0] * 168, dtype=float)
+    profile = np.asarray(ep.traffic.hourly_mean_requests_per_s or [0.0] * HOURS_PER_WEEK, dtype=float)
     pf = ep.traffic.within_hour_peak_factor
     if isinstance(trace, RateTrace):
         per = int(trace.window_s // 60)
@@ -212,7 +212,7 @@ def minute_rates(ep: EndpointInputs, trace: Trace | None) -> tuple[np.ndarray, f
         mean = profile.mean()
         base *= mean / base.mean() if base.mean() > 0 else 0.0
         # the windows already show part of the hour's peak: the Gamma factor adds only the rest
-        hours = base.reshape(168, 60)
+        hours = base.reshape(HOURS_PER_WEEK, MINUTES_PER_HOUR)
         hmean = hours.mean(axis=1)
         shown = float(np.mean(hours.max(axis=1)[hmean > 0] / hmean[hmean > 0])) if (hmean > 0).any() else 1.0
         return base, gamma_alpha_for_peak(pf / shown)

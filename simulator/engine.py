@@ -38,12 +38,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .catalog import GPU_KINDS
-from .costs import SECONDS_PER_HOUR
-from .inputs import CostInputs, EndpointInputs
-from .plan import Placement, floor_windows, placements
-from .sim_traffic import MINUTES_PER_WEEK, Chunk
-from .spec import EndpointSpec
+from topology.inputs import CostInputs, EndpointInputs
+from topology.spec import EndpointSpec, ReplicaCapacity
+from topology.timebase import MINUTES_PER_WEEK, SECONDS_PER_HOUR
+from topology.windows import floor_windows
+
+from .traffic import Chunk
 
 NODE_SCALE_DOWN_S = 600.0  # cluster-autoscaler scale-down-unneeded-time default
 GATEWAY_SWITCH_S = 5.0  # gateway config reload that flips traffic to a warm pool
@@ -87,25 +87,15 @@ class Engine:
         return max(0, min(self.slots, int((itl_slo_s - self.a0) / self.a1))) if self.a1 > 0 else self.slots
 
 
-def engine_for(ep_in: EndpointInputs, pl: Placement, slots: int) -> Engine:
-    """The decode line from the planner's placement figures (measured rates, weights over bandwidth)."""
+def engine_for(ep_in: EndpointInputs, cap: ReplicaCapacity, slots: int) -> Engine:
+    """The decode line from the spec's replica physics (the planner's measured rates, weights over bandwidth)."""
     s, h = ep_in.shape, ep_in.prefix_cache_hit_fraction
-    t_min = pl.decode_step_floor_s
-    # the placement's effective rate is usable / (t_min + usable·k): recover k from it
-    k = max(0.0, (pl.usable_concurrency / pl.decode_tokens_per_s - t_min) / pl.usable_concurrency)
-    interference = s.input_tokens_mean * (1 - h) / pl.prefill_tokens_per_s / s.output_tokens_mean
+    interference = s.input_tokens_mean * (1 - h) / cap.prefill_tokens_per_s / s.output_tokens_mean
     return Engine(
-        slots=slots, prefill_tokens_per_s=pl.prefill_tokens_per_s, t_min=t_min, k=k, interference=interference,
-        kv_capacity_tokens=pl.kv_capacity_tokens, gpus=pl.gpu_fraction_per_replica,
+        slots=slots, prefill_tokens_per_s=cap.prefill_tokens_per_s, t_min=cap.decode_step_floor_s,
+        k=cap.decode_step_s_per_sequence, interference=interference,
+        kv_capacity_tokens=cap.kv_capacity_tokens, gpus=cap.gpu_fraction_per_replica,
     )
-
-
-def find_placement(ep_in: EndpointInputs, gpu_kind: str, mig: str | None, gpus: int) -> Placement:
-    ok, _ = placements(ep_in, GPU_KINDS)
-    for p in ok:
-        if p.gpu_kind == gpu_kind and p.mig_profile == mig and p.gpus_per_replica == gpus:
-            return p
-    raise ValueError(f"{ep_in.name}: no placement {gpu_kind} {mig or ''}×{gpus} among the planner's")
 
 
 @dataclass
@@ -215,29 +205,26 @@ class EndpointSim:
         self.itl_slo = ep_in.slo.inter_token_p99_ms / 1000.0
         self.hit = ep_in.prefix_cache_hit_fraction
         cap = ep.capacity
-        self.has_floor = ep.tier in ("dedicated_only", "floor_plus_burst")
-        self.has_burst = ep.burst is not None and ep.tier in ("serverless_only", "floor_plus_burst")
-        self.is_api = ep.tier == "managed_api"
+        self.has_floor = ep.has_floor
+        self.has_burst = ep.has_burst
+        self.is_api = not ep.gated
         prices = inputs.prices
         # --- dedicated floor
         if self.has_floor:
-            pl = find_placement(ep_in, cap.gpu_kind, cap.mig_profile, cap.gpus_per_replica)
-            self.floor_pl = pl
-            self.feng = self.ov.engine or engine_for(ep_in, pl, cap.usable_concurrency)
-            self.rpn = pl.replicas_per_node
-            od = prices.dedicated_on_demand_usd_per_gpu_hour[pl.gpu_kind]
-            self.od_node_usd_s = od * pl.gpus_per_node / SECONDS_PER_HOUR
-            self.res_node_usd_s = od * (1 - prices.reserved_discount_fraction) * pl.gpus_per_node / SECONDS_PER_HOUR
-            self.gpus_per_node = pl.gpus_per_node
+            self.feng = self.ov.engine or engine_for(ep_in, cap, cap.usable_concurrency)
+            self.rpn = cap.replicas_per_node
+            od = prices.dedicated_on_demand_usd_per_gpu_hour[cap.gpu_kind]
+            self.od_node_usd_s = od * cap.gpus_per_node / SECONDS_PER_HOUR
+            self.res_node_usd_s = od * (1 - prices.reserved_discount_fraction) * cap.gpus_per_node / SECONDS_PER_HOUR
+            self.gpus_per_node = cap.gpus_per_node
             self.reserved_nodes = math.ceil(ep.floor.reserved_replicas / self.rpn) if ep.floor.reserved_replicas else 0
             self.cron = self._cron_by_minute()
         # --- burst
         if self.has_burst:
-            b = ep.burst
-            assert b is not None
+            b, bcap = ep.burst, ep.burst_capacity
+            assert b is not None and bcap is not None
             gpus = b.gpus_per_container
-            spl = find_placement(ep_in, b.gpu_kind, None, gpus)
-            self.beng = engine_for(ep_in, spl, b.max_inputs)
+            self.beng = engine_for(ep_in, bcap, b.max_inputs)
             self.b_gpus = gpus
             self.b_usd_s = (prices.serverless_usd_per_gpu_second[b.gpu_kind] * ep_in.serverless.region_price_multiplier
                             * gpus)

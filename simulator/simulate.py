@@ -3,7 +3,7 @@
 The planner's SLO and cost claims come from formulas; this checks them by serving requests. Ground truth
 (engine rates, cold starts, prices, shape, traffic, SLO) comes from the inputs; the spec supplies the
 decisions under test (floor by hour, autoscaling, gateway overflow, burst sizing). The model is described
-in topology/sim_engine.py; traffic sources in topology/sim_traffic.py; drills in topology/sim_drills.py.
+in simulator/engine.py; traffic sources in simulator/traffic.py; drills in simulator/drills.py.
 
     python -m topology simulate stacks/Pulumi.prod.yaml [--trace traces/azure2023_conv.csv]
         [--drill morning-cold-start|spike|long-prompt|disconnect|rollback] [--plot out/week.png] [--markdown]
@@ -17,7 +17,6 @@ Pure: no clock reads, no network; randomness from an explicit seed; matplotlib a
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -26,18 +25,19 @@ from pathlib import Path
 
 import numpy as np
 
-from .costs import SECONDS_PER_HOUR, WEEKS_PER_MONTH
-from .inputs import CostInputs
-from .loading import InputError
-from .sim_engine import EndpointSim, Overrides, hist_quantile
-from .sim_traffic import Spike, Trace, arrivals, load_trace
-from .spec import EndpointSpec, TopologySpec
+from topology.costs import WEEKS_PER_MONTH
+from topology.inputs import CostInputs
+from topology.spec import EndpointSpec, TopologySpec
+from topology.timebase import HOURS_PER_WEEK, SECONDS_PER_HOUR
+
+from .engine import EndpointSim, Overrides, hist_quantile
+from .format import WEEKDAYS, fmt_seconds, hour_of_week_label, table
+from .traffic import Spike, Trace, arrivals
 
 GOODPUT_TARGET = 0.99  # share of requests meeting both the TTFT and inter-token SLOs (the SLOs are p99s)
 PEAK_HOURS_FRACTION = 0.10  # "SLO met at peak": the busiest 10% of simulated hours must meet the target too
 COST_TOLERANCE_FRACTION = 0.15  # simulated vs planned monthly cost: beyond ±15% the plan report warns
 CHUNK_S = 600.0
-WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 TRACE_SOURCES = {  # cite where results use them (traces/README.md)
     "azure2023_conv.csv": "Azure/AzurePublicDataset AzureLLMInferenceTrace_conv (Splitwise, ISCA'24), CC-BY-4.0",
     "azure2023_code.csv": "Azure/AzurePublicDataset AzureLLMInferenceTrace_code (Splitwise, ISCA'24), CC-BY-4.0",
@@ -52,6 +52,7 @@ class EndpointResult:
 
     endpoint: str
     tier: str
+    has_floor: bool  # the spec's EndpointSpec.has_floor
     start_h: float
     end_h: float
     requests: int
@@ -95,7 +96,7 @@ class EndpointResult:
 
     @property
     def full_week(self) -> bool:
-        return self.end_h - self.start_h >= 168 - 1e-9
+        return self.end_h - self.start_h >= HOURS_PER_WEEK - 1e-9
 
     @property
     def meets_slo(self) -> bool:
@@ -107,7 +108,7 @@ class EndpointResult:
 
     def monthly_usd(self) -> float | None:
         """Variable cost scaled to a month (only from whole simulated weeks)."""
-        weeks = (self.end_h - self.start_h) / 168.0
+        weeks = (self.end_h - self.start_h) / HOURS_PER_WEEK
         return self.cost_total_usd / weeks * WEEKS_PER_MONTH if self.full_week else None
 
 
@@ -134,7 +135,7 @@ class SimResult:
 
 def simulate_endpoint(
     inputs: CostInputs, spec: TopologySpec, name: str, *, seed: int = 0, trace: Trace | None = None,
-    start_h: float = 0.0, end_h: float = 168.0, spike: Spike | None = None, overrides: Overrides | None = None,
+    start_h: float = 0.0, end_h: float = float(HOURS_PER_WEEK), spike: Spike | None = None, overrides: Overrides | None = None,
     raw_tokens: bool = False, progress: Callable[[int], None] | None = None, rate_scale: float = 1.0,
 ) -> EndpointResult:
     """Serve one endpoint's traffic over [start_h, end_h) hours of the week (Monday 00:00 local = 0)."""
@@ -159,7 +160,7 @@ def simulate_endpoint(
 
 def simulate_week(
     inputs: CostInputs, spec: TopologySpec, *, seed: int = 0, trace: Trace | None = None, start_h: float = 0.0,
-    end_h: float = 168.0, endpoints: Sequence[str] | None = None, raw_tokens: bool = False, progress: bool = False,
+    end_h: float = float(HOURS_PER_WEEK), endpoints: Sequence[str] | None = None, raw_tokens: bool = False, progress: bool = False,
     spike: Spike | None = None,
 ) -> SimResult:
     """Every endpoint (or the named ones) of a stack over the window; progress shows a bar on a terminal."""
@@ -185,7 +186,7 @@ def _progress_bar(inputs: CostInputs, names: Sequence[str], start_h: float, end_
     for e in inputs.endpoints:
         if e.name in names and e.traffic.hourly_mean_requests_per_s:
             prof = np.asarray(e.traffic.hourly_mean_requests_per_s)
-            hours = np.arange(math.floor(start_h), math.ceil(end_h)) % 168
+            hours = np.arange(math.floor(start_h), math.ceil(end_h)) % HOURS_PER_WEEK
             expected += float(prof[hours].sum()) * SECONDS_PER_HOUR
     return tqdm(total=int(expected), unit="req", unit_scale=True, file=sys.stderr, disable=not sys.stderr.isatty())
 
@@ -204,7 +205,7 @@ def _result(sim: EndpointSim, ep: EndpointSpec, start_h: float, end_h: float) ->
     busy = np.argsort(-tl.arrivals)[: max(1, int(math.ceil(len(tl.arrivals) * PEAK_HOURS_FRACTION)))]
     peak_good = float(tl.met[busy].sum() / max(1.0, tl.arrivals[busy].sum()))
     first_hour = int(math.floor(start_h))
-    bad_hours = [(int((first_hour + h) % 168), float(hourly_goodput[h])) for h in range(len(hourly_goodput))
+    bad_hours = [(int((first_hour + h) % HOURS_PER_WEEK), float(hourly_goodput[h])) for h in range(len(hourly_goodput))
                  if tl.arrivals[h] > 0 and hourly_goodput[h] < GOODPUT_TARGET]
     bad_hours.sort(key=lambda x: x[1])
     window_s = (end_h - start_h) * SECONDS_PER_HOUR
@@ -224,7 +225,7 @@ def _result(sim: EndpointSim, ep: EndpointSpec, start_h: float, end_h: float) ->
     if sim.has_burst:
         sls_rps = sim.ep.burst.planning_requests_per_s if sim.ep.burst is not None else 0.0
     return EndpointResult(
-        endpoint=ep.name, tier=ep.tier, start_h=start_h, end_h=end_h, requests=sim.n_total,
+        endpoint=ep.name, tier=ep.tier, has_floor=ep.has_floor, start_h=start_h, end_h=end_h, requests=sim.n_total,
         goodput=float(tl.met.sum() / n), peak_hours_goodput=peak_good,
         ttft_p50_s=hist_quantile(tl.ttft_hist, 0.5), ttft_p99_s=hist_quantile(tl.ttft_hist, 0.99),
         itl_p50_s=hist_quantile(tl.itl_hist, 0.5), itl_p99_s=hist_quantile(tl.itl_hist, 0.99),
@@ -334,7 +335,7 @@ def compare_with_plan(result: EndpointResult, ep: EndpointSpec) -> PlanCompariso
     delta = None if sim_total is None or ep.monthly_usd <= 0 else (sim_total - ep.monthly_usd) / ep.monthly_usd
     warns = []
     if not result.meets_slo:
-        worst = ", ".join(f"{_how(h)} {g:.1%}" for h, g in result.worst_hours[:3])
+        worst = ", ".join(f"{hour_of_week_label(h)} {g:.1%}" for h, g in result.worst_hours[:3])
         warns.append(
             f"{ep.name}: simulated goodput {result.goodput:.2%} (busiest hours {result.peak_hours_goodput:.2%}) is below "
             f"the {GOODPUT_TARGET:.0%} the plan's p99 SLO implies" + (f"; worst hours: {worst}" if worst else "")
@@ -353,7 +354,7 @@ def compare_with_plan(result: EndpointResult, ep: EndpointSpec) -> PlanCompariso
 
 
 def plan_check(inputs: CostInputs, spec: TopologySpec, *, seed: int = 0, progress: bool = False,
-               start_h: float = 0.0, end_h: float = 168.0) -> list[PlanComparison]:
+               start_h: float = 0.0, end_h: float = float(HOURS_PER_WEEK)) -> list[PlanComparison]:
     """Simulate every endpoint's synthetic week and compare with the plan (what the plan report shows).
 
     A full week is needed for the cost comparison (a shorter window compares goodput only). Runs at roughly
@@ -367,11 +368,11 @@ def format_plan_check(rows: Sequence[PlanComparison], markdown: bool = False) ->
     body = []
     for r in rows:
         body.append([
-            r.endpoint, f"{r.simulated_goodput:.2%}", f"≥ {r.goodput_target:.0%}", _s(r.ttft_p99_s), _s(r.itl_p99_s),
+            r.endpoint, f"{r.simulated_goodput:.2%}", f"≥ {r.goodput_target:.0%}", fmt_seconds(r.ttft_p99_s), fmt_seconds(r.itl_p99_s),
             "—" if r.simulated_monthly_usd is None else f"${r.simulated_monthly_usd:,.0f}", f"${r.planned_monthly_usd:,.0f}",
             "—" if r.cost_delta_fraction is None else f"{r.cost_delta_fraction:+.1%} (±{r.cost_tolerance_fraction:.0%})",
         ])
-    text = _table(head, body, markdown)
+    text = table(head, body, markdown)
     warns = [w for r in rows for w in r.warnings]
     if warns:
         text += "\n" + "\n".join(("- ⚠ " if markdown else "WARNING: ") + w for w in warns)
@@ -381,28 +382,6 @@ def format_plan_check(rows: Sequence[PlanComparison], markdown: bool = False) ->
 # --------------------------------------------------------------------------------------------------
 # Reports
 # --------------------------------------------------------------------------------------------------
-
-
-def _s(x: float) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "—"
-    if math.isinf(x):
-        return "∞"
-    return f"{x * 1000:.0f} ms" if x < 10 else f"{x:.1f} s"
-
-
-def _how(h: int) -> str:
-    return f"{WEEKDAYS[(h // 24) % 7]} {h % 24:02d}:00"
-
-
-def _table(head: list[str], rows: list[list[str]], markdown: bool) -> str:
-    if markdown:
-        lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
-        return "\n".join(lines)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join([fmt.format(*head), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows])
 
 
 def summary(res: SimResult, markdown: bool = False) -> str:
@@ -419,15 +398,15 @@ def summary(res: SimResult, markdown: bool = False) -> str:
         rows.append([
             e.endpoint, f"{e.start_h:g}–{e.end_h:g}", e.tier, f"{e.requests:,}", f"{e.goodput:.2%}" + ("" if e.meets_slo else " ✗"),
             f"{e.peak_hours_goodput:.2%}",
-            f"{_s(e.ttft_p50_s)}/{_s(e.ttft_p99_s)} ({_s(e.ttft_slo_s)})",
-            f"{_s(e.itl_p50_s)}/{_s(e.itl_p99_s)} ({_s(e.itl_slo_s)})",
+            f"{fmt_seconds(e.ttft_p50_s)}/{fmt_seconds(e.ttft_p99_s)} ({fmt_seconds(e.ttft_slo_s)})",
+            f"{fmt_seconds(e.itl_p50_s)}/{fmt_seconds(e.itl_p99_s)} ({fmt_seconds(e.itl_slo_s)})",
             f"{e.burst_share:.1%}",
             f"{c['reserved']:,.0f}/{c['on_demand']:,.0f}/{c['serverless']:,.0f}/{c['api']:,.0f}",
             f"{g['dedicated']:,.0f}/{g['serverless']:,.0f}",
             f"{e.pod_cold_starts}/{e.node_cold_starts}/{e.container_cold_starts}",
             f"{e.floor_queue_peak}/{e.burst_queue_peak}",
         ])
-    out = [("### " if markdown else "") + title, "", _table(head, rows, markdown)]
+    out = [("### " if markdown else "") + title, "", table(head, rows, markdown)]
     crit = (f"Goodput = share of requests meeting both TTFT and inter-token SLOs; an endpoint meets its SLO at ≥ "
             f"{GOODPUT_TARGET:.0%} overall and over its busiest {PEAK_HOURS_FRACTION:.0%} of hours. TTFT = queue + "
             "prefill + first decode step (a 503 is a miss); ITL = a request's mean gap between tokens; a managed "
@@ -435,7 +414,7 @@ def summary(res: SimResult, markdown: bool = False) -> str:
     out += ["", crit]
     for e in res.endpoints:
         if e.worst_hours:
-            hrs = ", ".join(f"{_how(h)} {g:.1%}" for h, g in e.worst_hours[:5])
+            hrs = ", ".join(f"{hour_of_week_label(h)} {g:.1%}" for h, g in e.worst_hours[:5])
             out.append(("- " if markdown else "  ") + f"{e.endpoint}: hours below target: {hrs}")
         for d in e.diagnostics if not e.meets_slo else ():
             out.append(("- " if markdown else "  ") + d)
@@ -469,14 +448,14 @@ def plot_week(res: SimResult, path: str | Path) -> Path:
                         f" (off scale: 1 = {e.serverless_requests_per_s:.0f} req/s)" if off_scale else ""))
             ax.step(hours, e.hourly_burst_requests, where="post", color="#fd8d3c", lw=0.9,
                     label="served by burst (req/s)")
-        if e.planning_requests_per_s > 0 and e.tier in ("dedicated_only", "floor_plus_burst"):
+        if e.planning_requests_per_s > 0 and e.has_floor:
             ax.step(hours, floor_cap, where="post", color="#08519c", lw=1.8, label="floor replicas × planning req/s")
         top = demand_top * 1.2 if off_scale else max(demand_top, float(np.max(floor_cap + burst_cap)), 1e-9)
         ax.set_ylim(0, top * 1.45)  # room for the legend above the data
         ax.set_ylabel("requests/s")
         ax.set_title(f"{res.environment} / {e.endpoint} ({e.tier}): goodput {e.goodput:.2%}, "
-                     f"TTFT p99 {_s(e.ttft_p99_s)} (SLO {_s(e.ttft_slo_s)}), ITL p99 {_s(e.itl_p99_s)} "
-                     f"(SLO {_s(e.itl_slo_s)})", fontsize=10, loc="left")
+                     f"TTFT p99 {fmt_seconds(e.ttft_p99_s)} (SLO {fmt_seconds(e.ttft_slo_s)}), ITL p99 {fmt_seconds(e.itl_p99_s)} "
+                     f"(SLO {fmt_seconds(e.itl_slo_s)})", fontsize=10, loc="left")
         ax2 = ax.twinx()
         good = np.asarray(e.hourly_goodput) * 100
         ax2.step(hours, good, where="post", color="#31a354", lw=1.2, label="goodput % (right axis)")
@@ -500,71 +479,3 @@ def plot_week(res: SimResult, path: str | Path) -> Path:
     fig.savefig(p, dpi=110)
     plt.close(fig)
     return p
-
-
-# --------------------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .sim_drills import DRILLS
-
-    parser.epilog = ("Exit status: 0 when every endpoint meets its SLO (drills: always 0), 1 when one misses it, "
-                     "2 on bad input. Drills run the window they need; --trace feeds them too.")
-    parser.add_argument("stack", help="stacks/Pulumi.<env>.yaml (or an inputs file)")
-    parser.add_argument("--trace", help="per-request (Azure CSV, Mooncake JSONL) or rate (ServeGen CSV) trace to replay")
-    parser.add_argument("--drill", help=f"run a failure drill instead of the week: {', '.join(DRILLS)}")
-    parser.add_argument("--plot", help="write a PNG of the week (demand, floor, burst, SLO attainment)")
-    parser.add_argument("--markdown", action="store_true", help="print a PR-comment version")
-    parser.add_argument("--endpoint", action="append", help="only this endpoint (repeatable)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--hours", default="0:168", help="window START:END in hours of the week, Monday 00:00 = 0")
-    parser.add_argument("--raw-tokens", action="store_true", help="keep a trace's token counts (default: scale to the shape)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--spike-factor", type=float, default=3.0, help="spike drill: traffic multiplier (default 3)")
-    parser.add_argument("--spike-minutes", type=float, default=10.0, help="spike drill: duration (default 10)")
-    parser.add_argument("--abandon-fraction", type=float, default=0.2, help="disconnect drill: share abandoning (default 0.2)")
-    parser.add_argument("--detect-minutes", type=float, default=10.0, help="rollback drill: minutes to detect (default 10)")
-
-
-def parse_hours(text: str) -> tuple[float, float]:
-    try:
-        a, b = (float(x) for x in text.split(":"))
-    except ValueError:
-        raise InputError(f"--hours {text!r}: expected START:END in hours of the week, e.g. 6:12 or 0:168") from None
-    if not (0 <= a < b <= 168 * 4):
-        raise InputError(f"--hours {text!r}: need 0 ≤ START < END ≤ 672 (up to four weeks)")
-    return a, b
-
-
-def cli_main(args: argparse.Namespace) -> int:
-    from .loading import load_inputs
-    from .plan import plan
-    from .sim_drills import DRILLS, run_drill
-
-    inputs = load_inputs(args.stack)
-    spec = plan(inputs)
-    names = [e.name for e in spec.endpoints]
-    for n in args.endpoint or []:
-        if n not in names:
-            raise InputError(f"--endpoint {n!r}: no such endpoint; {Path(args.stack).name} has {', '.join(names)}")
-    start_h, end_h = parse_hours(args.hours)
-    trace = load_trace(args.trace) if args.trace else None
-    if args.drill is not None:
-        if args.drill not in DRILLS:
-            raise InputError(f"--drill {args.drill!r}: unknown drill; allowed: {', '.join(DRILLS)}")
-        text = run_drill(args.drill, inputs, spec, args, markdown=args.markdown, trace=trace)
-        print(text)
-        return 0
-    res = simulate_week(inputs, spec, seed=args.seed, trace=trace, start_h=start_h, end_h=end_h,
-                        endpoints=args.endpoint, raw_tokens=args.raw_tokens, progress=not args.no_progress)
-    print(summary(res, markdown=args.markdown))
-    if all(e.full_week for e in res.endpoints):
-        print()
-        print(format_plan_check([compare_with_plan(e, spec.endpoint(e.endpoint)) for e in res.endpoints],
-                                markdown=args.markdown))
-    if args.plot:
-        p = plot_week(res, args.plot)
-        print(f"\nplot: {p}")
-    return 0 if all(e.meets_slo for e in res.endpoints) else 1
