@@ -40,3 +40,35 @@ def test_plan_is_deterministic_and_ignores_the_clock(monkeypatch):
 
     monkeypatch.setattr(dt, "datetime", NoNow)
     assert plan(inputs).to_json() == first
+
+
+def _modules_after(code: str) -> set[str]:
+    """The modules a fresh interpreter holds after running `code` (from the project root)."""
+    probe = code + "; import sys; print('\\n'.join(sorted(sys.modules)))"
+    r = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return set(r.stdout.split())
+
+
+def test_reading_a_spec_loads_neither_the_planner_nor_numpy():
+    """The Modal container and every component import topology.spec to read a spec: that must stay cheap."""
+    loaded = _modules_after("import topology.spec; from topology.spec import TopologySpec, EndpointSpec")
+    assert "topology.spec" in loaded  # the probe ran
+    heavy = sorted(m for m in loaded if m == "numpy" or m.startswith(("numpy.", "topology.plan", "simulator")))
+    assert heavy == []
+
+
+def test_topology_plan_is_still_the_planner_function_whichever_import_comes_first():
+    for code in ("import topology.plan; from topology import plan",
+                 "from topology.plan import erlang_c; from topology import plan",
+                 "from topology import plan; import topology.plan"):
+        r = subprocess.run([sys.executable, "-c", code + "; print(callable(plan) and plan.__name__)"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+        assert r.stdout.strip() == "plan", (code, r.stdout, r.stderr)
+
+
+def test_the_simulator_imports_nothing_of_the_planner():
+    """It checks the plan's claims from the spec and the inputs; re-running planner code would check nothing."""
+    loaded = _modules_after("import simulator, simulator.cli, simulator.drills")
+    assert "simulator.engine" in loaded
+    assert sorted(m for m in loaded if m.startswith("topology.plan")) == []
