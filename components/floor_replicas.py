@@ -25,18 +25,14 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from topology.spec import ENGINE_OFFLINE_ENV, EndpointSpec, FloorSchedule, NodePoolSpec, WeightCacheSpec
+from topology.timebase import MINUTES_PER_DAY, MINUTES_PER_WEEK
 
 from ._common import CAPACITY_LABEL, ENDPOINT_LABEL, GPU_TAINT_EFFECT_K8S, MIG_CONFIG_LABEL, TYPE_PREFIX, child
-from .gateway_config import burst_backend_name
 from .gpu_node_pool import NVME_MOUNT, node_labels
+from .names import TRACK_CANARY, TRACK_LABEL, TRACK_METRIC_LABEL, TRACK_STABLE, burst_backend_name
 
-MINUTES_PER_DAY = 24 * 60
-MINUTES_PER_WEEK = 7 * MINUTES_PER_DAY
 WEIGHTS_MOUNT = "/models"  # where the node-local weight copy appears inside the pod
 WARMUP_MOUNT = "/opt/warmup"
-TRACK_LABEL = "serving.llm/track"  # stable | canary: the revision track a pod serves
-# the Prometheus label the PodMonitor copies TRACK_LABEL into (prometheus-operator sanitises the name)
-TRACK_METRIC_LABEL = "serving_llm_track"
 WARMUP_SENTINEL = "/tmp/warmup-done"  # container filesystem: an engine restart clears it
 AWS_CLI_IMAGE = "public.ecr.aws/aws-cli/aws-cli:2.27.50"  # pinned: the init container's only tool
 # Environment that keeps every hub client offline: weights and tokenizer come from the local copy only.
@@ -82,7 +78,7 @@ def queue_query(namespace: str, served_model_name: str) -> str:
     """Requests waiting summed over the endpoint's stable replicas; KEDA's AverageValue divides by replicas.
     Canary pods serve the same model name, so the track label keeps their queue out of the stable count."""
     return (f'sum(vllm:num_requests_waiting{{namespace="{namespace}",model_name="{served_model_name}",'
-            f'{TRACK_METRIC_LABEL}="stable"}})')
+            f'{TRACK_METRIC_LABEL}="{TRACK_STABLE}"}})')
 
 
 def burst_backlog_query(namespace: str, endpoint: str) -> str:
@@ -155,7 +151,7 @@ class FloorReplicas(pulumi.ComponentResource):
         self.deployment_name = self.service_name = self.service_account_name = app
         ns = args.namespace
         labels = {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": ep.name, ENDPOINT_LABEL: ep.name}
-        stable = {**labels, TRACK_LABEL: "stable"}
+        stable = {**labels, TRACK_LABEL: TRACK_STABLE}
         meta = lambda n: {"name": n, "namespace": ns, "labels": labels}  # noqa: E731
 
         k8s.core.v1.ServiceAccount(f"{name}-service-account", metadata=meta(app), opts=child(self))
@@ -222,7 +218,7 @@ class FloorReplicas(pulumi.ComponentResource):
         if ep.gateway.canary is not None and args.canary_weights_uri is not None:
             # the candidate revision on the same pools, same engine flags, under the same served name; the
             # gateway sends it a stable hash of users (never per request), so the stable track stays warm
-            canary = {**labels, TRACK_LABEL: "canary"}
+            canary = {**labels, TRACK_LABEL: TRACK_CANARY}
             k8s.apps.v1.Deployment(
                 f"{name}-canary-deployment",
                 metadata={**meta(f"{app}-canary"), "annotations": {"serving.llm/canary-percent": f"{ep.gateway.canary.percent:g}"}},

@@ -35,6 +35,7 @@ from typing import Mapping
 from urllib.parse import urlsplit
 
 from components.gateway_lua import GATEWAY_LUA
+from components.names import burst_backend_name, config_name
 from topology.spec import EndpointSpec, TopologySpec
 
 GATEWAY_BASE_PORT = 8080  # endpoint i listens on 8080 + i (spec order)
@@ -74,16 +75,6 @@ class RenderedGateway:
     """Environment variable -> key in the Secret that fills it (API keys, cache salts, Modal auth)."""
     ports: dict[str, int] = field(default_factory=dict)
     """Endpoint -> listening port in the cluster (tests bind elsewhere)."""
-
-
-def config_name(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
-
-
-def burst_backend_name(endpoint: str) -> str:
-    """The burst backend's name: the `proxy` label of its series in the gateway's /metrics (the floor's
-    autoscaler watches `haproxy_backend_current_sessions` of this backend for burst backlog)."""
-    return f"be_{config_name(endpoint)}_burst"
 
 
 def env_name(endpoint: str, secret_key: str) -> str:

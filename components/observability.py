@@ -37,7 +37,7 @@ import pulumi_kubernetes as k8s
 from topology.spec import EndpointSpec, TopologySpec
 
 from ._common import ENDPOINT_LABEL, TYPE_PREFIX, child
-from .floor_replicas import TRACK_METRIC_LABEL
+from .names import TRACK_METRIC_LABEL, TRACK_STABLE
 
 # Metrics the alerts read, all exported by vLLM's v1 engine (vllm/v1/metrics/loggers.py, the pinned
 # vllm-openai image): prometheus_client exposes a Counter `x` as `x_total` and a Histogram's buckets as
@@ -91,8 +91,6 @@ SLO_QUANTILE = 0.99
 # a replica running at its memory edge, not a momentary peak.
 KV_SATURATION = 0.95
 KV_SATURATION_FOR_S = 300
-
-SEVERITIES = ("critical", "warning")
 
 
 def prompt_shift_threshold(planned_p99: float, max_model_len: int) -> tuple[float, str]:
@@ -198,7 +196,7 @@ class EndpointAlerts:
 def _selector(namespace: str, ep: EndpointSpec, *, stable: bool, extra: str = "") -> str:
     matchers = [f'namespace="{namespace}"', f'model_name="{ep.engine.served_model_name}"']
     if stable:
-        matchers.append(f'{TRACK_METRIC_LABEL}="stable"')
+        matchers.append(f'{TRACK_METRIC_LABEL}="{TRACK_STABLE}"')
     if extra:
         matchers.append(extra)
     return "{" + ",".join(matchers) + "}"

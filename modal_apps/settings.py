@@ -30,6 +30,7 @@ from zoneinfo import ZoneInfo
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from topology.spec import BurstSpec, EndpointSpec, EngineSpec, MinContainersWindow, TopologySpec
+from topology.timebase import MINUTES_PER_WEEK
 
 ENV_SPEC = "LLM_SERVING_BURST_SPEC"
 ENV_SPEC_FILE = "LLM_SERVING_BURST_SPEC_FILE"
@@ -37,7 +38,6 @@ ENV_STACK = "LLM_SERVING_STACK"
 ENV_ENDPOINT = "LLM_SERVING_ENDPOINT"
 
 CLASS_NAME = "BurstServer"
-FOLLOW_CLOCK_FUNCTION = "follow_clock"
 WEIGHTS_MOUNT = "/weights"
 # Written by `python -m modal_apps.weights sync` next to the weights; the server refuses to start on a
 # volume holding another revision, so the burst tier can never answer with a different model.
@@ -47,7 +47,6 @@ REVISION_MARKER = ".llm-serving/revision.json"
 # ahead, so a rise is never late and a fall is at most one period late (a few warm minutes).
 FOLLOW_CLOCK_PERIOD_MIN = 5
 FOLLOW_CLOCK_CRON = f"*/{FOLLOW_CLOCK_PERIOD_MIN} * * * *"
-MINUTES_PER_WEEK = 7 * 24 * 60
 
 
 class BurstConfigError(ValueError):

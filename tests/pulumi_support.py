@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from offline.mockrun import Recording, run_stack_file
+from topology.timebase import MINUTES_PER_WEEK
 
 ROOT = Path(__file__).resolve().parent.parent
-MINUTES_PER_WEEK = 7 * 24 * 60
 
 
 @functools.cache

@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-SECONDS_PER_HOUR = 3600.0
-HOURS_PER_WEEK = 168
-WEEKS_PER_MONTH = 730.0 / 168.0  # 730 h per month (8,760 h / 12) over 168 h per week
+from .timebase import HOURS_PER_WEEK, SECONDS_PER_HOUR
+
+HOURS_PER_MONTH = 730.0  # 8,760 h per year / 12: the cloud providers' billing month
+WEEKS_PER_MONTH = HOURS_PER_MONTH / HOURS_PER_WEEK
 
 
 def gpu_seconds_per_request(
@@ -65,10 +66,6 @@ def weekly_requests(hourly_mean_requests_per_s: Sequence[float]) -> float:
 
 def monthly_from_weekly(weekly_usd: float) -> float:
     return weekly_usd * WEEKS_PER_MONTH
-
-
-def api_monthly_usd(hourly_mean_requests_per_s: Sequence[float], usd_per_request: float) -> float:
-    return monthly_from_weekly(weekly_requests(hourly_mean_requests_per_s) * usd_per_request)
 
 
 def cyclic_runs(active: Sequence[bool]) -> list[tuple[int, int]]:

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-HOURS_PER_WEEK = 168
+from .timebase import HOURS_PER_WEEK
 
 GpuKindName = Literal["H100-80GB", "H200-141GB", "A100-80GB", "A100-40GB", "L40S-48GB"]
 Precision = Literal["bf16", "fp16", "fp8", "int8", "int4"]

@@ -8,6 +8,7 @@ from pathlib import Path
 from .loading import load_spec_or_inputs
 from .plan import plan
 from .spec import EndpointSpec, TopologySpec
+from .timebase import HOURS_PER_WEEK
 
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 TIER_TITLES = {
@@ -200,7 +201,7 @@ def diff_specs(old: TopologySpec, new: TopologySpec) -> list[str]:
         if round(a.monthly_usd) != round(b.monthly_usd):
             changes.append(f"monthly {usd(a.monthly_usd)} → {usd(b.monthly_usd)} ({b.monthly_usd - a.monthly_usd:+,.0f})")
         fa, fb = a.floor.replicas_by_hour, b.floor.replicas_by_hour
-        moved = [h for h in range(168) if fa[h] != fb[h]]
+        moved = [h for h in range(HOURS_PER_WEEK) if fa[h] != fb[h]]
         if moved:
             changes.append(
                 f"floor changed in {len(moved)} hours (replica-hours/week {sum(fa)} → {sum(fb)}, max {max(fa)} → {max(fb)}, "

@@ -6,6 +6,7 @@ from ..inputs import EndpointInputs
 from ..spec import Derivation, EngineSpec, LoraSettings
 from .placement import ACTIVATION_OVERHEAD_GB_PER_GPU, GB_PER_MIB, GPU_MEMORY_UTILIZATION, Placement
 from .section import Section
+from .weights import weights_prefix
 
 DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.11.0"
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
@@ -43,7 +44,7 @@ def lora_section(ep: EndpointInputs, pl: Placement) -> tuple[LoraSettings | None
 def engine_section(ep: EndpointInputs, pl: Placement) -> Section[EngineSpec]:
     s = ep.shape
     lora, lora_warn, lora_d = lora_section(ep, pl)
-    prefix = f"models/{ep.model.name}/{ep.model.revision}/"
+    prefix = weights_prefix(ep.model.name, ep.model.revision)
     engine = EngineSpec(
         image=DEFAULT_ENGINE_IMAGE, served_model_name=ep.model.name, model_revision=ep.model.revision,
         tokenizer=ep.model.tokenizer, weights_uri_suffix=prefix, max_model_len=s.product_max_context_tokens,

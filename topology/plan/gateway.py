@@ -9,6 +9,7 @@ from ..inputs import EndpointInputs
 from ..spec import BurstSpec, CanarySpec, GatewaySpec, TenantSpec
 from .placement import Placement
 from .timing import longest_request_s, serverless_cold_start_s
+from .weights import weights_prefix
 
 RETRY_BUDGET_FRACTION = 0.10
 OVERHEAD_BYTES_PER_TOKEN = 8  # JSON-escaped text: ~4 chars/token, escapes up to 2×
@@ -31,7 +32,7 @@ def gateway_spec(ep: EndpointInputs, pl: Placement, burst: BurstSpec | None) -> 
         peak = max(ep.traffic.hourly_mean_requests_per_s or [0.0]) * ep.traffic.within_hour_peak_factor
         canary = CanarySpec(
             percent=ep.canary_percent, revision=ep.canary_revision,
-            weights_uri_suffix=f"models/{ep.model.name}/{ep.canary_revision}/",
+            weights_uri_suffix=weights_prefix(ep.model.name, ep.canary_revision),
             replicas=max(1, math.ceil(peak * ep.canary_percent / 100.0 / pl.planning_rps - 1e-9)),
         )
     return GatewaySpec(

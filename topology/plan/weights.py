@@ -10,9 +10,14 @@ def bucket_name(inp: CostInputs, region: str) -> str:
     return f"{inp.project}-{inp.environment}-weights-{region}"
 
 
+def weights_prefix(model_name: str, revision: str) -> str:
+    """Where one model revision's weights live in every weight cache (and its adapters, below it)."""
+    return f"models/{model_name}/{revision}/"
+
+
 def weight_caches(inputs: CostInputs) -> tuple[WeightCacheSpec, ...]:
-    prefixes = sorted({f"models/{e.model.name}/{e.model.revision}/" for e in inputs.endpoints}
-                      | {f"models/{e.model.name}/{e.canary_revision}/" for e in inputs.endpoints if e.canary_revision})
+    prefixes = sorted({weights_prefix(e.model.name, e.model.revision) for e in inputs.endpoints}
+                      | {weights_prefix(e.model.name, e.canary_revision) for e in inputs.endpoints if e.canary_revision})
     return tuple(
         WeightCacheSpec(
             region=r.name, bucket_name=bucket_name(inputs, r.name), source_bucket=inputs.weights_source_bucket,

@@ -1,0 +1,22 @@
+"""Names more than one component (or the gateway config and a component) must agree on. Pure: no pulumi."""
+
+from __future__ import annotations
+
+import re
+
+TRACK_LABEL = "serving.llm/track"  # pod label: the revision track a pod serves (TRACK_STABLE or TRACK_CANARY)
+# the Prometheus label the PodMonitor copies TRACK_LABEL into (prometheus-operator sanitises the name)
+TRACK_METRIC_LABEL = "serving_llm_track"
+TRACK_STABLE = "stable"
+TRACK_CANARY = "canary"
+
+
+def config_name(name: str) -> str:
+    """An endpoint name as HAProxy section names spell it."""
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+def burst_backend_name(endpoint: str) -> str:
+    """The burst backend's name: the `proxy` label of its series in the gateway's /metrics (the floor's
+    autoscaler watches `haproxy_backend_current_sessions` of this backend for burst backlog)."""
+    return f"be_{config_name(endpoint)}_burst"
