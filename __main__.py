@@ -17,7 +17,7 @@ from components.gateway import Gateway, GatewayArgs
 from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
 from components.gpu_operator import GpuOperator, GpuOperatorArgs
 from components.keda import Keda
-from components.modal_burst import ModalBurst, ModalBurstArgs
+from components.modal_burst import ModalBurst, ModalBurstArgs, code_sha256, default_python, modal_token_env
 from components.observability import Observability, ObservabilityArgs
 from components.stack_settings import stack_settings
 from components.weight_cache import WeightCache, WeightCacheArgs, WeightReader
@@ -130,10 +130,16 @@ if floor_endpoints:
 # Each endpoint with burst capacity gets its Modal app (deployed by a local command; token from secret
 # config or the environment). The gateway sends each endpoint's traffic to its floor replicas while they
 # have room and overflows to the burst URL; managed_api endpoints are called at the provider directly.
+# what the deploy reads from this machine (the app's sources, the token, the interpreter), read once here
+burst_endpoints = [e for e in spec.endpoints if e.burst is not None]
+burst_code_sha256 = code_sha256() if burst_endpoints else ""
+burst_token_env = modal_token_env() if burst_endpoints else {}
 bursts = {
-    e.name: ModalBurst(f"{e.name}-burst", ModalBurstArgs(endpoint=e, environment=spec.environment))
-    for e in spec.endpoints
-    if e.burst is not None
+    e.name: ModalBurst(f"{e.name}-burst", ModalBurstArgs(
+        endpoint=e, environment=spec.environment, python=default_python(), code_sha256=burst_code_sha256,
+        token_env=burst_token_env,
+    ))
+    for e in burst_endpoints
 }
 gateway = None
 if any(e.gated for e in spec.endpoints):

@@ -21,6 +21,7 @@ import hashlib
 import os
 import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,8 +41,12 @@ class ModalBurstArgs:
     """The endpoint whose `burst` spec is deployed; its tier must have burst capacity."""
     environment: str
     """Modal environment to deploy into (usually the stack's environment, e.g. 'prod')."""
-    python: str | None = None
-    """Interpreter that runs `-m modal_apps.deploy`; default: this program's, relative to the project."""
+    python: str
+    """Interpreter that runs `-m modal_apps.deploy` (the program passes `default_python()`)."""
+    code_sha256: str
+    """Hash of the app's sources (`code_sha256()`): a change redeploys."""
+    token_env: Mapping[str, pulumi.Output[str]]
+    """MODAL_TOKEN_ID/SECRET as secret outputs (`modal_token_env()`); empty: the modal client's own profile."""
 
 
 TOKEN_ID_KEY = "modalTokenId"
@@ -108,9 +113,9 @@ class ModalBurst(pulumi.ComponentResource):
     def __init__(self, name: str, args: ModalBurstArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__(f"{TYPE_PREFIX}:ModalBurst", name, None, opts)
         config = BurstAppConfig.from_endpoint(args.endpoint)  # refuses an endpoint without burst capacity
-        python = shlex.quote(args.python or default_python())
+        python = shlex.quote(args.python)
         deploy = f"{python} -m modal_apps.deploy deploy --environment {shlex.quote(args.environment)}"
-        token = modal_token_env()
+        token = dict(args.token_env)
         if not token:
             pulumi.log.warn(
                 f"{name}: no Modal token in secret config ({TOKEN_ID_KEY}/{TOKEN_SECRET_KEY}) or the environment; "
@@ -121,7 +126,7 @@ class ModalBurst(pulumi.ComponentResource):
             create=deploy,
             update=deploy,
             delete=f"{python} -m modal_apps.deploy stop",
-            triggers=[config.sha256(), code_sha256()],
+            triggers=[config.sha256(), args.code_sha256],
             environment={ENV_SPEC: config.to_json(), **token},
             add_previous_output_in_env=True,  # the deploy reads the previous record to stop a renamed app
             opts=child(self, delete_before_replace=True),

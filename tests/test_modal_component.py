@@ -9,7 +9,7 @@ import pytest
 from google.protobuf import json_format
 from pulumi.runtime.mocks import MockMonitor
 
-from components.modal_burst import ModalBurst, ModalBurstArgs, ModalTokenError, code_sha256
+from components.modal_burst import ModalBurst, ModalBurstArgs, ModalTokenError, code_sha256, modal_token_env
 from modal_apps.deploy import DeploymentRecord
 from modal_apps.settings import ENV_SPEC, BurstAppConfig, BurstConfigError
 
@@ -99,7 +99,8 @@ SECRET_CONFIG = {f"{PROJECT}:modalTokenId": "ak-test", f"{PROJECT}:modalTokenSec
 
 def deploy_assist(endpoint):
     def program():
-        burst = ModalBurst("assist-burst", ModalBurstArgs(endpoint=endpoint, environment="prod", python="python"))
+        burst = ModalBurst("assist-burst", ModalBurstArgs(endpoint=endpoint, environment="prod", python="python",
+                                                           code_sha256=code_sha256(), token_env=modal_token_env()))
         return {"url": burst.url, "app_name": burst.app_name}
     return program
 
@@ -176,7 +177,8 @@ def test_each_burst_endpoint_of_each_stack_gets_its_own_app(stack):
     def program():
         outs = {}
         for e in endpoints:
-            b = ModalBurst(f"{e.name}-burst", ModalBurstArgs(endpoint=e, environment=name, python="python"))
+            b = ModalBurst(f"{e.name}-burst", ModalBurstArgs(endpoint=e, environment=name, python="python",
+                                                            code_sha256=code_sha256(), token_env={}))
             outs[e.name] = b.app_name
         return outs
 
