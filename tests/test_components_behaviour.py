@@ -63,10 +63,10 @@ def fake_engine():
     server.shutdown()
 
 
-def _probe(port: int, sentinel: Path) -> subprocess.CompletedProcess:
+def _probe(port: int, sentinel: Path, script: Path = WARMUP) -> subprocess.CompletedProcess:
     env = {**os.environ, "WARMUP_PORT": str(port), "WARMUP_MODEL": "llama-guard-3-1b", "WARMUP_MAX_TOKENS": "1",
            "WARMUP_SENTINEL": str(sentinel), "WARMUP_TIMEOUT_S": "5"}
-    return subprocess.run([sys.executable, str(WARMUP)], env=env, capture_output=True, text=True, timeout=30)
+    return subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=30)
 
 
 def test_probe_is_not_ready_until_a_generation_returns_a_token(fake_engine, tmp_path):
@@ -90,17 +90,43 @@ def test_probe_fails_when_the_engine_is_down(tmp_path):
     assert r.returncode == 1 and not (tmp_path / "warm").exists()
 
 
-def test_rendered_probe_script_is_the_tested_one():
+def _rendered_scripts(tmp_path: Path) -> dict[str, Path]:
+    """The scripts as the rendered ConfigMap ships them to the pods, written out to run here."""
     (cm,) = [o for o in recording("prod").kubernetes_objects()
              if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "guard-vllm-scripts"]
-    assert cm["data"]["warmup_probe.py"] == WARMUP.read_text()
-    assert cm["data"]["fetch_weights.sh"] == FETCH.read_text()
+    out = {}
+    for key, text in cm["data"].items():
+        (tmp_path / "rendered").mkdir(exist_ok=True)
+        out[key] = tmp_path / "rendered" / key
+        out[key].write_text(text)
+    return out
+
+
+def test_the_rendered_probe_script_holds_readiness_until_a_token(fake_engine, tmp_path):
+    """What the pods run (the ConfigMap's copy, not the file in the repo) waits for a generated token."""
+    server, engine = fake_engine
+    script = _rendered_scripts(tmp_path)["warmup_probe.py"]
+    engine.completion_tokens = 0
+    assert _probe(server.server_port, tmp_path / "warm", script).returncode == 1
+    engine.completion_tokens = 1
+    assert _probe(server.server_port, tmp_path / "warm", script).returncode == 0 and (tmp_path / "warm").exists()
+    assert engine.requests[-1][0] == "/v1/completions"
+
+
+def test_the_rendered_fetch_script_copies_the_weights_once(tmp_path):
+    source = tmp_path / "bucket"
+    source.mkdir()
+    (source / "model.safetensors").write_text("weights")
+    script = _rendered_scripts(tmp_path)["fetch_weights.sh"]
+    assert _fetch(tmp_path, source, script).returncode == 0
+    assert (tmp_path / "nvme" / "models" / "m" / "rev" / "model.safetensors").read_text() == "weights"
+    assert "already on this node" in _fetch(tmp_path, source, script).stdout
 
 
 # ── the weight fetch init container, with a fake `aws` ─────────────────────────────────────────
 
 
-def _fetch(tmp_path: Path, source: Path) -> subprocess.CompletedProcess:
+def _fetch(tmp_path: Path, source: Path, script: Path = FETCH) -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     calls = tmp_path / "aws-calls"
@@ -110,7 +136,7 @@ def _fetch(tmp_path: Path, source: Path) -> subprocess.CompletedProcess:
     fake_aws.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "WEIGHTS_URI": "s3://cache/models/m/rev/",
            "LOCAL_DIR": str(tmp_path / "nvme" / "models" / "m" / "rev"), "START_JITTER_S": "0", "STALE_LOCK_MIN": "30"}
-    return subprocess.run(["/bin/sh", str(FETCH)], env=env, capture_output=True, text=True, timeout=30)
+    return subprocess.run(["/bin/sh", str(script)], env=env, capture_output=True, text=True, timeout=30)
 
 
 def test_fetch_copies_weights_once_per_node(tmp_path):

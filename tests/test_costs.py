@@ -1,6 +1,5 @@
 """The doctrine's worked example, reproduced to two significant figures by the GPU-time-per-request method."""
 
-import math
 
 import pytest
 
@@ -62,5 +61,8 @@ def test_cyclic_runs_join_across_the_week_boundary():
 
 
 def test_monthly_is_730_hours():
+    """A month is 8,760 h / 12 = 730 h: an H100 on demand all week at $2.69/h ($451.92/week) is
+    2.69 × 730 = $1,963.70/month, and a week is 730 / 168 = 4.3452 of a month."""
     assert costs.monthly_from_weekly(168.0) == pytest.approx(730.0)
-    assert not math.isinf(costs.WEEKS_PER_MONTH)
+    assert costs.monthly_from_weekly(2.69 * 168) == pytest.approx(1963.70, abs=0.005)
+    assert costs.WEEKS_PER_MONTH == pytest.approx(4.3452, abs=1e-4)

@@ -56,16 +56,29 @@ def test_dev_environment_runs_no_floor_replicas():
     assert e.burst is not None and e.burst.max_containers >= 1
 
 
-def test_burst_is_capped_and_sized_to_the_peak_above_the_floor():
-    spec = planned(inputs_dict(managed_api=None, traffic={"hourly_mean_requests_per_s": office_profile(20, 1, 2)}))
-    e = spec.endpoints[0]
-    if e.burst is None:
-        pytest.skip("this profile chose dedicated only")
-    assert 1 <= e.burst.max_containers <= 60
-    peak = np.asarray(office_profile(20, 1, 2)) * 1.5
-    floor = np.asarray(e.floor.replicas_by_hour)
-    need = np.ceil((peak - floor * e.capacity.planning_requests_per_s).clip(0) / e.capacity.planning_requests_per_s - 1e-9)
-    assert e.burst.max_containers == int(need.max())
+def _guard_on_slices_bursting_to_whole_gpus() -> dict:
+    """A 1B model whose floor runs on MIG 1g.10gb slices while its burst containers are whole H100s (serverless
+    runs whole GPUs): the two tiers carry very different loads per replica. At $0.0009/GPU-s serverless and a
+    spiky office week (peak 600 req/s, × 3 within the hour) floor + burst is the cheapest option."""
+    d = _small_model_inputs(traffic={"hourly_mean_requests_per_s": office_profile(600, 100, 100),
+                                     "within_hour_peak_factor": 3.0})
+    d["prices"]["serverless_usd_per_gpu_second"]["H100-80GB"] = 0.0009
+    return d
+
+
+def test_burst_is_sized_to_the_peak_above_the_floor_in_burst_containers():
+    """Sized in the burst's own containers: the floor's slices plus max_containers whole-GPU containers carry
+    every hour's within-hour peak, and one container fewer would leave the worst hour short."""
+    e = planned(_guard_on_slices_bursting_to_whole_gpus()).endpoints[0]
+    assert e.tier == "floor_plus_burst" and e.capacity.mig_profile == "1g.10gb"
+    assert e.burst is not None and e.burst.gpus_per_container == 1 and e.burst_capacity.mig_profile is None
+    per_slice, per_container = e.capacity.planning_requests_per_s, e.burst.planning_requests_per_s
+    assert per_container > 5 * per_slice  # a whole GPU carries several slices' load: the tiers' rates differ
+    peak = np.asarray(office_profile(600, 100, 100)) * 3.0
+    above_floor = peak - np.asarray(e.floor.replicas_by_hour) * per_slice
+    assert 1 <= e.burst.max_containers <= 60  # the input cap
+    assert (above_floor <= e.burst.max_containers * per_container + 0.01).all()  # covered (rates are rounded)
+    assert above_floor.max() > (e.burst.max_containers - 1) * per_container + 0.01  # and not oversized
 
 
 def test_serverless_cap_too_small_makes_serverless_infeasible_with_the_reason():
@@ -75,8 +88,8 @@ def test_serverless_cap_too_small_makes_serverless_infeasible_with_the_reason():
     assert "max_containers_cap" in alt["serverless_only"].reason
 
 
-def test_small_model_gets_mig_slices_with_a_valid_layout():
-    d = inputs_dict(
+def _small_model_inputs(**overrides) -> dict:
+    return inputs_dict(**{**dict(
         managed_api=None,
         model={"name": "guard-1b", "revision": "r", "parameters_billion": 1.2, "precision": "bf16", "weights_gb": 2.5,
                "tokenizer": "t", "base_model": "b", "architecture_max_context_tokens": 131072, "kv_cache_mib_per_token": 0.03125},
@@ -87,8 +100,11 @@ def test_small_model_gets_mig_slices_with_a_valid_layout():
                  "mig": [{"profile": "1g.10gb", "decode_tokens_per_s": 1300, "prefill_tokens_per_s": 12500, "max_concurrent_sequences": 48}]}],
         traffic={"hourly_mean_requests_per_s": office_profile(150, 8, 25)},
         prefix_cache_hit_fraction=0.6, tenants=["default"],
-    )
-    spec = planned(d)
+    ), **overrides})
+
+
+def test_small_model_gets_mig_slices_with_a_valid_layout():
+    spec = planned(_small_model_inputs())
     e = spec.endpoints[0]
     assert e.capacity.mig_profile == "1g.10gb"
     pools = [p for p in spec.node_pools if p.name in e.node_pools]
@@ -97,10 +113,12 @@ def test_small_model_gets_mig_slices_with_a_valid_layout():
 
 
 def test_model_too_big_for_any_slice_uses_whole_gpus_and_says_why():
+    """70 GB of weights exceed the largest H100 slice below the whole GPU (4g.40gb: 40 GB), so no slice is
+    even a candidate, whatever the tier."""
     spec = planned(inputs_dict(managed_api=None))
     e = spec.endpoints[0]
     assert e.capacity.mig_profile is None
-    assert "fit no MIG slice" in e.mig_decision or e.tier in ("managed_api", "serverless_only")
+    assert e.mig_decision.startswith("whole GPUs:") and "fit no MIG slice" in e.mig_decision
 
 
 def test_engine_settings_follow_the_product_not_the_model():
