@@ -1,6 +1,5 @@
 """The doctrine's worked example, reproduced to two significant figures by the GPU-time-per-request method."""
 
-
 import pytest
 
 from topology import costs
