@@ -24,7 +24,7 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
-from topology.spec import ENGINE_OFFLINE_ENV, EndpointSpec, FloorSchedule, NodePoolSpec, WeightCacheSpec
+from topology.spec import ENGINE_OFFLINE_ENV, EndpointSpec, EngineSpec, FloorSchedule, NodePoolSpec, WeightCacheSpec
 
 from ._common import CAPACITY_LABEL, ENDPOINT_LABEL, GPU_TAINT_EFFECT_K8S, MIG_CONFIG_LABEL, TYPE_PREFIX, child
 from .gateway_config import burst_backend_name
@@ -103,6 +103,13 @@ def canary_weights_prefix(ep: EndpointSpec, cache: WeightCacheSpec) -> str | Non
     return canary.weights_uri_suffix
 
 
+def lora_dir_env(eng: EngineSpec, local_dir: str) -> list[dict]:
+    """LORA_DIR for the fetch container: vLLM's filesystem LoRA resolver refuses to start when its cache dir
+    does not exist, and an S3 copy of a revision without adapters creates no empty folder."""
+    lora_dir = eng.vllm_env(local_dir).get("VLLM_LORA_RESOLVER_CACHE_DIR")
+    return [] if lora_dir is None else [{"name": "LORA_DIR", "value": lora_dir}]
+
+
 PRESTOP_SLEEP_S = 10  # long enough for the headless Service (and the gateway resolving it) to drop the pod
 
 
@@ -127,8 +134,9 @@ class FloorReplicasArgs:
     """Longest the warm-up generation may take before the readiness probe reports not ready."""
     warmup_max_tokens: int = 1
     """Tokens the warm-up generation asks for (at least one must come back)."""
-    stale_lock_min: int = 30
-    """A node-local weight-copy lock older than this was left by a killed pod and is taken over."""
+    stale_lock_s: int = 120
+    """A node-local weight-copy lock whose heartbeat (refreshed every few seconds by the copying pod) is older
+    than this was left by a killed pod and is taken over."""
     aws_cli_image: str = AWS_CLI_IMAGE
     """Image of the weight-fetch init container."""
 
@@ -307,7 +315,10 @@ class FloorReplicas(pulumi.ComponentResource):
                 {"name": "WEIGHTS_URI", "value": weights_uri},
                 {"name": "LOCAL_DIR", "value": local_dir},
                 {"name": "START_JITTER_S", "value": str(ep.herd.start_jitter_s)},
-                {"name": "STALE_LOCK_MIN", "value": str(args.stale_lock_min)},
+                {"name": "STALE_LOCK_S", "value": str(args.stale_lock_s)},
+                # a neighbour's copy outlasting the whole startup budget is stuck: fail, the kubelet retries
+                {"name": "LOCK_WAIT_MAX_S", "value": str(budget_s)},
+                *lora_dir_env(eng, local_dir),
             ],
             "volumeMounts": [
                 {"name": "weights", "mountPath": WEIGHTS_MOUNT},

@@ -290,7 +290,9 @@ def test_replication_and_gateway_endpoint_and_prefix_limited_readers(stack):
     roles = {r.urn: r for r in rec.of_type("aws:iam/role:Role")}
     for e in floor_endpoints(spec):
         role = next(r for r in roles.values() if r.name.endswith(f"-reader-{e.name}"))
-        policy = json.loads(role.inputs["inlinePolicies"][0]["policy"])
+        assert "inlinePolicies" not in role.inputs  # deprecated in pulumi-aws 7: a RolePolicy resource instead
+        (attached,) = [p for p in rec.of_type("aws:iam/rolePolicy:RolePolicy") if p.name == f"{role.name}-policy"]
+        policy = json.loads(attached.inputs["policy"])
         actions = {a for s in policy["Statement"] for a in s["Action"]}
         assert actions == {"s3:GetObject", "s3:ListBucket"}
         get = next(s for s in policy["Statement"] if s["Action"] == ["s3:GetObject"])
