@@ -78,10 +78,11 @@ def _number(x: float) -> str:
     return f"{x:g}"
 
 
-def queue_query(namespace: str, served_model_name: str) -> str:
+def queue_query(namespace: str, served_model_name: str, waiting_metric: str) -> str:
     """Requests waiting summed over the endpoint's stable replicas; KEDA's AverageValue divides by replicas.
-    Canary pods serve the same model name, so the track label keeps their queue out of the stable count."""
-    return (f'sum(vllm:num_requests_waiting{{namespace="{namespace}",model_name="{served_model_name}",'
+    Canary pods serve the same model name, so the track label keeps their queue out of the stable count.
+    `waiting_metric` is the pinned engine version's name (EngineSpec.metrics.requests_waiting)."""
+    return (f'sum({waiting_metric}{{namespace="{namespace}",model_name="{served_model_name}",'
             f'{TRACK_METRIC_LABEL}="stable"}})')
 
 
@@ -423,7 +424,7 @@ def scaled_object_spec(ep: EndpointSpec, deployment: str, namespace: str, promet
                 "metricType": "AverageValue",
                 "metadata": {
                     "serverAddress": prometheus_url,
-                    "query": queue_query(namespace, ep.engine.served_model_name),
+                    "query": queue_query(namespace, ep.engine.served_model_name, ep.engine.metrics.requests_waiting),
                     "threshold": _number(a.target_waiting_per_replica),
                     # no metric (Prometheus down) must not read as "no queue": hold the current size
                     "ignoreNullValues": "false",

@@ -33,6 +33,7 @@ import numpy as np
 
 from . import costs
 from .catalog import GPU_KINDS, GpuKind, MigLayoutError, smallest_instance, validate_mig_layout
+from .engines import EngineVersionError, engine_release
 from .inputs import CostInputs, EndpointInputs
 from .spec import (
     SPEC_VERSION,
@@ -64,7 +65,6 @@ GPU_MEMORY_UTILIZATION = 0.90  # vLLM --gpu-memory-utilization; the rest is CUDA
 ACTIVATION_OVERHEAD_GB_PER_GPU = 1.0  # non-KV, non-weight memory inside the utilisation budget
 GB_PER_MIB = 1.048576e-3
 MINUTES_PER_WEEK = 10080
-DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.11.0"
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 P99 = 0.99
 RETRY_BUDGET_FRACTION = 0.10
@@ -1046,8 +1046,13 @@ def _build_endpoint_spec(
     warnings += lora_warn
     derivs += lora_d
     prefix = f"models/{ep.model.name}/{ep.model.revision}/"
+    try:
+        vllm_version, release = engine_release(ep.engine_image)
+    except EngineVersionError as e:
+        raise PlanningError(f"endpoint {ep.name!r}: engine_image: {e}") from None
     engine = EngineSpec(
-        image=DEFAULT_ENGINE_IMAGE, served_model_name=ep.model.name, model_revision=ep.model.revision,
+        image=ep.engine_image, vllm_version=vllm_version, request_log_flags=release.request_log_flags,
+        metrics=release.metrics, served_model_name=ep.model.name, model_revision=ep.model.revision,
         tokenizer=ep.model.tokenizer, weights_uri_suffix=prefix, max_model_len=s.product_max_context_tokens,
         max_tokens=s.max_tokens, max_num_seqs=pl.usable_concurrency, tensor_parallel_size=pl.gpus_per_replica,
         gpu_memory_utilization=GPU_MEMORY_UTILIZATION, enable_prefix_caching=True,

@@ -159,10 +159,30 @@ class LoraSettings(_Spec):
     memory_headroom_gb: float
 
 
+class EngineMetrics(_Spec):
+    """Names of the engine's Prometheus series, as stored (counters `_total`, histogram buckets `_bucket`), for
+    the pinned vLLM version (topology/engines.py): alerts and autoscaler queries read them from here."""
+
+    requests_waiting: str = Field(description="Gauge: requests queued in the scheduler (the KEDA trigger).")
+    requests_running: str = Field(description="Gauge: requests in the running batch.")
+    kv_cache_usage: str = Field(description="Gauge: share of KV-cache blocks in use, 0..1.")
+    preemptions_total: str = Field(description="Counter: requests preempted.")
+    prefix_cache_queries_total: str = Field(description="Counter: prompt tokens looked up in the prefix cache.")
+    prefix_cache_hits_total: str = Field(description="Counter: prompt tokens found in the prefix cache.")
+    prompt_tokens_bucket: str = Field(description="Histogram buckets: prompt tokens per finished request.")
+    ttft_seconds_bucket: str = Field(description="Histogram buckets: time to first token, s.")
+    inter_token_seconds_bucket: str = Field(description="Histogram buckets: gap between output tokens, s.")
+
+
 class EngineSpec(_Spec):
     """vLLM engine settings; the floor and the burst tier use exactly these (responses must not depend on the tier)."""
 
     image: str = Field(description="Pinned vLLM OpenAI server image.")
+    vllm_version: str = Field(description="The vLLM version the image tag pins; picks the row of topology/engines.py.")
+    request_log_flags: tuple[str, ...] = Field(
+        description="Flags keeping per-request logging off for this version (empty where off is the default)."
+    )
+    metrics: EngineMetrics = Field(description="The engine's metric names for this version.")
     served_model_name: str
     model_revision: str
     tokenizer: str
@@ -205,7 +225,7 @@ class EngineSpec(_Spec):
             "--generation-config", "vllm",
             "--override-generation-config", json.dumps({"max_new_tokens": self.max_tokens}),
             "--port", str(self.port),
-            "--disable-log-requests",
+            *self.request_log_flags,
         ]
         args.append("--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching")
         if self.quantization:
