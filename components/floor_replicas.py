@@ -285,6 +285,13 @@ class FloorReplicas(pulumi.ComponentResource):
             gpu_resources = {f"nvidia.com/mig-{profile}": "1"}
         else:
             gpu_resources = {"nvidia.com/gpu": str(ep.capacity.gpus_per_replica)}
+        pod = ep.pod_resources
+        if pod is None:
+            raise ValueError(f"endpoint {ep.name!r} has node pools but no pod_resources in the spec")
+        # sized by the planner from the instance and replicas per node (topology/pod_resources.py); requests =
+        # limits for CPU and memory in every container (init included) is what makes the pod Guaranteed
+        requests = {"cpu": f"{pod.cpu_request_millicores}m", "memory": f"{pod.memory_request_mib}Mi"}
+        limits = {"cpu": f"{pod.cpu_limit_millicores}m", "memory": f"{pod.memory_limit_mib}Mi"}
 
         node_selector = {ENDPOINT_LABEL: ep.name}
         mig_label = node_labels(pools[0]).get(MIG_CONFIG_LABEL)
@@ -325,6 +332,8 @@ class FloorReplicas(pulumi.ComponentResource):
                 {"name": "weights", "mountPath": WEIGHTS_MOUNT},
                 {"name": "scripts", "mountPath": WARMUP_MOUNT, "readOnly": True},
             ],
+            # the same as the engine: init containers count for QoS, and a pod's request is max(init, sum(app))
+            "resources": {"requests": dict(requests), "limits": dict(limits)},
         }
         engine = {
             "name": "vllm",
@@ -332,7 +341,7 @@ class FloorReplicas(pulumi.ComponentResource):
             "command": eng.vllm_args(local_dir),
             "ports": [{"name": "http", "containerPort": eng.port, "protocol": "TCP"}],
             "env": engine_env + warmup_env,
-            "resources": {"requests": dict(gpu_resources), "limits": dict(gpu_resources)},
+            "resources": {"requests": {**requests, **gpu_resources}, "limits": {**limits, **gpu_resources}},
             "startupProbe": {
                 "httpGet": {"path": "/health", "port": "http"},
                 "periodSeconds": 10,
@@ -390,7 +399,7 @@ class FloorReplicas(pulumi.ComponentResource):
                     "volumes": [
                         weights_volume,
                         {"name": "scripts", "configMap": {"name": f"{app}-scripts", "defaultMode": 0o555}},
-                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{pod.shm_mib}Mi"}},
                     ],
                 },
             },

@@ -35,6 +35,7 @@ from . import costs
 from .catalog import GPU_KINDS, GpuKind, MigLayoutError, smallest_instance, validate_mig_layout
 from .engines import EngineVersionError, engine_release
 from .inputs import CostInputs, EndpointInputs
+from .pod_resources import catalog_instance, floor_pod_resources
 from .spec import (
     SPEC_VERSION,
     AlternativeCost,
@@ -1088,6 +1089,12 @@ def _build_endpoint_spec(
         )
         for o in options
     )
+    pod_res = None
+    if ded_pl is not None:
+        pod_res, pod_derivs, pod_warnings = floor_pod_resources(
+            catalog_instance(GPU_KINDS[ded_pl.gpu_kind], ded_pl.instance_type), ded_pl.replicas_per_node, ded_pl.gpus_per_replica)
+        derivs += pod_derivs
+        warnings += pod_warnings
     spec = EndpointSpec(
         name=ep.name, model_name=ep.model.name, model_revision=ep.model.revision, tier=win.tier,
         runner_up=runner.tier if runner else None, why_runner_up_lost=why, alternatives=alternatives,
@@ -1099,7 +1106,7 @@ def _build_endpoint_spec(
         slo_ttft_p99_ms=slo.ttft_p99_ms, slo_inter_token_p99_ms=slo.inter_token_p99_ms,
         planned_prefix_cache_hit_fraction=ep.prefix_cache_hit_fraction, planned_input_tokens_p99=s.input_tokens_p99,
         longest_request_s=gateway.max_request_s, drain_grace_s=gateway.max_request_s + 15,
-        startup_budget_s=math.ceil(1.5 * ep.cold_starts.pod_on_warm_node_s + herd.start_jitter_s),
+        startup_budget_s=math.ceil(1.5 * ep.cold_starts.pod_on_warm_node_s + herd.start_jitter_s), pod_resources=pod_res,
         monthly_usd=monthly, derivations=tuple(derivs), warnings=tuple(warnings),
     )
     weekly = dict(win.breakdown_weekly)

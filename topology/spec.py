@@ -309,6 +309,21 @@ class GatewaySpec(_Spec):
     canary: CanarySpec | None
 
 
+class PodResourcesSpec(_Spec):
+    """CPU and memory of one floor replica's pod (topology/pod_resources.py); the arithmetic is in derivations."""
+
+    instance_type: str = Field(description="Instance the share was cut from.")
+    replicas_per_node: int = Field(description="Replicas sharing one node (GPU slots per node).")
+    cpu_request_millicores: int
+    cpu_limit_millicores: int
+    memory_request_mib: int
+    memory_limit_mib: int
+    shm_mib: int = Field(description="Memory-backed /dev/shm (NCCL); charged to the pod's memory, inside the limit.")
+    qos_class: Literal["Guaranteed", "Burstable"] = Field(
+        description="Guaranteed (requests = limits) when the node's share per replica covers the engine's minimum."
+    )
+
+
 class EndpointSpec(_Spec):
     name: str
     model_name: str
@@ -341,6 +356,9 @@ class EndpointSpec(_Spec):
     )
     drain_grace_s: int = Field(
         description="Pod termination grace: in-flight streams finish before a replica goes (longest_request_s + 15 s)."
+    )
+    pod_resources: PodResourcesSpec | None = Field(
+        default=None, description="CPU and memory of a floor replica's pod (None: no dedicated replicas)."
     )
     startup_budget_s: int = Field(
         description="Startup probe budget: 1.5 × the measured pod cold start + the start jitter (a slow start is not "
