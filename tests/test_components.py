@@ -88,7 +88,8 @@ def test_mig_label_names_a_valid_layout_and_pods_request_that_slice(stack):
         selector = pod["nodeSelector"]
         matching = [g for g in groups if all(g.inputs["labels"].get(k) == v for k, v in selector.items())]
         assert matching, f"{ep.name}: no node group carries labels {selector}"
-        requests = vllm_container(d)["resources"]["requests"]
+        # the GPU part of the requests (CPU and memory are sized separately: tests/test_pod_resources.py)
+        requests = {k: v for k, v in vllm_container(d)["resources"]["requests"].items() if k.startswith("nvidia.com/")}
         layout = configs[selector["nvidia.com/mig.config"]][0]
         if layout["mig-enabled"]:
             (resource, count), = requests.items()
