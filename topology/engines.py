@@ -9,8 +9,9 @@ a version without a row is refused at planning time.
 What differs between the series, and why the rows say what they say:
 - Request logging. 0.10.0 logs every request unless `--disable-log-requests` is passed
   (`disable_log_requests: bool = False`). From 0.10.2 the default is off (`enable_log_requests: bool =
-  False`) and `--disable-log-requests` is a deprecated no-op announced for removal, so 0.11+ rows pass
-  nothing: the same quiet log, with no deprecated flag on the command line.
+  False`) and `--disable-log-requests` is deprecated ("will be removed in v0.12.0"); 0.12.0 and 0.13.0 still
+  parse it (argparse `deprecated=True`) but nothing reads it. So 0.11+ rows pass nothing: the same quiet log,
+  with no deprecated flag on the command line.
 - Inter-token latency. 0.10.0 exports only `vllm:time_per_output_token_seconds`; 0.10.2 adds
   `vllm:inter_token_latency_seconds` (fed the same observations); 0.11 deprecates the old name, 0.12 hides
   it behind `--show-hidden-metrics-for-version=0.11`, 0.13 keeps it hidden (the 0.11 switch no longer
