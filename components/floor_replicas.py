@@ -24,7 +24,7 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
-from topology.spec import ENGINE_OFFLINE_ENV, EndpointSpec, FloorSchedule, NodePoolSpec, WeightCacheSpec
+from topology.spec import ENGINE_OFFLINE_ENV, EndpointSpec, EngineSpec, FloorSchedule, NodePoolSpec, WeightCacheSpec
 from topology.timebase import MINUTES_PER_DAY, MINUTES_PER_WEEK
 
 from ._common import CAPACITY_LABEL, ENDPOINT_LABEL, GPU_TAINT_EFFECT_K8S, MIG_CONFIG_LABEL, TYPE_PREFIX, child
@@ -74,10 +74,11 @@ def _number(x: float) -> str:
     return f"{x:g}"
 
 
-def queue_query(namespace: str, served_model_name: str) -> str:
+def queue_query(namespace: str, served_model_name: str, waiting_metric: str) -> str:
     """Requests waiting summed over the endpoint's stable replicas; KEDA's AverageValue divides by replicas.
-    Canary pods serve the same model name, so the track label keeps their queue out of the stable count."""
-    return (f'sum(vllm:num_requests_waiting{{namespace="{namespace}",model_name="{served_model_name}",'
+    Canary pods serve the same model name, so the track label keeps their queue out of the stable count.
+    `waiting_metric` is the pinned engine version's name (EngineSpec.metrics.requests_waiting)."""
+    return (f'sum({waiting_metric}{{namespace="{namespace}",model_name="{served_model_name}",'
             f'{TRACK_METRIC_LABEL}="{TRACK_STABLE}"}})')
 
 
@@ -97,6 +98,13 @@ def canary_weights_prefix(ep: EndpointSpec, cache: WeightCacheSpec) -> str | Non
             f"cache {cache.bucket_name} ({list(cache.model_prefixes)})"
         )
     return canary.weights_uri_suffix
+
+
+def lora_dir_env(eng: EngineSpec, local_dir: str) -> list[dict]:
+    """LORA_DIR for the fetch container: vLLM's filesystem LoRA resolver refuses to start when its cache dir
+    does not exist, and an S3 copy of a revision without adapters creates no empty folder."""
+    lora_dir = eng.vllm_env(local_dir).get("VLLM_LORA_RESOLVER_CACHE_DIR")
+    return [] if lora_dir is None else [{"name": "LORA_DIR", "value": lora_dir}]
 
 
 PRESTOP_SLEEP_S = 10  # long enough for the headless Service (and the gateway resolving it) to drop the pod
@@ -123,8 +131,9 @@ class FloorReplicasArgs:
     """Longest the warm-up generation may take before the readiness probe reports not ready."""
     warmup_max_tokens: int = 1
     """Tokens the warm-up generation asks for (at least one must come back)."""
-    stale_lock_min: int = 30
-    """A node-local weight-copy lock older than this was left by a killed pod and is taken over."""
+    stale_lock_s: int = 120
+    """A node-local weight-copy lock whose heartbeat (refreshed every few seconds by the copying pod) is older
+    than this was left by a killed pod and is taken over."""
     aws_cli_image: str = AWS_CLI_IMAGE
     """Image of the weight-fetch init container."""
 
@@ -272,6 +281,13 @@ class FloorReplicas(pulumi.ComponentResource):
             gpu_resources = {f"nvidia.com/mig-{profile}": "1"}
         else:
             gpu_resources = {"nvidia.com/gpu": str(ep.capacity.gpus_per_replica)}
+        pod = ep.pod_resources
+        if pod is None:
+            raise ValueError(f"endpoint {ep.name!r} has node pools but no pod_resources in the spec")
+        # sized by the planner from the instance and replicas per node (topology/pod_resources.py); requests =
+        # limits for CPU and memory in every container (init included) is what makes the pod Guaranteed
+        requests = {"cpu": f"{pod.cpu_request_millicores}m", "memory": f"{pod.memory_request_mib}Mi"}
+        limits = {"cpu": f"{pod.cpu_limit_millicores}m", "memory": f"{pod.memory_limit_mib}Mi"}
 
         node_selector = {ENDPOINT_LABEL: ep.name}
         mig_label = node_labels(pools[0]).get(MIG_CONFIG_LABEL)
@@ -303,12 +319,17 @@ class FloorReplicas(pulumi.ComponentResource):
                 {"name": "WEIGHTS_URI", "value": weights_uri},
                 {"name": "LOCAL_DIR", "value": local_dir},
                 {"name": "START_JITTER_S", "value": str(ep.herd.start_jitter_s)},
-                {"name": "STALE_LOCK_MIN", "value": str(args.stale_lock_min)},
+                {"name": "STALE_LOCK_S", "value": str(args.stale_lock_s)},
+                # a neighbour's copy outlasting the whole startup budget is stuck: fail, the kubelet retries
+                {"name": "LOCK_WAIT_MAX_S", "value": str(budget_s)},
+                *lora_dir_env(eng, local_dir),
             ],
             "volumeMounts": [
                 {"name": "weights", "mountPath": WEIGHTS_MOUNT},
                 {"name": "scripts", "mountPath": WARMUP_MOUNT, "readOnly": True},
             ],
+            # the same as the engine: init containers count for QoS, and a pod's request is max(init, sum(app))
+            "resources": {"requests": dict(requests), "limits": dict(limits)},
         }
         engine = {
             "name": "vllm",
@@ -316,7 +337,7 @@ class FloorReplicas(pulumi.ComponentResource):
             "command": eng.vllm_args(local_dir),
             "ports": [{"name": "http", "containerPort": eng.port, "protocol": "TCP"}],
             "env": engine_env + warmup_env,
-            "resources": {"requests": dict(gpu_resources), "limits": dict(gpu_resources)},
+            "resources": {"requests": {**requests, **gpu_resources}, "limits": {**limits, **gpu_resources}},
             "startupProbe": {
                 "httpGet": {"path": "/health", "port": "http"},
                 "periodSeconds": 10,
@@ -374,7 +395,7 @@ class FloorReplicas(pulumi.ComponentResource):
                     "volumes": [
                         weights_volume,
                         {"name": "scripts", "configMap": {"name": f"{app}-scripts", "defaultMode": 0o555}},
-                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{pod.shm_mib}Mi"}},
                     ],
                 },
             },
@@ -408,7 +429,7 @@ def scaled_object_spec(ep: EndpointSpec, deployment: str, namespace: str, promet
                 "metricType": "AverageValue",
                 "metadata": {
                     "serverAddress": prometheus_url,
-                    "query": queue_query(namespace, ep.engine.served_model_name),
+                    "query": queue_query(namespace, ep.engine.served_model_name, ep.engine.metrics.requests_waiting),
                     "threshold": _number(a.target_waiting_per_replica),
                     # no metric (Prometheus down) must not read as "no queue": hold the current size
                     "ignoreNullValues": "false",

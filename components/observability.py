@@ -34,24 +34,21 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_kubernetes as k8s
 
+from topology.engines import DEFAULT_ENGINE_IMAGE, engine_release
 from topology.spec import EndpointSpec, TopologySpec
 
 from ._common import ENDPOINT_LABEL, TYPE_PREFIX, child
 from .names import TRACK_METRIC_LABEL, TRACK_STABLE
 
-# Metrics the alerts read, all exported by vLLM's v1 engine (vllm/v1/metrics/loggers.py, the pinned
-# vllm-openai image): prometheus_client exposes a Counter `x` as `x_total` and a Histogram's buckets as
-# `x_bucket`. Each series is labelled model_name (the served name) and engine (the data-parallel index).
-VLLM_METRICS = frozenset({
-    "vllm:num_preemptions_total",  # counter: requests preempted (KV blocks reclaimed, recomputed later)
-    "vllm:prefix_cache_queries_total",  # counter: prompt tokens looked up in the prefix cache
-    "vllm:prefix_cache_hits_total",  # counter: prompt tokens found in the prefix cache
-    "vllm:request_prompt_tokens_bucket",  # histogram: prompt tokens per finished request (1-2-5 buckets)
-    "vllm:num_requests_waiting",  # gauge: requests queued in the scheduler (the KEDA trigger's metric)
-    "vllm:time_to_first_token_seconds_bucket",  # histogram: TTFT seen by the engine
-    "vllm:time_per_output_token_seconds_bucket",  # histogram: gap between a request's output tokens
-    "vllm:kv_cache_usage_perc",  # gauge: share of KV-cache blocks in use, 0..1 despite the name
-})
+# Metrics the alerts read, exported by vLLM's v1 engine (vllm/v1/metrics/loggers.py): prometheus_client
+# exposes a Counter `x` as `x_total` and a Histogram's buckets as `x_bucket`. Each series is labelled
+# model_name (the served name) and engine (the data-parallel index). The names depend on the pinned vLLM
+# version and come from the spec (`EngineSpec.metrics`, from topology/engines.py); this set is the names of
+# the default engine image, for checks that read the list.
+VLLM_METRICS = frozenset(
+    name for field, name in engine_release(DEFAULT_ENGINE_IMAGE)[1].metrics.model_dump().items()
+    if field != "requests_running"  # exported, but no alert reads it
+)
 
 # The top finite buckets of vLLM's latency histograms: a quantile above them is unmeasurable, so an SLO
 # must lie below (histogram_quantile returns the top finite bound when the quantile is in +Inf).
@@ -222,7 +219,7 @@ def prompt_p99_query(namespace: str, ep: EndpointSpec, threshold_tokens: float) 
 
     def cum(le: str) -> str:
         sel = _selector(namespace, ep, stable=False, extra='le="' + le + '"')
-        return f"sum(rate(vllm:request_prompt_tokens_bucket{sel}[{duration(w)}]))"
+        return f"sum(rate({ep.engine.metrics.prompt_tokens_bucket}{sel}[{duration(w)}]))"
 
     low, high, total = cum(le_label(lo)), cum(hi_label), cum("+Inf")
     return (f"{lo} + {hi_value - lo} * ({PROMPT_QUANTILE} * {total} - {low})"
@@ -237,6 +234,7 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
     if a is None:
         raise ValueError(f"endpoint {ep.name!r} has node pools but no autoscaling settings in the spec")
     name, served = ep.name, ep.engine.served_model_name
+    m = ep.engine.metrics  # names for the pinned vLLM version (topology/engines.py)
     rw = duration(rate_window_s(ep))
     react_s = autoscaler_reaction_s(ep)
     react_how = (f"autoscaler's reaction = poll {a.polling_interval_s} s + scale-up stabilization "
@@ -249,7 +247,7 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
     storm = PREEMPTION_STORM_SHARE * ep.capacity.planning_requests_per_s
     alerts.append(Alert(
         name="VllmPreemptionStorm",
-        query=f"sum by ({per_pod}) (rate(vllm:num_preemptions_total{_selector(namespace, ep, stable=False)}[{rw}]))",
+        query=f"sum by ({per_pod}) (rate({m.preemptions_total}{_selector(namespace, ep, stable=False)}[{rw}]))",
         comparison=">", threshold=storm, for_s=PREEMPTION_STORM_FOR_S, severity="critical",
         summary=f"{name}: preemption storm on {{{{ $labels.pod }}}} ({{{{ $labels.{TRACK_METRIC_LABEL} }}}})",
         description=(f"vLLM on {{{{ $labels.pod }}}} preempts {{{{ $value | humanize }}}}/s, above {_number(storm)}/s "
@@ -271,8 +269,8 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
         w = duration(SHAPE_WINDOW_S)
         alerts.append(Alert(
             name="VllmPrefixCacheHitRateDrop",
-            query=(f"sum(rate(vllm:prefix_cache_hits_total{sel}[{w}]))"
-                   f" / sum(rate(vllm:prefix_cache_queries_total{sel}[{w}]))"),
+            query=(f"sum(rate({m.prefix_cache_hits_total}{sel}[{w}]))"
+                   f" / sum(rate({m.prefix_cache_queries_total}{sel}[{w}]))"),
             comparison="<", threshold=floor_hit, for_s=PREFIX_HIT_FOR_S, severity="warning",
             summary=f"{name}: prefix-cache hit rate fell below half the planned {planned_hit:g}",
             description=(f"The stable replicas of {served} served {{{{ $value | humanizePercentage }}}} of prompt "
@@ -301,7 +299,7 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
 
     alerts.append(Alert(
         name="VllmQueueNotDraining",
-        query=f"avg(sum by (pod) (vllm:num_requests_waiting{_selector(namespace, ep, stable=True)}))",
+        query=f"avg(sum by (pod) ({m.requests_waiting}{_selector(namespace, ep, stable=True)}))",
         comparison=">", threshold=a.target_waiting_per_replica, for_s=react_s, severity="warning",
         summary=f"{name}: requests waiting per replica stayed above the autoscaling target",
         description=(f"{{{{ $value | humanize }}}} requests wait per stable replica of {served}, above KEDA's target "
@@ -311,9 +309,9 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
     ))
 
     for alert_name, metric, slo_ms, field_name, top_s in (
-        ("VllmTtftSloBreach", "vllm:time_to_first_token_seconds_bucket", ep.slo_ttft_p99_ms, "slo_ttft_p99_ms",
+        ("VllmTtftSloBreach", m.ttft_seconds_bucket, ep.slo_ttft_p99_ms, "slo_ttft_p99_ms",
          TTFT_TOP_BUCKET_S),
-        ("VllmInterTokenSloBreach", "vllm:time_per_output_token_seconds_bucket", ep.slo_inter_token_p99_ms,
+        ("VllmInterTokenSloBreach", m.inter_token_seconds_bucket, ep.slo_inter_token_p99_ms,
          "slo_inter_token_p99_ms", INTER_TOKEN_TOP_BUCKET_S),
     ):
         slo_s = slo_ms / 1000
@@ -335,7 +333,7 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
 
     alerts.append(Alert(
         name="VllmKvCacheSaturated",
-        query=f"max by ({per_pod}) (vllm:kv_cache_usage_perc{_selector(namespace, ep, stable=False)})",
+        query=f"max by ({per_pod}) ({m.kv_cache_usage}{_selector(namespace, ep, stable=False)})",
         comparison=">", threshold=KV_SATURATION, for_s=KV_SATURATION_FOR_S, severity="warning",
         summary=f"{name}: KV cache above {KV_SATURATION:.0%} on {{{{ $labels.pod }}}}",
         description=(f"vLLM on {{{{ $labels.pod }}}} ({{{{ $labels.{TRACK_METRIC_LABEL} }}}}) uses "

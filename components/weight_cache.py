@@ -20,6 +20,8 @@ from topology.spec import WeightCacheSpec
 
 from ._common import TYPE_PREFIX, child
 
+READER_POLICY_NAME = "read-model-prefix"
+
 _POD_IDENTITY_ASSUME = json.dumps({
     "Version": "2012-10-17",
     "Statement": [{"Effect": "Allow", "Principal": {"Service": "pods.eks.amazonaws.com"},
@@ -150,10 +152,15 @@ class WeightCache(pulumi.ComponentResource):
                 f"{name}-reader-{r.endpoint}",
                 description=f"read {c.bucket_name}/{{{','.join(sorted(r.prefixes))}}} for {r.namespace}/{r.service_account}",
                 assume_role_policy=_POD_IDENTITY_ASSUME,
-                inline_policies=[{"name": "read-model-prefix", "policy": reader_policy(c.bucket_name, r.prefixes)}],
                 tags=tags,
                 opts=child(self),
             )
+            # a RolePolicy resource, not the Role's `inline_policies` (deprecated in pulumi-aws 7); the exclusive
+            # list keeps the old argument's guarantee that no out-of-band inline policy survives on the role
+            iam.RolePolicy(f"{name}-reader-{r.endpoint}-policy", role=role.id, name=READER_POLICY_NAME,
+                           policy=reader_policy(c.bucket_name, r.prefixes), opts=child(self))
+            iam.RolePoliciesExclusive(f"{name}-reader-{r.endpoint}-policies", role_name=role.name,
+                                      policy_names=[READER_POLICY_NAME], opts=child(self))
             self.pod_identity[r.endpoint] = eks.PodIdentityAssociation(
                 f"{name}-reader-{r.endpoint}-pod-identity",
                 cluster_name=args.cluster_name,

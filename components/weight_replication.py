@@ -21,6 +21,8 @@ from topology.spec import WeightCacheSpec
 
 from ._common import TYPE_PREFIX, child
 
+REPLICATION_POLICY_NAME = "replicate-model-prefixes"
+
 _S3_ASSUME = json.dumps({
     "Version": "2012-10-17",
     "Statement": [{"Effect": "Allow", "Principal": {"Service": "s3.amazonaws.com"}, "Action": "sts:AssumeRole"}],
@@ -77,15 +79,20 @@ class WeightReplication(pulumi.ComponentResource):
             f"{name}-role",
             description=f"S3 replication of model prefixes from {args.source_bucket} to the regional weight caches",
             assume_role_policy=_S3_ASSUME,
-            inline_policies=[{"name": "replicate-model-prefixes", "policy": replication_policy(args.source_bucket, args.caches)}],
             opts=child(self),
         )
+        # a RolePolicy resource, not the Role's `inline_policies` (deprecated in pulumi-aws 7); the exclusive
+        # list keeps the old argument's guarantee that no out-of-band inline policy survives on the role
+        policy = iam.RolePolicy(f"{name}-role-policy", role=role.id, name=REPLICATION_POLICY_NAME,
+                                policy=replication_policy(args.source_bucket, args.caches), opts=child(self))
+        iam.RolePoliciesExclusive(f"{name}-role-policies", role_name=role.name,
+                                  policy_names=[REPLICATION_POLICY_NAME], opts=child(self))
         config = s3.BucketReplicationConfig(
             f"{name}-config",
             bucket=args.source_bucket,
             region=args.source_region,
             role=role.arn,
             rules=replication_rules(args.caches),
-            opts=child(self),
+            opts=child(self, depends_on=[policy]),  # S3 checks the role's permissions when replicating
         )
         self.register_outputs({"roleArn": role.arn, "sourceBucket": config.bucket})

@@ -39,6 +39,7 @@ from modal_apps.settings import (
     REVISION_MARKER,
     build_settings,
     desired_min_containers,
+    ensure_lora_resolver_dir,
     load_config,
     minute_of_week,
 )
@@ -164,40 +165,75 @@ class Engine:
 # With GPU snapshots on, the engine is started, warmed and put to sleep in the `snap=True` hook: the
 # snapshot then holds a loaded, compiled, warmed engine (vLLM boot of minutes becomes a restore of
 # seconds). After each restore, the `snap=False` hook re-initialises it: reload the volume, wake the
-# engine, wait for health, and generate once more before taking traffic. Without GPU snapshots the GPU
-# is not usable before the snapshot, so the engine starts after restore instead.
+# engine, wait for health, and generate once more before taking traffic. With memory snapshots but no
+# GPU snapshots the GPU is not usable before the snapshot, so the engine starts after restore instead.
+# With snapshots off there is no snapshot phase at all: Modal refuses a `snap=True` hook on a class
+# without `enable_memory_snapshot` (InvalidError at build, modal 1.6 `App.cls`), so that class has one
+# plain enter hook.
 
 SNAPSHOTS_HOLD_ENGINE = settings.enable_memory_snapshot and settings.enable_gpu_snapshot
 
 
-@app.cls(image=image, volumes={settings.weights_mount: weights_readonly}, **settings.cls_kwargs())
-@modal.concurrent(**settings.concurrent_kwargs())
-class BurstServer:
-    @modal.enter(snap=True)
-    def start_before_snapshot(self) -> None:
-        check_weights_revision()
-        self.engine = Engine(settings.server_command, settings.port, config.engine.served_model_name,
-                             settings.startup_timeout_s)
-        if SNAPSHOTS_HOLD_ENGINE:
+def new_engine() -> Engine:
+    """The engine of this container, after checking the volume holds the floor's revision."""
+    check_weights_revision()
+    ensure_lora_resolver_dir(settings)
+    return Engine(settings.server_command, settings.port, config.engine.served_model_name, settings.startup_timeout_s)
+
+
+def stop_engine(server: object) -> None:
+    engine = getattr(server, "engine", None)  # absent when start-up failed before creating it
+    if engine is not None:
+        engine.stop()
+
+
+server_decorator = app.cls(image=image, volumes={settings.weights_mount: weights_readonly}, **settings.cls_kwargs())
+
+if settings.enable_memory_snapshot:
+
+    @server_decorator
+    @modal.concurrent(**settings.concurrent_kwargs())
+    class BurstServer:
+        @modal.enter(snap=True)
+        def start_before_snapshot(self) -> None:
+            self.engine = new_engine()
+            if SNAPSHOTS_HOLD_ENGINE:
+                self.engine.start()
+                self.engine.sleep()
+
+        @modal.enter(snap=False)
+        def start_after_restore(self) -> None:
+            if SNAPSHOTS_HOLD_ENGINE:
+                weights_readonly.reload()  # field note: restores with volumes are reliable only after a reload
+                self.engine.wake()
+            else:
+                self.engine.start()
+
+        @modal.web_server(**settings.web_server_kwargs())
+        def serve(self) -> None:
+            """The OpenAI-compatible API on `settings.port`; callers need Modal-Key/Modal-Secret headers."""
+
+        @modal.exit()
+        def stop(self) -> None:
+            stop_engine(self)
+
+else:
+
+    @server_decorator
+    @modal.concurrent(**settings.concurrent_kwargs())
+    class BurstServer:  # type: ignore[no-redef]  # the same server, without a snapshot phase
+        @modal.enter()
+        def start(self) -> None:
+            self.engine = new_engine()
             self.engine.start()
-            self.engine.sleep()
 
-    @modal.enter(snap=False)
-    def start_after_restore(self) -> None:
-        if SNAPSHOTS_HOLD_ENGINE:
-            weights_readonly.reload()  # field note: restores with volumes are reliable only after a reload
-            self.engine.wake()
-        else:
-            self.engine.start()
+        @modal.web_server(**settings.web_server_kwargs())
+        def serve(self) -> None:
+            """The OpenAI-compatible API on `settings.port`; callers need Modal-Key/Modal-Secret headers."""
 
-    @modal.web_server(**settings.web_server_kwargs())
-    def serve(self) -> None:
-        """The OpenAI-compatible API on `settings.port`; callers need Modal-Key/Modal-Secret headers."""
-
-    @modal.exit()
-    def stop(self) -> None:
-        if hasattr(self, "engine"):  # absent when start-up failed before creating it
-            self.engine.stop()
+        @modal.exit()
+        def stop(self) -> None:
+            stop_engine(self)
 
 
 # ## A minimum that follows the clock

@@ -21,7 +21,7 @@ import datetime as dt
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -288,6 +288,32 @@ def build_settings(config: BurstAppConfig) -> BurstSettings:
         min_containers_schedule=burst.min_containers_schedule,
         schedule_timezone=burst.schedule_timezone,
     )
+
+
+# --- The LoRA resolver's folder --------------------------------------------------------------------
+
+LORA_DIR_ENV = "VLLM_LORA_RESOLVER_CACHE_DIR"
+# Writable and outside the read-only weights volume: where an empty adapters folder is made when the volume
+# holds none (a revision synced before adapters existed, or with none yet).
+EMPTY_LORA_DIR = "/tmp/llm-serving/lora-adapters"
+
+
+def ensure_lora_resolver_dir(settings: BurstSettings, environ: MutableMapping[str, str] | None = None,
+                             empty_dir: str = EMPTY_LORA_DIR) -> str | None:
+    """The folder the engine's filesystem LoRA resolver reads, made to exist; None when LoRA is off.
+
+    vLLM's resolver plugin raises at engine start unless VLLM_LORA_RESOLVER_CACHE_DIR is an existing
+    directory (vllm/plugins/lora_resolvers/filesystem_resolver.py, 0.10.0–0.13.0). A sync of a revision
+    without adapters creates no empty folder, and the volume is mounted read-only, so the engine is then
+    pointed at an empty folder elsewhere: it resolves no adapter, exactly like the floor's empty folder."""
+    env = os.environ if environ is None else environ
+    wanted = settings.container_env.get(LORA_DIR_ENV)
+    if wanted is None:
+        return None
+    chosen = wanted if os.path.isdir(wanted) else empty_dir
+    os.makedirs(chosen, exist_ok=True)
+    env[LORA_DIR_ENV] = chosen  # the engine subprocess inherits this environment
+    return chosen
 
 
 # --- The clock-following minimum ------------------------------------------------------------------

@@ -135,7 +135,7 @@ def _fetch(tmp_path: Path, source: Path, script: Path = FETCH) -> subprocess.Com
     fake_aws.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nmkdir -p "$6"\ncp -R {source}/. "$6"/\n')
     fake_aws.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "WEIGHTS_URI": "s3://cache/models/m/rev/",
-           "LOCAL_DIR": str(tmp_path / "nvme" / "models" / "m" / "rev"), "START_JITTER_S": "0", "STALE_LOCK_MIN": "30"}
+           "LOCAL_DIR": str(tmp_path / "nvme" / "models" / "m" / "rev"), "START_JITTER_S": "0", "STALE_LOCK_S": "120", "LOCK_WAIT_MAX_S": "60"}
     return subprocess.run(["/bin/sh", str(script)], env=env, capture_output=True, text=True, timeout=30)
 
 
@@ -314,7 +314,8 @@ def test_canary_track_serves_the_candidate_with_the_same_engine_flags():
     assert 'serving_llm_track="stable"' in query["metadata"]["query"]
     assert objs[("PodMonitor", "assist-vllm")]["spec"]["podTargetLabels"] == ["serving.llm/track"]
     role = next(r for r in rec.of_type("aws:iam/role:Role") if r.name.endswith("-reader-assist"))
-    resources = json.loads(role.inputs["inlinePolicies"][0]["policy"])["Statement"][0]["Resource"]
+    (attached,) = [p for p in rec.of_type("aws:iam/rolePolicy:RolePolicy") if p.name == f"{role.name}-policy"]
+    resources = json.loads(attached.inputs["policy"])["Statement"][0]["Resource"]
     assert any(r.endswith("/0123456789abcdef0123456789abcdef01234567/*") for r in resources) and len(resources) == 2
     assert rec.outputs["endpoints"]["assist"]["canaryPods"].startswith("assist-vllm-canary-pods.")
     assert validate_objects(rec.kubernetes_objects()) == []

@@ -306,7 +306,7 @@ def test_queue_alert_watches_what_the_autoscaler_scales_on(declared):
     for rule_obj in rules_of(rec):
         e = spec.endpoint(rule_obj["metadata"]["labels"]["serving.llm/endpoint"])
         expr = alerts_by_name(rule_obj)["VllmQueueNotDraining"]["expr"]
-        assert selectors(expr) == selectors(queue_query(NS, e.engine.served_model_name))
+        assert selectors(expr) == selectors(queue_query(NS, e.engine.served_model_name, e.engine.metrics.requests_waiting))
 
 
 def test_prompt_p99_estimate_fires_only_above_the_threshold(planned_stacks):

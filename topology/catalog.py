@@ -1,6 +1,8 @@
 """GPU kinds, their MIG profiles and the instance types that carry them — typed data, passed to the planner.
 
-MIG tables follow NVIDIA's mig-parted / GPU operator v26.7 profiles (see README "Sources"). A profile
+MIG tables follow NVIDIA's mig-parted / GPU operator v26.7 profiles (see README "Sources"). Instance vCPUs
+and memory are AWS's published figures (EC2 accelerated-computing specifications, as listed in the ROSA
+compute-types docs and torchx's AWS named resources): they size the vLLM pods' CPU and memory. A profile
 `Ng.Mgb` takes N of the GPU's 7 compute slices and some of its 8 memory slices; a layout is valid only
 if, on each GPU, compute slices sum to ≤ 7, memory slices to ≤ 8, every profile exists for that GPU and
 no profile exceeds its instance limit.
@@ -32,6 +34,8 @@ class InstanceType(BaseModel):
     name: str = Field(description="EC2 instance type.")
     gpus_per_node: int = Field(ge=1, description="GPUs per node.")
     local_nvme_gb: int = Field(ge=0, description="Instance-store NVMe for a node-local weight cache, GB (0: none).")
+    vcpus: int = Field(ge=1, description="vCPUs of the instance (AWS's published figure).")
+    memory_gib: int = Field(ge=1, description="Host memory of the instance, GiB (AWS's published figure).")
 
 
 class GpuKind(BaseModel):
@@ -78,8 +82,8 @@ GPU_KINDS: dict[str, GpuKind] = {
             modal_gpu="H100",
             mig_profiles=_profiles(_A100_H100_80),
             instance_types=(
-                InstanceType(name="p5.4xlarge", gpus_per_node=1, local_nvme_gb=3800),
-                InstanceType(name="p5.48xlarge", gpus_per_node=8, local_nvme_gb=30400),
+                InstanceType(name="p5.4xlarge", gpus_per_node=1, local_nvme_gb=3800, vcpus=16, memory_gib=256),
+                InstanceType(name="p5.48xlarge", gpus_per_node=8, local_nvme_gb=30400, vcpus=192, memory_gib=2048),
             ),
         ),
         GpuKind(
@@ -98,7 +102,7 @@ GPU_KINDS: dict[str, GpuKind] = {
                     ("7g.141gb", 7, 8, 141, 1),
                 ]
             ),
-            instance_types=(InstanceType(name="p5en.48xlarge", gpus_per_node=8, local_nvme_gb=30400),),
+            instance_types=(InstanceType(name="p5en.48xlarge", gpus_per_node=8, local_nvme_gb=30400, vcpus=192, memory_gib=2048),),
         ),
         GpuKind(
             name="A100-80GB",
@@ -106,7 +110,7 @@ GPU_KINDS: dict[str, GpuKind] = {
             memory_bandwidth_tb_per_s=2.0,
             modal_gpu="A100-80GB",
             mig_profiles=_profiles(_A100_H100_80),
-            instance_types=(InstanceType(name="p4de.24xlarge", gpus_per_node=8, local_nvme_gb=8000),),
+            instance_types=(InstanceType(name="p4de.24xlarge", gpus_per_node=8, local_nvme_gb=8000, vcpus=96, memory_gib=1152),),
         ),
         GpuKind(
             name="A100-40GB",
@@ -124,7 +128,7 @@ GPU_KINDS: dict[str, GpuKind] = {
                     ("7g.40gb", 7, 8, 40, 1),
                 ]
             ),
-            instance_types=(InstanceType(name="p4d.24xlarge", gpus_per_node=8, local_nvme_gb=8000),),
+            instance_types=(InstanceType(name="p4d.24xlarge", gpus_per_node=8, local_nvme_gb=8000, vcpus=96, memory_gib=1152),),
         ),
         GpuKind(
             name="L40S-48GB",
@@ -133,9 +137,9 @@ GPU_KINDS: dict[str, GpuKind] = {
             modal_gpu="L40S",
             mig_profiles=(),
             instance_types=(
-                InstanceType(name="g6e.xlarge", gpus_per_node=1, local_nvme_gb=250),
-                InstanceType(name="g6e.12xlarge", gpus_per_node=4, local_nvme_gb=3800),
-                InstanceType(name="g6e.48xlarge", gpus_per_node=8, local_nvme_gb=7600),
+                InstanceType(name="g6e.xlarge", gpus_per_node=1, local_nvme_gb=250, vcpus=4, memory_gib=32),
+                InstanceType(name="g6e.12xlarge", gpus_per_node=4, local_nvme_gb=3800, vcpus=48, memory_gib=384),
+                InstanceType(name="g6e.48xlarge", gpus_per_node=8, local_nvme_gb=7600, vcpus=192, memory_gib=1536),
             ),
         ),
     ]

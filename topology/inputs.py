@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .engines import DEFAULT_ENGINE_IMAGE
 from .timebase import HOURS_PER_WEEK
 
 GpuKindName = Literal["H100-80GB", "H200-141GB", "A100-80GB", "A100-40GB", "L40S-48GB"]
@@ -281,6 +282,11 @@ class EndpointInputs(_Inputs):
         default=0, ge=0, le=50, description="Share of users (by stable hash of user/session) sent to a candidate."
     )
     canary_revision: str | None = Field(default=None, description="Weights revision of the canary candidate.")
+    engine_image: str = Field(
+        default=DEFAULT_ENGINE_IMAGE, min_length=1, max_length=300,
+        description="Pinned vLLM OpenAI server image, tagged with its version (vX.Y.Z); the version picks the engine "
+        "flags and metric names (topology/engines.py lists the supported series).",
+    )
 
     @field_validator("tenants")
     @classmethod

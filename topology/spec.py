@@ -179,10 +179,30 @@ class LoraSettings(_Spec):
     memory_headroom_gb: float
 
 
+class EngineMetrics(_Spec):
+    """Names of the engine's Prometheus series, as stored (counters `_total`, histogram buckets `_bucket`), for
+    the pinned vLLM version (topology/engines.py): alerts and autoscaler queries read them from here."""
+
+    requests_waiting: str = Field(description="Gauge: requests queued in the scheduler (the KEDA trigger).")
+    requests_running: str = Field(description="Gauge: requests in the running batch.")
+    kv_cache_usage: str = Field(description="Gauge: share of KV-cache blocks in use, 0..1.")
+    preemptions_total: str = Field(description="Counter: requests preempted.")
+    prefix_cache_queries_total: str = Field(description="Counter: prompt tokens looked up in the prefix cache.")
+    prefix_cache_hits_total: str = Field(description="Counter: prompt tokens found in the prefix cache.")
+    prompt_tokens_bucket: str = Field(description="Histogram buckets: prompt tokens per finished request.")
+    ttft_seconds_bucket: str = Field(description="Histogram buckets: time to first token, s.")
+    inter_token_seconds_bucket: str = Field(description="Histogram buckets: gap between output tokens, s.")
+
+
 class EngineSpec(_Spec):
     """vLLM engine settings; the floor and the burst tier use exactly these (responses must not depend on the tier)."""
 
     image: str = Field(description="Pinned vLLM OpenAI server image.")
+    vllm_version: str = Field(description="The vLLM version the image tag pins; picks the row of topology/engines.py.")
+    request_log_flags: tuple[str, ...] = Field(
+        description="Flags keeping per-request logging off for this version (empty where off is the default)."
+    )
+    metrics: EngineMetrics = Field(description="The engine's metric names for this version.")
     served_model_name: str
     model_revision: str
     tokenizer: str
@@ -225,7 +245,7 @@ class EngineSpec(_Spec):
             "--generation-config", "vllm",
             "--override-generation-config", json.dumps({"max_new_tokens": self.max_tokens}),
             "--port", str(self.port),
-            "--disable-log-requests",
+            *self.request_log_flags,
         ]
         args.append("--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching")
         if self.quantization:
@@ -309,6 +329,21 @@ class GatewaySpec(_Spec):
     canary: CanarySpec | None
 
 
+class PodResourcesSpec(_Spec):
+    """CPU and memory of one floor replica's pod (topology/pod_resources.py); the arithmetic is in derivations."""
+
+    instance_type: str = Field(description="Instance the share was cut from.")
+    replicas_per_node: int = Field(description="Replicas sharing one node (GPU slots per node).")
+    cpu_request_millicores: int
+    cpu_limit_millicores: int
+    memory_request_mib: int
+    memory_limit_mib: int
+    shm_mib: int = Field(description="Memory-backed /dev/shm (NCCL); charged to the pod's memory, inside the limit.")
+    qos_class: Literal["Guaranteed", "Burstable"] = Field(
+        description="Guaranteed (requests = limits) when the node's share per replica covers the engine's minimum."
+    )
+
+
 class EndpointSpec(_Spec):
     name: str
     model_name: str
@@ -344,6 +379,9 @@ class EndpointSpec(_Spec):
     )
     drain_grace_s: int = Field(
         description="Pod termination grace: in-flight streams finish before a replica goes (longest_request_s + 15 s)."
+    )
+    pod_resources: PodResourcesSpec | None = Field(
+        default=None, description="CPU and memory of a floor replica's pod (None: no dedicated replicas)."
     )
     startup_budget_s: int = Field(
         description="Startup probe budget: 1.5 × the measured pod cold start + the start jitter (a slow start is not "

@@ -12,6 +12,7 @@ import numpy as np
 from .. import costs
 from ..catalog import GpuKind
 from ..inputs import CostInputs, EndpointInputs
+from ..pod_resources import catalog_instance, floor_pod_resources
 from ..spec import AlternativeCost, AutoscalingSpec, BurstSpec, Derivation, EndpointSpec, HerdSpec, NodePoolSpec
 from ..timebase import HOURS_PER_WEEK
 from .autoscaling import autoscaling_section, with_burst_backlog
@@ -24,6 +25,7 @@ from .nodepools import node_pools
 from .options import OptionEval, mig_decision
 from .placement import Placement, capacity_section, replica_capacity
 from .schedule import floor_section
+from .section import Section
 from .timing import serverless_cold_start_s
 
 
@@ -46,6 +48,13 @@ def _alternatives(options: list[OptionEval]) -> tuple[AlternativeCost, ...]:
         )
         for o in options
     )
+
+
+def _pod_resources_section(pl: Placement, catalog: Mapping[str, GpuKind]) -> Section:
+    """CPU and memory of each floor pod, cut from its node's instance (Guaranteed QoS where it fits)."""
+    res, derivs, warnings = floor_pod_resources(
+        catalog_instance(catalog[pl.gpu_kind], pl.instance_type), pl.replicas_per_node, pl.gpus_per_replica)
+    return Section(res, tuple(derivs), tuple(warnings))
 
 
 def build_endpoint_spec(
@@ -83,6 +92,9 @@ def build_endpoint_spec(
     if autoscaling is not None and burst is not None and win.tier == "floor_plus_burst":
         autoscaling = take(with_burst_backlog(autoscaling, burst))
     gateway = gateway_spec(ep, pl, burst)
+    pod_res = None
+    if ded_pl is not None:
+        pod_res = take(_pod_resources_section(ded_pl, catalog))
     spec = EndpointSpec(
         name=ep.name, model_name=ep.model.name, model_revision=ep.model.revision, tier=win.tier,
         runner_up=runner.tier if runner else None, why_runner_up_lost=why, alternatives=_alternatives(options),
@@ -96,7 +108,7 @@ def build_endpoint_spec(
         slo_ttft_p99_ms=slo.ttft_p99_ms, slo_inter_token_p99_ms=slo.inter_token_p99_ms,
         planned_prefix_cache_hit_fraction=ep.prefix_cache_hit_fraction, planned_input_tokens_p99=s.input_tokens_p99,
         longest_request_s=gateway.max_request_s, drain_grace_s=gateway.max_request_s + 15,
-        startup_budget_s=math.ceil(1.5 * ep.cold_starts.pod_on_warm_node_s + herd.start_jitter_s),
+        startup_budget_s=math.ceil(1.5 * ep.cold_starts.pod_on_warm_node_s + herd.start_jitter_s), pod_resources=pod_res,
         monthly_usd=round(costs.monthly_from_weekly(win.weekly_usd), 2), derivations=tuple(derivs),
         warnings=tuple(warnings),
     )

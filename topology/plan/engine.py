@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from ..engines import EngineVersionError, engine_release
 from ..inputs import EndpointInputs
 from ..spec import Derivation, EngineSpec, LoraSettings
+from .errors import PlanningError
 from .placement import ACTIVATION_OVERHEAD_GB_PER_GPU, GB_PER_MIB, GPU_MEMORY_UTILIZATION, Placement
 from .section import Section
 from .weights import weights_prefix
 
-DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.11.0"
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 
 
@@ -45,8 +46,13 @@ def engine_section(ep: EndpointInputs, pl: Placement) -> Section[EngineSpec]:
     s = ep.shape
     lora, lora_warn, lora_d = lora_section(ep, pl)
     prefix = weights_prefix(ep.model.name, ep.model.revision)
+    try:
+        vllm_version, release = engine_release(ep.engine_image)
+    except EngineVersionError as e:
+        raise PlanningError(f"endpoint {ep.name!r}: engine_image: {e}") from None
     engine = EngineSpec(
-        image=DEFAULT_ENGINE_IMAGE, served_model_name=ep.model.name, model_revision=ep.model.revision,
+        image=ep.engine_image, vllm_version=vllm_version, request_log_flags=release.request_log_flags,
+        metrics=release.metrics, served_model_name=ep.model.name, model_revision=ep.model.revision,
         tokenizer=ep.model.tokenizer, weights_uri_suffix=prefix, max_model_len=s.product_max_context_tokens,
         max_tokens=s.max_tokens, max_num_seqs=pl.usable_concurrency, tensor_parallel_size=pl.gpus_per_replica,
         gpu_memory_utilization=GPU_MEMORY_UTILIZATION, enable_prefix_caching=True,

@@ -1,0 +1,103 @@
+"""The burst app builds with the real modal client (no token) with snapshots on and off, and its engine
+finds the folder vLLM's LoRA resolver needs.
+
+Modal 1.6's `App.cls` raises InvalidError for a `@modal.enter(snap=True)` hook on a class without
+`enable_memory_snapshot=True` (modal/app.py, 1.6.4); the app used to register that hook always.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+
+from modal_apps import settings as S
+
+
+def _config(spec, memory: bool, gpu: bool) -> S.BurstAppConfig:
+    ep = next(e for e in spec.endpoints if e.burst is not None)
+    burst = ep.burst.model_copy(update={"enable_memory_snapshot": memory, "enable_gpu_snapshot": gpu})
+    return S.BurstAppConfig.from_endpoint(ep.model_copy(update={"burst": burst}))
+
+
+def _import_burst(monkeypatch, config: S.BurstAppConfig):
+    for var in (S.ENV_SPEC_FILE, S.ENV_STACK, S.ENV_ENDPOINT):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv(S.ENV_SPEC, config.to_json())
+    sys.modules.pop("modal_apps.burst", None)
+    return importlib.import_module("modal_apps.burst")
+
+
+@pytest.mark.parametrize(("memory", "gpu"), [(True, True), (True, False), (False, False)],
+                         ids=["gpu-snapshots", "memory-snapshots-only", "snapshots-off"])
+def test_burst_app_builds_for_every_snapshot_setting(stack, monkeypatch, memory, gpu):
+    _, _, spec = stack
+    config = _config(spec, memory, gpu)
+    burst = _import_burst(monkeypatch, config)  # the old app raised modal.exception.InvalidError here when off
+    info = burst.BurstServer().serve.info()
+    assert info.gpus and info.method_names == ["serve"]
+    assert burst.settings.cls_kwargs()["enable_memory_snapshot"] is memory
+    hooks = {k for k in vars(burst.BurstServer._get_user_cls()) if not k.startswith("_")} - {"serve", "stop"}
+    if memory:
+        assert hooks == {"start_before_snapshot", "start_after_restore"}
+    else:
+        assert hooks == {"start"}, "no snapshot phase when snapshots are off"
+    assert burst.SNAPSHOTS_HOLD_ENGINE is (memory and gpu)
+
+
+def test_the_planned_stacks_build_as_planned(stack, monkeypatch):
+    # whatever the stack asks for (gpu_snapshots true or false), the app module builds
+    _, _, spec = stack
+    for ep in (e for e in spec.endpoints if e.burst is not None):
+        burst = _import_burst(monkeypatch, S.BurstAppConfig.from_endpoint(ep))
+        assert burst.app.name == ep.burst.app_name
+
+
+def _vllm_resolver_accepts(path: str | None) -> bool:
+    """vLLM's own start-up check (register_filesystem_resolver, vllm 0.10.0–0.13.0)."""
+    return bool(path) and os.path.exists(path) and os.path.isdir(path)
+
+
+def test_engine_gets_an_existing_lora_folder_when_the_volume_has_none(planned_stacks, tmp_path, monkeypatch):
+    _, spec = planned_stacks["prod"]
+    lora_eps = [e for e in spec.endpoints if e.burst is not None and e.engine.lora is not None and e.engine.lora.enable_lora]
+    if not lora_eps:
+        pytest.skip("no burst endpoint with LoRA in the prod stack")
+    settings = S.build_settings(S.BurstAppConfig.from_endpoint(lora_eps[0]))
+    wanted = settings.container_env[S.LORA_DIR_ENV]
+    env = {S.LORA_DIR_ENV: wanted}  # what the container starts with: a folder on the read-only volume
+    assert not _vllm_resolver_accepts(env[S.LORA_DIR_ENV])  # the revision was synced without adapters
+    chosen = S.ensure_lora_resolver_dir(settings, env, empty_dir=str(tmp_path / "empty-lora"))
+    assert _vllm_resolver_accepts(env[S.LORA_DIR_ENV]) and env[S.LORA_DIR_ENV] == chosen
+    assert os.listdir(chosen) == []  # no adapter resolves, as on a floor node whose copy had none
+
+
+def test_engine_keeps_the_volume_lora_folder_when_it_exists(planned_stacks, tmp_path):
+    _, spec = planned_stacks["prod"]
+    ep = next((e for e in spec.endpoints if e.burst is not None and e.engine.lora is not None), None)
+    if ep is None:
+        pytest.skip("no burst endpoint with LoRA in the prod stack")
+    settings = S.build_settings(S.BurstAppConfig.from_endpoint(ep))
+    on_volume = tmp_path / "adapters"
+    on_volume.mkdir()
+    settings = settings.__class__(**{**settings.__dict__,
+                                     "container_env": {**settings.container_env, S.LORA_DIR_ENV: str(on_volume)}})
+    env: dict[str, str] = {}
+    assert S.ensure_lora_resolver_dir(settings, env, empty_dir=str(tmp_path / "unused")) == str(on_volume)
+    assert env[S.LORA_DIR_ENV] == str(on_volume) and not (tmp_path / "unused").exists()
+
+
+def test_new_engine_prepares_the_lora_folder_before_vllm_starts(planned_stacks, monkeypatch, tmp_path):
+    _, spec = planned_stacks["prod"]
+    ep = next((e for e in spec.endpoints if e.burst is not None and e.engine.lora is not None), None)
+    if ep is None:
+        pytest.skip("no burst endpoint with LoRA in the prod stack")
+    burst = _import_burst(monkeypatch, S.BurstAppConfig.from_endpoint(ep))
+    monkeypatch.setattr(burst, "check_weights_revision", lambda: None)
+    monkeypatch.setattr(burst, "ensure_lora_resolver_dir",
+                        lambda s: S.ensure_lora_resolver_dir(s, empty_dir=str(tmp_path / "lora")))
+    monkeypatch.setenv(S.LORA_DIR_ENV, burst.settings.container_env[S.LORA_DIR_ENV])
+    burst.new_engine()  # what both enter-hook variants call before starting vLLM
+    assert _vllm_resolver_accepts(os.environ[S.LORA_DIR_ENV])
