@@ -14,7 +14,10 @@ Each alert compares production with what the plan assumed, so every threshold is
 - queue not draining — requests waiting per stable replica above the autoscaler's target for longer
   than the autoscaler needs to add a replica (poll + stabilization + start jitter + pod cold start);
 - TTFT and inter-token p99 above the endpoint's SLOs for that same reaction time;
-- KV-cache saturation — usage above 95 % for 5 minutes on a replica.
+- KV-cache saturation — usage above 95 % for 5 minutes on a replica;
+- burst backlog (floor_plus_burst) — requests the gateway has in flight to the burst tier above the floor's
+  burst-backlog trigger threshold (the burst's planned capacity) for longer than the autoscaler needs to add
+  a floor replica: the floor is not growing (max replicas, pending nodes) while the burst is saturated.
 
 Selectors: the floor pods' metrics carry `namespace`, `model_name` (= engine.served_model_name) and the
 track label the PodMonitor copies (`serving_llm_track`). Alerts about what the plan assumed (queue, SLOs,
@@ -37,7 +40,7 @@ import pulumi_kubernetes as k8s
 from topology.spec import EndpointSpec, TopologySpec
 
 from ._common import ENDPOINT_LABEL, TYPE_PREFIX, child
-from .floor_replicas import TRACK_METRIC_LABEL
+from .floor_replicas import TRACK_METRIC_LABEL, burst_backlog_query
 
 # Metrics the alerts read, all exported by vLLM's v1 engine (vllm/v1/metrics/loggers.py, the pinned
 # vllm-openai image): prometheus_client exposes a Counter `x` as `x_total` and a Histogram's buckets as
@@ -52,6 +55,9 @@ VLLM_METRICS = frozenset({
     "vllm:time_per_output_token_seconds_bucket",  # histogram: gap between a request's output tokens
     "vllm:kv_cache_usage_perc",  # gauge: share of KV-cache blocks in use, 0..1 despite the name
 })
+
+# The gateway's metric (HAProxy's built-in exporter, a gauge per backend labelled `proxy`).
+GATEWAY_METRICS = frozenset({"haproxy_backend_current_sessions"})
 
 # The top finite buckets of vLLM's latency histograms: a quantile above them is unmeasurable, so an SLO
 # must lie below (histogram_quantile returns the top finite bound when the quantile is in +Inf).
@@ -345,6 +351,20 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
                      f"The plan sized {ep.capacity.usable_concurrency} sequences per replica."),
         derivation=f"doctrine: {KV_SATURATION:g} for {duration(KV_SATURATION_FOR_S)}",
     ))
+
+    backlog = a.burst_backlog_threshold
+    if backlog is not None:
+        alerts.append(Alert(
+            name="GatewayBurstBacklog",
+            query=burst_backlog_query(namespace, name),
+            comparison=">", threshold=backlog, for_s=react_s, severity="warning",
+            summary=f"{name}: requests in flight to the burst tier stayed above its planned capacity",
+            description=(f"The gateway has {{{{ $value | humanize }}}} requests of {served} in flight to the burst "
+                         f"tier, above the floor's burst-backlog threshold {backlog:g}, for longer than the "
+                         f"autoscaler needs to add a floor replica ({react_how}). The floor is not absorbing the "
+                         f"overload: check max replicas ({a.max_replicas}), pending pods and node capacity."),
+            derivation=f"autoscaling.burst_backlog_threshold {backlog:g}; for: {react_how}",
+        ))
     return EndpointAlerts(name, tuple(alerts), skipped)
 
 
