@@ -30,6 +30,7 @@ Floor pods see only the traffic the gateway keeps on the floor; burst (Modal) co
 from __future__ import annotations
 
 import bisect
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_kubernetes as k8s
 
+from topology.inputs import Prices
 from topology.spec import EndpointSpec, TopologySpec
 
 from ._common import ENDPOINT_LABEL, TYPE_PREFIX, child
@@ -55,6 +57,10 @@ VLLM_METRICS = frozenset({
     "vllm:time_per_output_token_seconds_bucket",  # histogram: gap between a request's output tokens
     "vllm:kv_cache_usage_perc",  # gauge: share of KV-cache blocks in use, 0..1 despite the name
 })
+
+# The latency histograms the SLO alerts and the dashboard read (one place to follow an engine's renames).
+TTFT_METRIC = "vllm:time_to_first_token_seconds_bucket"
+INTER_TOKEN_METRIC = "vllm:time_per_output_token_seconds_bucket"
 
 # The gateway's metric (HAProxy's built-in exporter, a gauge per backend labelled `proxy`).
 GATEWAY_METRICS = frozenset({"haproxy_backend_current_sessions"})
@@ -319,10 +325,9 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
     ))
 
     for alert_name, metric, slo_ms, field_name, top_s in (
-        ("VllmTtftSloBreach", "vllm:time_to_first_token_seconds_bucket", ep.slo_ttft_p99_ms, "slo_ttft_p99_ms",
-         TTFT_TOP_BUCKET_S),
-        ("VllmInterTokenSloBreach", "vllm:time_per_output_token_seconds_bucket", ep.slo_inter_token_p99_ms,
-         "slo_inter_token_p99_ms", INTER_TOKEN_TOP_BUCKET_S),
+        ("VllmTtftSloBreach", TTFT_METRIC, ep.slo_ttft_p99_ms, "slo_ttft_p99_ms", TTFT_TOP_BUCKET_S),
+        ("VllmInterTokenSloBreach", INTER_TOKEN_METRIC, ep.slo_inter_token_p99_ms, "slo_inter_token_p99_ms",
+         INTER_TOKEN_TOP_BUCKET_S),
     ):
         slo_s = slo_ms / 1000
         if slo_s >= top_s:
@@ -384,17 +389,22 @@ class ObservabilityArgs:
     """Namespace of the serving workloads (the floor pods' metrics carry it)."""
     monitor_labels: Mapping[str, str] = field(default_factory=dict)
     """Labels the Prometheus operator selects rules by (kube-prometheus-stack: its release label)."""
+    prices: Prices | None = None
+    """The inputs' dated prices: the dashboards' cost-per-hour panel (left out when None)."""
+    dashboards: bool = True
+    """Ship a Grafana dashboard per endpoint with floor replicas (a ConfigMap the Grafana sidecar loads)."""
 
 
 class Observability(pulumi.ComponentResource):
     rule_names: dict[str, str]
     skipped: dict[str, dict[str, str]]
+    dashboard_uids: dict[str, str]
 
     def __init__(self, name: str, args: ObservabilityArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         per_endpoint = [endpoint_alerts(e, args.namespace) for e in args.spec.endpoints if e.node_pools]
         super().__init__(f"{TYPE_PREFIX}:Observability", name, None, opts)
 
-        self.rule_names, self.skipped = {}, {}
+        self.rule_names, self.skipped, self.dashboard_uids = {}, {}, {}
         for alerts in per_endpoint:
             ep = alerts.endpoint
             for alert, why in alerts.skipped.items():
@@ -411,4 +421,16 @@ class Observability(pulumi.ComponentResource):
             )
             self.rule_names[ep] = rule_name(ep)
             self.skipped[ep] = dict(alerts.skipped)
-        self.register_outputs({"rules": self.rule_names, "skippedAlerts": self.skipped})
+            if args.dashboards:
+                from .dashboards import dashboard_configmap_labels, dashboard_file_name, endpoint_dashboard
+
+                board = endpoint_dashboard(args.spec.endpoint(ep), args.namespace, args.prices)
+                k8s.core.v1.ConfigMap(
+                    f"{name}-{ep}-dashboard",
+                    metadata={"name": f"{ep}-dashboard", "namespace": args.namespace,
+                              "labels": dashboard_configmap_labels(labels)},
+                    data={dashboard_file_name(ep): json.dumps(board, sort_keys=True)},
+                    opts=child(self),
+                )
+                self.dashboard_uids[ep] = board["uid"]
+        self.register_outputs({"rules": self.rule_names, "skippedAlerts": self.skipped, "dashboards": self.dashboard_uids})

@@ -160,8 +160,10 @@ def test_component_token_children_and_labels(declared):
     spec, rec, _ = declared["prod"]
     (component,) = rec.of_type("serving:components:Observability")
     children = [r for r in rec.resources if r.parent == component.urn]
-    assert sorted(r.name for r in children) == sorted(f"observability-{e.name}-rules" for e in spec.endpoints)
-    assert {r.type for r in children} == {"kubernetes:monitoring.coreos.com/v1:PrometheusRule"}
+    assert sorted(r.name for r in children) == sorted(f"observability-{e.name}-{part}" for e in spec.endpoints
+                                                      for part in ("rules", "dashboard"))
+    assert {r.type for r in children} == {"kubernetes:monitoring.coreos.com/v1:PrometheusRule",
+                                          "kubernetes:core/v1:ConfigMap"}
     for rule in rules_of(rec):
         meta = rule["metadata"]
         assert meta["namespace"] == NS
