@@ -93,7 +93,7 @@ def query_results(prom: Prometheus, spec, namespace: str, start_s: float, end_s:
             continue
         fill = {"ns": namespace, "model": e.engine.served_model_name, "frontend": f"fe_{config_name(e.name)}",
                 "pod_re": f"{re.escape(e.name)}-vllm-.*", "w": window}
-        res: dict[str, Any] = {}
+        res: dict[str, Any] = {"queries": {k: q.format(**fill) for k, q in QUERIES.items()}}
         series = prom.range(QUERIES["requests_by_hour"].format(**fill), start_s + 3600, end_s, 3600)
         res["requests_by_hour"] = [[float(t), float(v)] for s in series for t, v in s["values"]]
         for key in ("prompt_tokens", "generation_tokens"):

@@ -190,7 +190,8 @@ def test_calibrate_recovers_the_known_week(backfilled, capsys):
     header = [ln for ln in out.read_text().splitlines() if ln.startswith("#")]
     assert "written" in header[0] and "2026-01-05 05:00 to 2026-01-12 05:00 UTC" in header[1]
     assert any("prefix_cache_hit_fraction: 0.3 → 0.42" in ln and "vllm:prefix_cache_hits_total" in ln for ln in header)
-    assert any("kept" in ln.lower() and "guard" in ln for ln in header) or any("guard:" in ln for ln in header)
+    assert any('haproxy_frontend_http_requests_total{namespace="llm-serving",proxy="fe_assist"}' in ln for ln in header)
+    assert "# Kept as they were:" in header and "# - guard: traffic profile (no gateway request counts in the window)" in header
     # and the plan diff against the current stack is printed
     assert "plan diff against the current stack" in printed and "~ assist:" in printed
 
@@ -242,3 +243,21 @@ def test_bad_results_documents_are_named_errors():
         "prompt_tokens": {"sum": 1e9, "count": 1e5, "buckets": {"10000.0": 0, "+Inf": 1e5}}}}}
     with pytest.raises(CalibrationError, match="calibrated figures of endpoint 'assist'"):
         calibrate(inputs, bad, placement, PRICES_DAY)
+
+
+def test_command_line_mistakes_are_clear_errors(tmp_path, capsys):
+    from tests.gateway_harness import free_port
+
+    out = str(tmp_path / "o.yaml")
+    (tmp_path / "bad.json").write_text("{not json")
+    cases = [
+        (["--prometheus", "localhost:9090"], "give an http(s) URL"),
+        (["--prometheus", f"http://127.0.0.1:{free_port()}", "--since", "0d"], "--since '0d'"),
+        (["--prometheus", f"http://127.0.0.1:{free_port()}", "--since", "7d"], "did not answer"),
+        (["--from-file", str(tmp_path / "bad.json")], "--from-file"),
+        (["--from-file", str(tmp_path / "missing.json")], "--from-file"),
+    ]
+    for args, message in cases:
+        assert cli(["calibrate", str(STACK), *args, "--out", out]) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and message in err and "Traceback" not in err, (args, err)

@@ -10,6 +10,7 @@ The results document (JSON), per endpoint:
   prefill            {"tokens", "seconds"}                                prompt tokens ÷ prefill time
   busiest_hour       {"generation_tokens_per_s_per_replica", "running_per_replica"}
   pods               [{"pod", "created_s", "started_s", "ready_s"}]       kube-state-metrics
+  queries            {name: the query text as run}  (optional; provenance)
 plus "window": {"start_s", "end_s"}.
 """
 
@@ -155,7 +156,8 @@ def calibrate_endpoint(ep: EndpointInputs, res: Mapping[str, Any], gpu_kind: str
     if measured:
         old = list(traffic.hourly_mean_requests_per_s or [])
         new = [_round(p, 5) if p is not None else (old[h] if old else 0.0) for h, p in enumerate(profile)]
-        src = f"{QUERIES['requests_by_hour']} per hour, {measured} of 168 hours measured"
+        query = (res.get("queries") or {}).get("requests_by_hour", QUERIES["requests_by_hour"])
+        src = f"{query} per hour, {measured} of 168 hours measured"
         if measured < HOURS_PER_WEEK:
             src += f" (the other {HOURS_PER_WEEK - measured} kept from the current inputs)"
         fig("traffic.hourly_mean_requests_per_s", old, new, src)
