@@ -6,6 +6,7 @@ Debian's `prometheus` package (2.42, bookworm) ships both binaries; `python3 dev
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -35,11 +36,17 @@ def require_binary(name: str) -> str:
     return path
 
 
-def rendered_rule_groups(stack_file: Path) -> dict[str, dict]:
-    """{endpoint: rule group} of every PrometheusRule the program declares for this stack file."""
+@functools.lru_cache(maxsize=None)
+def recorded(stack_file: Path):
+    """The program's recorded mock run for a stack file, once per test session (several files read it)."""
     from offline.mockrun import run_stack_file
 
-    rec = run_stack_file(stack_file)
+    return run_stack_file(stack_file)
+
+
+def rendered_rule_groups(stack_file: Path) -> dict[str, dict]:
+    """{endpoint: rule group} of every PrometheusRule the program declares for this stack file."""
+    rec = recorded(Path(stack_file).resolve())
     out = {}
     for obj in rec.kubernetes_objects():
         if obj["kind"] == "PrometheusRule":

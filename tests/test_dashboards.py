@@ -23,7 +23,7 @@ from components.floor_replicas import TRACK_METRIC_LABEL
 from components.observability import GATEWAY_METRICS, VLLM_METRICS
 from offline.validate import validate_objects
 from tests.conftest import ROOT
-from tests.prometheus_support import require_binary
+from tests.prometheus_support import recorded, require_binary
 
 NS = "llm-serving"
 KNOWN_FUNCTIONS = {"sum", "count", "max", "rate", "histogram_quantile", "vector", "clamp_min", "ceil",
@@ -32,11 +32,10 @@ KNOWN_FUNCTIONS = {"sum", "count", "max", "rate", "histogram_quantile", "vector"
 
 @pytest.fixture(scope="module")
 def prod():
-    from offline.mockrun import run_stack_file
     from topology import load_inputs, plan
 
     inputs = load_inputs(ROOT / "stacks/Pulumi.prod.yaml")
-    return inputs, plan(inputs), run_stack_file(ROOT / "stacks/Pulumi.prod.yaml")
+    return inputs, plan(inputs), recorded((ROOT / "stacks/Pulumi.prod.yaml").resolve())
 
 
 def boards(rec) -> dict[str, tuple[dict, dict]]:

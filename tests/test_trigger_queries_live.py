@@ -19,10 +19,11 @@ from contextlib import ExitStack
 import pytest
 
 from components.floor_replicas import TRACK_METRIC_LABEL, scaled_object_spec
-from components.gateway_config import StaticServers, env_name, floor_capacity, render_gateway_config
+from components.gateway_config import StaticServers, config_name, env_name, floor_capacity, render_gateway_config
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_harness import HaproxyProcess, free_port, lua_path, require_haproxy, stream_once
 from tests.prometheus_support import PrometheusServer, require_binary
+from topology.calibrate import QUERIES
 
 NS = "llm-serving"
 PROMETHEUS_URL = "http://prometheus-operated.monitoring.svc:9090"  # where KEDA would send the query
@@ -157,6 +158,10 @@ def test_burst_backlog_trigger_returns_requests_in_flight_to_burst(live):
     # before any traffic HAProxy exports the backend with 0 sessions (a series, not an absent one)
     assert wait_for_value(prom, query, 0.0) == 0.0
 
+    requests = "sum(" + QUERIES["requests_by_hour"].split("(increase(")[1].split("[1h]")[0].format(
+        ns=NS, frontend=f"fe_{config_name('assist')}") + ")"
+    before = prom.scalar(requests)
+    assert before is not None and before <= 1  # nothing but the start-up probe yet
     capacity = floor_capacity(spec.endpoint("assist").gateway.overflow_inflight_per_replica, 2)
     payload = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
     headers = {"Authorization": "Bearer load-key", "X-Fake-Hold": "1", "X-Fake-Chunks": "2"}
@@ -183,3 +188,6 @@ def test_burst_backlog_trigger_returns_requests_in_flight_to_burst(live):
         loader.join(timeout=60)
     assert len(results) == capacity + BURST_HELD and all(r[0] == 200 for r in results)
     assert wait_for_value(prom, query, 0.0) == 0.0  # streams done: the backlog is gone from the next scrape
+    # the counter `calibrate` reads the hour-of-week profile from counted every request the endpoint received
+    # (its increase: the harness's port probe at start-up counts too)
+    assert wait_for_value(prom, requests, before + capacity + BURST_HELD) == before + capacity + BURST_HELD
