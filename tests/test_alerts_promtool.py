@@ -12,7 +12,9 @@ image pins; prometheus_client adds `_total` to counters and `_bucket{le=...}` to
   vllm:prefix_cache_hits_total         counter (prompt tokens found)
   vllm:request_prompt_tokens_bucket    histogram, 1-2-5 buckets up to max_model_len
   vllm:num_requests_waiting            gauge
-  vllm:time_to_first_token_seconds_bucket / vllm:time_per_output_token_seconds_bucket   histograms
+  vllm:time_to_first_token_seconds_bucket / vllm:time_per_output_token_seconds_bucket   histograms (the names are
+                                       taken from the rendered rules: newer engines call the second
+                                       vllm:inter_token_latency_seconds, same buckets)
   vllm:kv_cache_usage_perc             gauge, 0..1
 HAProxy 2.6's built-in exporter: haproxy_backend_current_sessions{proxy=...} (gauge; checked against a real
 HAProxy in test_trigger_queries_live.py). The PodMonitor adds namespace, pod and the track label.
@@ -218,13 +220,18 @@ def queue_not_draining(ep: Endpoint, rules: dict) -> dict:
     ])
 
 
+def latency_series(rules: dict, alert: str, e) -> tuple[str, list[float], float]:
+    """The histogram the rendered rule reads (an engine-version table may rename the inter-token one, e.g. to
+    vllm:inter_token_latency_seconds, which has the same buckets), its vLLM buckets and the SLO in seconds."""
+    metric = re.search(r"rate\(([\w:]+_bucket)\{", rules[alert]["expr"])[1]
+    if alert == "VllmTtftSloBreach":
+        return metric, TTFT_BUCKETS_S, e.slo_ttft_p99_ms / 1000
+    return metric, TPOT_BUCKETS_S, e.slo_inter_token_p99_ms / 1000
+
+
 def latency_breach(ep: Endpoint, rules: dict, alert: str) -> dict:
     rule = rules[alert]
-    metric, buckets, slo_s = {
-        "VllmTtftSloBreach": ("vllm:time_to_first_token_seconds_bucket", TTFT_BUCKETS_S, ep.e.slo_ttft_p99_ms / 1000),
-        "VllmInterTokenSloBreach": ("vllm:time_per_output_token_seconds_bucket", TPOT_BUCKETS_S,
-                                    ep.e.slo_inter_token_p99_ms / 1000),
-    }[alert]
+    metric, buckets, slo_s = latency_series(rules, alert, ep.e)
     fast, slow = slo_s / 4, min(4 * slo_s, buckets[-1])
     # the construction holds: the fast bucket lies wholly under the SLO, the slow one wholly above
     assert next(b for b in buckets if b >= fast) < slo_s <= max(b for b in buckets if b < slow)
@@ -237,7 +244,7 @@ def latency_breach(ep: Endpoint, rules: dict, alert: str) -> dict:
     series = []
     for p in ep.pods:
         hist = histogram(lambda m, b=p is not ep.canary: observed(m, b), buckets)
-        series += [(metric.removesuffix("_bucket") + "_bucket", {**p, "le": bound}, v) for bound, v in hist.items()]
+        series += [(metric, {**p, "le": bound}, v) for bound, v in hist.items()]
     # one breaching minute in the window already puts the p99 in the slow bucket: true from T0+1
     fire = firing_minute(T0_MIN + 1, rule["for"])
     return scenario(f"{ep.e.name}: {alert} (20 % of requests at 4x the SLO)", series, [
@@ -288,9 +295,7 @@ def healthy_period(ep: Endpoint, rules: dict) -> dict:
         series.append(("vllm:prefix_cache_hits_total", p, counter(lambda m: 200_000.0 * e.planned_prefix_cache_hit_fraction)))
         hist = histogram(lambda m: prompt_lengths(ep, False), one_two_five(e.engine.max_model_len))
         series += [("vllm:request_prompt_tokens_bucket", {**p, "le": b}, v) for b, v in hist.items()]
-        for metric, buckets, slo_s in (("vllm:time_to_first_token_seconds_bucket", TTFT_BUCKETS_S, e.slo_ttft_p99_ms / 1000),
-                                       ("vllm:time_per_output_token_seconds_bucket", TPOT_BUCKETS_S,
-                                        e.slo_inter_token_p99_ms / 1000)):
+        for metric, buckets, slo_s in (latency_series(rules, a, e) for a in ("VllmTtftSloBreach", "VllmInterTokenSloBreach")):
             obs = [(slo_s / 4, REQUESTS_PER_MIN * 0.995), (min(4 * slo_s, buckets[-1]), REQUESTS_PER_MIN * 0.005)]
             hist = histogram(lambda m, o=obs: o, buckets)
             series += [(metric, {**p, "le": b}, v) for b, v in hist.items()]
