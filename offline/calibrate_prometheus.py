@@ -138,8 +138,7 @@ def write_inputs(path: Path, cal, stack: str) -> None:
 
 def cli_main(args: argparse.Namespace, today: dt.date | None = None, now_s: float | None = None) -> int:
     stack_file = Path(args.stack)
-    inputs = load_inputs(stack_file)
-    spec = plan(inputs)
+    prom = None
     if args.from_file:
         try:
             results = json.loads(Path(args.from_file).read_text())
@@ -147,13 +146,16 @@ def cli_main(args: argparse.Namespace, today: dt.date | None = None, now_s: floa
             raise InputError(f"--from-file {args.from_file}: {e}") from None
         if not isinstance(results, dict):
             raise InputError(f"--from-file {args.from_file}: not a results document (a JSON object)")
-    else:
+    else:  # check the command line before planning (a typo should not cost a plan)
         if not args.prometheus:
             raise InputError("give --prometheus URL (with --since) or --from-file RESULTS.json")
+        prom = Prometheus(args.prometheus)
         end_s = float(args.until) if args.until is not None else (now_s if now_s is not None else time.time())
         start_s = end_s - since_seconds(args.since)
-        results = query_results(Prometheus(args.prometheus), spec, args.namespace or _namespace(stack_file),
-                                start_s, end_s)
+    inputs = load_inputs(stack_file)
+    spec = plan(inputs)
+    if prom is not None:
+        results = query_results(prom, spec, args.namespace or _namespace(stack_file), start_s, end_s)
         if args.save_results:
             Path(args.save_results).write_text(json.dumps(results, indent=1))
     placement = {e.name: (e.capacity.gpu_kind, e.capacity.mig_profile) for e in spec.endpoints if e.node_pools}
