@@ -122,7 +122,8 @@ if floor_endpoints:
 if floor_endpoints:
     Observability(
         "observability",
-        ObservabilityArgs(spec=spec, namespace=settings.namespace, monitor_labels=settings.monitor_labels),
+        ObservabilityArgs(spec=spec, namespace=settings.namespace, monitor_labels=settings.monitor_labels,
+                          prices=inputs.prices),
         opts=k8s_opts,
     )
 

@@ -2,7 +2,7 @@
 """Project runner: sets up what it needs, then runs the job.
 
     python3 dev.py demo    # plan report, simulated week and offline render of the bundled prod stack (offline)
-    python3 dev.py test    # the whole test suite (installs Debian's haproxy for the gateway tests when it can)
+    python3 dev.py test    # the whole test suite (installs Debian's haproxy and prometheus for the tests when it can)
 
 Both create ./.venv (Python 3.11+) and install the project with its test dependencies on first use, and
 again whenever pyproject.toml changes.
@@ -42,19 +42,32 @@ def ensure_venv() -> None:
     STAMP.write_text(want)
 
 
-def ensure_haproxy() -> None:
-    """The gateway tests run a real HAProxy on 127.0.0.1; install Debian's package when we are root."""
-    if shutil.which("haproxy"):
+def ensure_debian_package(binary: str, package: str, services: tuple[str, ...], why: str) -> None:
+    """Install Debian's `package` when `binary` is missing and we are root; stop the services it starts
+    (the tests start their own processes on 127.0.0.1)."""
+    if shutil.which(binary):
         return
     if os.geteuid() == 0 and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         run(["apt-get", "update", "-qq"], env=env)
-        run(["apt-get", "install", "-y", "-qq", "haproxy"], env=env)
-        # the package starts a system service listening on :80; the tests start their own processes
-        subprocess.run(["service", "haproxy", "stop"], cwd=ROOT, check=False, capture_output=True)
+        run(["apt-get", "install", "-y", "-qq", package], env=env)
+        for service in services:
+            subprocess.run(["service", service, "stop"], cwd=ROOT, check=False, capture_output=True)
     else:
-        print("haproxy is not installed and this is not root: gateway tests will be skipped "
-              "(install Debian's 'haproxy' package to run them)", flush=True)
+        print(f"{binary} is not installed and this is not root: {why} will be skipped "
+              f"(install Debian's '{package}' package to run them)", flush=True)
+
+
+def ensure_haproxy() -> None:
+    """The gateway tests run a real HAProxy on 127.0.0.1 (the package's service listens on :80)."""
+    ensure_debian_package("haproxy", "haproxy", ("haproxy",), "gateway tests")
+
+
+def ensure_prometheus() -> None:
+    """The alert, trigger-query and calibrate tests run promtool and a real Prometheus on 127.0.0.1 (the package
+    also starts a Prometheus on :9090 and a node exporter)."""
+    ensure_debian_package("promtool", "prometheus", ("prometheus", "prometheus-node-exporter"),
+                          "Prometheus tests")
 
 
 def demo() -> int:
@@ -75,6 +88,7 @@ def demo() -> int:
 
 def test(extra: list[str]) -> int:
     ensure_haproxy()
+    ensure_prometheus()
     return subprocess.run([str(PY), "-m", "pytest", "-q", *extra], cwd=ROOT).returncode
 
 

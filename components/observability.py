@@ -14,7 +14,10 @@ Each alert compares production with what the plan assumed, so every threshold is
 - queue not draining — requests waiting per stable replica above the autoscaler's target for longer
   than the autoscaler needs to add a replica (poll + stabilization + start jitter + pod cold start);
 - TTFT and inter-token p99 above the endpoint's SLOs for that same reaction time;
-- KV-cache saturation — usage above 95 % for 5 minutes on a replica.
+- KV-cache saturation — usage above 95 % for 5 minutes on a replica;
+- burst backlog (floor_plus_burst) — requests the gateway has in flight to the burst tier above the floor's
+  burst-backlog trigger threshold (the burst's planned capacity) for longer than the autoscaler needs to add
+  a floor replica: the floor is not growing (max replicas, pending nodes) while the burst is saturated.
 
 Selectors: the floor pods' metrics carry `namespace`, `model_name` (= engine.served_model_name) and the
 track label the PodMonitor copies (`serving_llm_track`). Alerts about what the plan assumed (queue, SLOs,
@@ -27,6 +30,7 @@ Floor pods see only the traffic the gateway keeps on the floor; burst (Modal) co
 from __future__ import annotations
 
 import bisect
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,9 +39,11 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from topology.engines import DEFAULT_ENGINE_IMAGE, engine_release
+from topology.inputs import Prices
 from topology.spec import EndpointSpec, TopologySpec
 
 from ._common import ENDPOINT_LABEL, TYPE_PREFIX, child
+from .floor_replicas import burst_backlog_query
 from .names import TRACK_METRIC_LABEL, TRACK_STABLE
 
 # Metrics the alerts read, exported by vLLM's v1 engine (vllm/v1/metrics/loggers.py): prometheus_client
@@ -49,6 +55,9 @@ VLLM_METRICS = frozenset(
     name for field, name in engine_release(DEFAULT_ENGINE_IMAGE)[1].metrics.model_dump().items()
     if field != "requests_running"  # exported, but no alert reads it
 )
+
+# The gateway's metric (HAProxy's built-in exporter, a gauge per backend labelled `proxy`).
+GATEWAY_METRICS = frozenset({"haproxy_backend_current_sessions"})
 
 # The top finite buckets of vLLM's latency histograms: a quantile above them is unmeasurable, so an SLO
 # must lie below (histogram_quantile returns the top finite bound when the quantile is in +Inf).
@@ -341,6 +350,20 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
                      f"The plan sized {ep.capacity.usable_concurrency} sequences per replica."),
         derivation=f"doctrine: {KV_SATURATION:g} for {duration(KV_SATURATION_FOR_S)}",
     ))
+
+    backlog = a.burst_backlog_threshold
+    if backlog is not None:
+        alerts.append(Alert(
+            name="GatewayBurstBacklog",
+            query=burst_backlog_query(namespace, name),
+            comparison=">", threshold=backlog, for_s=react_s, severity="warning",
+            summary=f"{name}: requests in flight to the burst tier stayed above its planned capacity",
+            description=(f"The gateway has {{{{ $value | humanize }}}} requests of {served} in flight to the burst "
+                         f"tier, above the floor's burst-backlog threshold {backlog:g}, for longer than the "
+                         f"autoscaler needs to add a floor replica ({react_how}). The floor is not absorbing the "
+                         f"overload: check max replicas ({a.max_replicas}), pending pods and node capacity."),
+            derivation=f"autoscaling.burst_backlog_threshold {backlog:g}; for: {react_how}",
+        ))
     return EndpointAlerts(name, tuple(alerts), skipped)
 
 
@@ -360,17 +383,22 @@ class ObservabilityArgs:
     """Namespace of the serving workloads (the floor pods' metrics carry it)."""
     monitor_labels: Mapping[str, str] = field(default_factory=dict)
     """Labels the Prometheus operator selects rules by (kube-prometheus-stack: its release label)."""
+    prices: Prices | None = None
+    """The inputs' dated prices: the dashboards' cost-per-hour panel (left out when None)."""
+    dashboards: bool = True
+    """Ship a Grafana dashboard per endpoint with floor replicas (a ConfigMap the Grafana sidecar loads)."""
 
 
 class Observability(pulumi.ComponentResource):
     rule_names: dict[str, str]
     skipped: dict[str, dict[str, str]]
+    dashboard_uids: dict[str, str]
 
     def __init__(self, name: str, args: ObservabilityArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         per_endpoint = [endpoint_alerts(e, args.namespace) for e in args.spec.endpoints if e.node_pools]
         super().__init__(f"{TYPE_PREFIX}:Observability", name, None, opts)
 
-        self.rule_names, self.skipped = {}, {}
+        self.rule_names, self.skipped, self.dashboard_uids = {}, {}, {}
         for alerts in per_endpoint:
             ep = alerts.endpoint
             for alert, why in alerts.skipped.items():
@@ -387,4 +415,16 @@ class Observability(pulumi.ComponentResource):
             )
             self.rule_names[ep] = rule_name(ep)
             self.skipped[ep] = dict(alerts.skipped)
-        self.register_outputs({"rules": self.rule_names, "skippedAlerts": self.skipped})
+            if args.dashboards:
+                from .dashboards import dashboard_configmap_labels, dashboard_file_name, endpoint_dashboard
+
+                board = endpoint_dashboard(args.spec.endpoint(ep), args.namespace, args.prices)
+                k8s.core.v1.ConfigMap(
+                    f"{name}-{ep}-dashboard",
+                    metadata={"name": f"{ep}-dashboard", "namespace": args.namespace,
+                              "labels": dashboard_configmap_labels(labels)},
+                    data={dashboard_file_name(ep): json.dumps(board, sort_keys=True)},
+                    opts=child(self),
+                )
+                self.dashboard_uids[ep] = board["uid"]
+        self.register_outputs({"rules": self.rule_names, "skippedAlerts": self.skipped, "dashboards": self.dashboard_uids})

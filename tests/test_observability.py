@@ -12,12 +12,13 @@ import warnings
 import numpy as np
 import pytest
 
-from components.floor_replicas import TRACK_METRIC_LABEL, queue_query
+from components.floor_replicas import TRACK_METRIC_LABEL, burst_backlog_query, queue_query
 from components.observability import (
     INTER_TOKEN_TOP_BUCKET_S,
     KV_SATURATION,
     KV_SATURATION_FOR_S,
     PREEMPTION_STORM_SHARE,
+    GATEWAY_METRICS,
     VLLM_METRICS,
     Observability,
     ObservabilityArgs,
@@ -36,6 +37,7 @@ MONITOR_LABELS = {"release": "kube-prometheus-stack"}
 PROMQL_FUNCTIONS = {"sum", "avg", "max", "rate", "histogram_quantile"}
 GROUPING_LABELS = {"namespace", "pod", TRACK_METRIC_LABEL, "le"}
 MATCHER_LABELS = {"namespace", "model_name", TRACK_METRIC_LABEL, "le"}
+GATEWAY_MATCHER_LABELS = {"namespace", "proxy"}
 STABLE_ONLY = {"VllmQueueNotDraining", "VllmTtftSloBreach", "VllmInterTokenSloBreach", "VllmPrefixCacheHitRateDrop"}
 ALL_TRACKS = {"VllmPreemptionStorm", "VllmKvCacheSaturated", "VllmPromptLengthShift"}
 
@@ -158,8 +160,10 @@ def test_component_token_children_and_labels(declared):
     spec, rec, _ = declared["prod"]
     (component,) = rec.of_type("serving:components:Observability")
     children = [r for r in rec.resources if r.parent == component.urn]
-    assert sorted(r.name for r in children) == sorted(f"observability-{e.name}-rules" for e in spec.endpoints)
-    assert {r.type for r in children} == {"kubernetes:monitoring.coreos.com/v1:PrometheusRule"}
+    assert sorted(r.name for r in children) == sorted(f"observability-{e.name}-{part}" for e in spec.endpoints
+                                                      for part in ("rules", "dashboard"))
+    assert {r.type for r in children} == {"kubernetes:monitoring.coreos.com/v1:PrometheusRule",
+                                          "kubernetes:core/v1:ConfigMap"}
     for rule in rules_of(rec):
         meta = rule["metadata"]
         assert meta["namespace"] == NS
@@ -199,6 +203,8 @@ def test_every_threshold_is_the_spec_figure(declared):
             "VllmInterTokenSloBreach": (">", e.slo_inter_token_p99_ms / 1000, reaction),
             "VllmKvCacheSaturated": (">", KV_SATURATION, KV_SATURATION_FOR_S),
         }
+        if a.burst_backlog_threshold is not None:  # floor_plus_burst endpoints (assist, autocomplete)
+            expected["GatewayBurstBacklog"] = (">", a.burst_backlog_threshold, reaction)
         expected["VllmPromptLengthShift"] = (
             ">", min(1.5 * e.planned_input_tokens_p99, (e.planned_input_tokens_p99 + e.engine.max_model_len) / 2), 1800)
         assert set(rules[e.name]) == set(expected), e.name
@@ -267,8 +273,12 @@ def test_expressions_use_only_vllm_metrics_and_are_plausible_promql(declared):
                 sels = selectors(expr)
                 assert sels, expr
                 for metric, matchers in sels:
-                    assert metric in VLLM_METRICS, (alert, metric)
                     used.add(metric)
+                    if alert == "GatewayBurstBacklog":  # the gateway's exporter: the floor's KEDA trigger query
+                        assert metric in GATEWAY_METRICS and set(matchers) == GATEWAY_MATCHER_LABELS, (alert, matchers)
+                        assert query == burst_backlog_query(NS, e.name)
+                        continue
+                    assert metric in VLLM_METRICS, (alert, metric)
                     assert set(matchers) <= MATCHER_LABELS, (alert, matchers)
                     assert matchers["namespace"] == NS and matchers["model_name"] == e.engine.served_model_name
                     stable = matchers.get(TRACK_METRIC_LABEL)
@@ -282,8 +292,8 @@ def test_expressions_use_only_vllm_metrics_and_are_plausible_promql(declared):
                 for window in re.findall(r"\[([^\]]*)\]", bare):
                     assert seconds(window) >= 300, (alert, window)  # at least four 15 s scrapes, never shorter
                 checked += 1
-    assert checked == 7 + 7 + 7  # every alert on each of the three prod floor endpoints
-    assert used == VLLM_METRICS  # the list is exactly what the alerts read
+    assert checked == 8 + 8 + 7  # every alert on each prod floor endpoint; guard has no burst tier
+    assert used == VLLM_METRICS | GATEWAY_METRICS  # the lists are exactly what the alerts read
 
 
 def test_labels_and_annotations(declared):

@@ -58,6 +58,13 @@ def _cmd_render(args: argparse.Namespace) -> int:
     return cli_main(args)
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    # queries Prometheus over HTTP: the I/O lives outside topology/ (the pure part is topology/calibrate.py)
+    from offline.calibrate_prometheus import cli_main
+
+    return cli_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m topology", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -89,6 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("stack", help="stacks/Pulumi.<env>.yaml")
     pr.add_argument("--out", required=True, help="output folder")
     pr.set_defaults(func=_cmd_render)
+
+    pc = sub.add_parser("calibrate", help="measure a week of production in Prometheus; write updated inputs, show the plan diff")
+    pc.add_argument("stack", help="stacks/Pulumi.<env>.yaml (or a plain inputs file) to calibrate")
+    src = pc.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prometheus", help="Prometheus base URL, e.g. http://localhost:9090 (port-forwarded)")
+    src.add_argument("--from-file", help="a results document saved earlier with --save-results")
+    pc.add_argument("--since", default="7d", help="measurement window ending now (or at --until): 7d, 36h, 2w")
+    pc.add_argument("--until", type=float, default=None, help="window end, unix seconds (default: now)")
+    pc.add_argument("--namespace", default=None, help="serving namespace (default: the stack's llm-serving:namespace)")
+    pc.add_argument("--save-results", default=None, help="also save the query results as JSON (replay with --from-file)")
+    pc.add_argument("--out", required=True, help="where to write the calibrated inputs document (YAML)")
+    pc.set_defaults(func=_cmd_calibrate)
     return p
 
 

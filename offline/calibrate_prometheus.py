@@ -1,0 +1,176 @@
+"""`python -m topology calibrate STACK --prometheus URL --since 7d` (or `--from-file results.json`): the I/O side.
+
+Runs the queries of topology/calibrate.py (QUERIES) against Prometheus's HTTP API for every endpoint with floor
+replicas, assembles the results document (saved with --save-results, replayed with --from-file), then hands it
+with today's date to the pure calibration, writes the updated inputs document and prints the plan diff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from topology.calibrate import QUERIES, calibrate, provenance_header
+from topology.loading import InputError, load_inputs
+from topology.plan import plan
+
+DEFAULT_NAMESPACE = "llm-serving"
+_SINCE = re.compile(r"^(\d+)([mhdw])$")
+_UNIT_S = {"m": 60, "h": 3600, "d": 86400, "w": 604800}
+HTTP_TIMEOUT_S = 30
+
+
+def since_seconds(text: str) -> int:
+    m = _SINCE.match(text.strip())
+    if not m or int(m[1]) == 0:
+        raise InputError(f"--since {text!r}: give a positive duration like 7d, 36h, 2w")
+    return int(m[1]) * _UNIT_S[m[2]]
+
+
+class Prometheus:
+    def __init__(self, url: str):
+        if not re.match(r"^https?://", url):
+            raise InputError(f"--prometheus {url!r}: give an http(s) URL, e.g. http://localhost:9090")
+        self.url = url.rstrip("/")
+
+    def _get(self, path: str, params: dict[str, str]) -> Any:
+        full = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with urllib.request.urlopen(full, timeout=HTTP_TIMEOUT_S) as r:
+                body = json.load(r)
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")[:300]
+            raise InputError(f"Prometheus at {self.url} refused a query ({e.code}): {detail}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise InputError(f"Prometheus at {self.url} did not answer: {e}") from None
+        if body.get("status") != "success":
+            raise InputError(f"Prometheus at {self.url}: {body.get('error', body)}")
+        return body["data"]
+
+    def instant(self, query: str, at_s: float) -> list[dict]:
+        return self._get("/api/v1/query", {"query": query, "time": f"{at_s:.3f}"})["result"]
+
+    def range(self, query: str, start_s: float, end_s: float, step_s: int) -> list[dict]:
+        return self._get("/api/v1/query_range", {"query": query, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}",
+                                                 "step": str(step_s)})["result"]
+
+
+def _scalar(result: list[dict]) -> float:
+    if not result:
+        return 0.0
+    v = float(result[0]["value"][1])
+    return v if math.isfinite(v) else 0.0
+
+
+def _histogram(prom: Prometheus, key: str, fill: dict[str, str], end_s: float) -> dict | None:
+    buckets = {s["metric"]["le"]: float(s["value"][1]) for s in prom.instant(QUERIES[key].format(**fill), end_s)
+               if "le" in s["metric"]}
+    if "+Inf" not in buckets:
+        return None
+    return {"sum": _scalar(prom.instant(QUERIES[f"{key}_sum"].format(**fill), end_s)), "count": buckets["+Inf"],
+            "buckets": buckets}
+
+
+def query_results(prom: Prometheus, spec, namespace: str, start_s: float, end_s: float) -> dict:
+    """The results document for every endpoint with floor replicas, over [start_s, end_s]."""
+    from components.gateway_config import config_name
+
+    window = f"{int(end_s - start_s)}s"
+    out: dict[str, Any] = {"window": {"start_s": start_s, "end_s": end_s}, "endpoints": {}}
+    for e in spec.endpoints:
+        if not e.node_pools:
+            continue
+        fill = {"ns": namespace, "model": e.engine.served_model_name, "frontend": f"fe_{config_name(e.name)}",
+                "pod_re": f"{re.escape(e.name)}-vllm-.*", "w": window}
+        res: dict[str, Any] = {"queries": {k: q.format(**fill) for k, q in QUERIES.items()}}
+        series = prom.range(QUERIES["requests_by_hour"].format(**fill), start_s + 3600, end_s, 3600)
+        res["requests_by_hour"] = [[float(t), float(v)] for s in series for t, v in s["values"]]
+        for key in ("prompt_tokens", "generation_tokens"):
+            h = _histogram(prom, key, fill, end_s)
+            if h is not None:
+                res[key] = h
+        res["prefix_cache"] = {"hits": _scalar(prom.instant(QUERIES["prefix_hits"].format(**fill), end_s)),
+                               "queries": _scalar(prom.instant(QUERIES["prefix_queries"].format(**fill), end_s))}
+        res["prefill"] = {"tokens": res.get("prompt_tokens", {}).get("sum", 0.0),
+                          "seconds": _scalar(prom.instant(QUERIES["prefill_seconds"].format(**fill), end_s))}
+        gen = prom.range(QUERIES["generation_per_replica"].format(**fill), start_s + 3600, end_s, 3600)
+        run = prom.range(QUERIES["running_per_replica"].format(**fill), start_s + 3600, end_s, 3600)
+        gen_at = {float(t): float(v) for s in gen for t, v in s["values"] if math.isfinite(float(v))}
+        run_at = {float(t): float(v) for s in run for t, v in s["values"]}
+        if gen_at:
+            busiest = max(gen_at, key=gen_at.get)
+            res["busiest_hour"] = {"at_s": busiest, "generation_tokens_per_s_per_replica": gen_at[busiest],
+                                   "running_per_replica": run_at.get(busiest, 0.0)}
+        pods: dict[str, dict] = {}
+        for key, name in (("pod_created", "created_s"), ("pod_started", "started_s"), ("pod_ready", "ready_s")):
+            for s in prom.instant(QUERIES[key].format(**fill), end_s):
+                pods.setdefault(s["metric"]["pod"], {"pod": s["metric"]["pod"]})[name] = float(s["value"][1])
+        res["pods"] = sorted(pods.values(), key=lambda p: p["pod"])
+        out["endpoints"][e.name] = res
+    return out
+
+
+def _namespace(stack_file: Path) -> str:
+    doc = yaml.safe_load(stack_file.read_text())
+    if isinstance(doc, dict) and isinstance(doc.get("config"), dict):
+        for key, value in doc["config"].items():
+            if key.endswith(":namespace") and isinstance(value, str):
+                return value
+    return DEFAULT_NAMESPACE
+
+
+def write_inputs(path: Path, cal, stack: str) -> None:
+    header = "".join(f"# {line}\n" for line in provenance_header(cal, stack))
+    body = yaml.safe_dump(cal.inputs.model_dump(mode="json", exclude_none=True), sort_keys=False, width=120)
+    path.write_text(header + body)
+
+
+def cli_main(args: argparse.Namespace, today: dt.date | None = None, now_s: float | None = None) -> int:
+    stack_file = Path(args.stack)
+    prom = None
+    if args.from_file:
+        try:
+            results = json.loads(Path(args.from_file).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise InputError(f"--from-file {args.from_file}: {e}") from None
+        if not isinstance(results, dict):
+            raise InputError(f"--from-file {args.from_file}: not a results document (a JSON object)")
+    else:  # check the command line before planning (a typo should not cost a plan)
+        if not args.prometheus:
+            raise InputError("give --prometheus URL (with --since) or --from-file RESULTS.json")
+        prom = Prometheus(args.prometheus)
+        end_s = float(args.until) if args.until is not None else (now_s if now_s is not None else time.time())
+        start_s = end_s - since_seconds(args.since)
+    inputs = load_inputs(stack_file)
+    spec = plan(inputs)
+    if prom is not None:
+        results = query_results(prom, spec, args.namespace or _namespace(stack_file), start_s, end_s)
+        if args.save_results:
+            Path(args.save_results).write_text(json.dumps(results, indent=1))
+    placement = {e.name: (e.capacity.gpu_kind, e.capacity.mig_profile) for e in spec.endpoints if e.node_pools}
+    try:
+        cal = calibrate(inputs, results, placement, today or dt.date.today())
+    except (KeyError, TypeError, AttributeError) as e:
+        raise InputError(f"results document: missing or malformed entry ({e!r})") from None
+    out = Path(args.out)
+    write_inputs(out, cal, stack_file.name)
+    from topology.report import diff_specs
+
+    print(f"wrote {out} ({sum(f.changed for f in cal.figures)} figures changed, {len(cal.kept)} kept)")
+    for f in cal.figures:
+        if f.changed and not f.path.endswith("hourly_mean_requests_per_s"):
+            print(f"  {f.path}: {f.old} → {f.new}")
+    print("\nplan diff against the current stack:")
+    print("\n".join(diff_specs(spec, plan(cal.inputs))))
+    return 0

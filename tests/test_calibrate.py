@@ -1,0 +1,263 @@
+"""Calibrate recovers a known week: a synthetic week of what the gateway, vLLM and kube-state-metrics export is
+backfilled into a real Prometheus 2.42 TSDB (`promtool tsdb create-blocks-from openmetrics`), then
+`python -m topology calibrate` queries it over HTTP and writes updated inputs; the recovered figures are compared
+with the week's true figures (computed from the generated requests themselves).
+
+Tolerances: exact (1e-6 relative, after the 4-significant-digit rounding of the written figure) for the hourly
+profile, means, prefix-hit share, prefill rate, busiest-hour decode rate and cold starts; the p99s are read from
+vLLM's 1-2-5 histogram buckets, so they must land in the true p99's bucket (all the histogram can tell) and
+within 25 % of it (achieved on this week: input p99 9 639 → within 3 %, output 1 527 → 1 830, +20 %: linear
+interpolation in the (1000, 2000] bucket, where the density falls steeply).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import subprocess
+
+import numpy as np
+import pytest
+import yaml
+
+from topology.calibrate import CalibrationError, calibrate, histogram_quantile, hour_of_week, hourly_profile
+from topology.cli import main as cli
+from topology.loading import load_inputs
+from tests.conftest import ROOT
+from tests.prometheus_support import PrometheusServer, require_binary
+
+NS = "llm-serving"
+STACK = ROOT / "stacks/Pulumi.prod.yaml"
+WEEK_START_S = int(dt.datetime(2026, 1, 5, 5, tzinfo=dt.timezone.utc).timestamp())  # Monday 00:00 in New York (EST)
+STEP_S = 300
+STEPS = 7 * 24 * 12
+PRICES_DAY = dt.date(2026, 12, 2)
+PODS = ("assist-vllm-0", "assist-vllm-1")
+PREFILL_TOKENS_PER_S = 14_000.0
+PREFIX_HIT = 0.42
+FLOOR_SHARE = 0.3  # of the gateway's requests, served (and measured) by the floor's two pods
+COLD = {  # pod: (created, started, ready) seconds after the week start
+    "assist-vllm-a": (1000, 1005, 1185), "assist-vllm-b": (2000, 2005, 2205), "assist-vllm-c": (3000, 3005, 3215),
+    "assist-vllm-d": (4000, 4005, 4235), "assist-vllm-e": (5000, 5300, 5490), "assist-vllm-f": (6000, 6300, 6550),
+}
+
+
+def rate_of_hour(h: int) -> float:
+    """True requests/s at the gateway in local hour-of-week h: a daily rhythm, quieter weekends."""
+    day, hour = divmod(h, 24)
+    daily = 5 + 4 * math.sin(2 * math.pi * (hour - 9) / 24)
+    return round(daily * (0.6 if day >= 5 else 1.0), 3)
+
+
+def one_two_five(limit: int) -> list[int]:
+    out, e = [], 0
+    while True:
+        for m in (1, 2, 5):
+            if m * 10**e > limit:
+                return out
+            out.append(m * 10**e)
+        e += 1
+
+
+def synthetic_week(max_model_len: int, max_sequences: int):
+    """OpenMetrics text of the week and the true figures it was generated from."""
+    rng = np.random.default_rng(15)
+    bounds = one_two_five(max_model_len)
+    lines: dict[str, list[str]] = {}
+    ts = [WEEK_START_S + k * STEP_S for k in range(STEPS + 1)]
+
+    def add(family, kind, series, values):
+        lines.setdefault(f"# TYPE {family} {kind}", []).extend(f"{series} {v:.10g} {t}" for t, v in zip(ts, values))
+
+    requests = np.array([0.0] + [rate_of_hour((k // 12) % 168) * STEP_S for k in range(STEPS)])
+    add("haproxy_frontend_http_requests", "counter",
+        f'haproxy_frontend_http_requests_total{{namespace="{NS}",pod="gw-0",proxy="fe_assist"}}', np.cumsum(requests))
+    all_in, all_out, hourly_gen = [], [], np.zeros((len(PODS), 168 * 1))
+    peak_rate = max(rate_of_hour(h) for h in range(168))
+    for i, pod in enumerate(PODS):
+        lab = f'namespace="{NS}",pod="{pod}",model_name="llama-3.3-70b-instruct",engine="0",serving_llm_track="stable"'
+        n = rng.poisson(requests[1:] * FLOOR_SHARE / len(PODS))
+        prompt_cum = {b: [0.0] for b in [*bounds, math.inf]}
+        out_cum = {b: [0.0] for b in [*bounds, math.inf]}
+        psum, osum, gen, prefill = [0.0], [0.0], [0.0], [0.0]
+        for k, count in enumerate(n):
+            p = np.minimum(np.round(rng.lognormal(math.log(1500), 0.8, count)), max_model_len - 2048)
+            o = np.minimum(np.round(rng.lognormal(math.log(300), 0.7, count)), 2048)
+            all_in.append(p)
+            all_out.append(o)
+            for b in prompt_cum:
+                prompt_cum[b].append(prompt_cum[b][-1] + float(np.sum(p <= b)))
+                out_cum[b].append(out_cum[b][-1] + float(np.sum(o <= b)))
+            psum.append(psum[-1] + float(p.sum()))
+            osum.append(osum[-1] + float(o.sum()))
+            gen.append(gen[-1] + float(o.sum()))
+            prefill.append(prefill[-1] + float(p.sum()) / PREFILL_TOKENS_PER_S)
+            hourly_gen[i, (k // 12) % 168] += float(o.sum())
+        for family, cum, total in (("vllm:request_prompt_tokens", prompt_cum, psum),
+                                   ("vllm:request_generation_tokens", out_cum, osum)):
+            for b, values in cum.items():
+                le = "+Inf" if math.isinf(b) else repr(float(b))
+                add(family, "histogram", f'{family}_bucket{{{lab},le="{le}"}}', values)
+            add(family, "histogram", f"{family}_sum{{{lab}}}", total)
+            add(family, "histogram", f"{family}_count{{{lab}}}", cum[math.inf])
+        add("vllm:request_prefill_time_seconds", "histogram",
+            f'vllm:request_prefill_time_seconds_bucket{{{lab},le="+Inf"}}', prompt_cum[math.inf])
+        add("vllm:request_prefill_time_seconds", "histogram", f"vllm:request_prefill_time_seconds_sum{{{lab}}}", prefill)
+        add("vllm:request_prefill_time_seconds", "histogram", f"vllm:request_prefill_time_seconds_count{{{lab}}}",
+            prompt_cum[math.inf])
+        add("vllm:prefix_cache_queries", "counter", f"vllm:prefix_cache_queries_total{{{lab}}}", psum)
+        add("vllm:prefix_cache_hits", "counter", f"vllm:prefix_cache_hits_total{{{lab}}}",
+            [PREFIX_HIT * x for x in psum])
+        add("vllm:generation_tokens", "counter", f"vllm:generation_tokens_total{{{lab}}}", gen)
+        running = [0.95 * max_sequences * rate_of_hour((max(k - 1, 0) // 12) % 168) / peak_rate for k in range(STEPS + 1)]
+        add("vllm:num_requests_running", "gauge", f"vllm:num_requests_running{{{lab}}}", running)
+    for pod, (created, started, ready) in COLD.items():
+        lab = f'namespace="{NS}",pod="{pod}",uid="uid-{pod}"'
+        for family, at in (("kube_pod_created", created), ("kube_pod_start_time", started),
+                           ("kube_pod_status_ready_time", ready)):
+            add(family, "gauge", f"{family}{{{lab}}}", [WEEK_START_S + at] * (STEPS + 1))
+    text = "".join(head + "\n" + "\n".join(body) + "\n" for head, body in lines.items()) + "# EOF\n"
+    prompts, outputs = np.concatenate(all_in), np.concatenate(all_out)
+    per_replica_hour = hourly_gen.sum(axis=0) / len(PODS) / 3600
+    truth = {
+        "profile": [rate_of_hour(h) for h in range(168)],
+        "input_mean": float(prompts.mean()), "input_p99": float(np.quantile(prompts, 0.99)),
+        "output_mean": float(outputs.mean()), "output_p99": float(np.quantile(outputs, 0.99)),
+        "decode": float(per_replica_hour.max()),
+        "bounds": bounds,
+    }
+    return text, truth
+
+
+@pytest.fixture(scope="module")
+def backfilled(tmp_path_factory):
+    require_binary("promtool")
+    require_binary("prometheus")
+    inputs = load_inputs(STACK)
+    assist = next(e for e in inputs.endpoints if e.name == "assist")
+    engine = next(e for e in assist.engine if e.gpu_kind == "H100-80GB")
+    work = tmp_path_factory.mktemp("calibrate")
+    text, truth = synthetic_week(assist.shape.product_max_context_tokens, engine.max_concurrent_sequences)
+    (work / "week.om").write_text(text)
+    data = work / "data"
+    out = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=168h", "week.om",
+                          str(data)], cwd=work,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (work / "prom").mkdir()
+    prom = PrometheusServer(work / "prom", storage=data, retention="100y")
+    yield prom, truth, work, inputs
+    prom.stop()
+
+
+def in_same_bucket(a: float, b: float, bounds: list[int]) -> bool:
+    def bucket(x):
+        return next((i for i, ub in enumerate(bounds) if x <= ub), len(bounds))
+    return bucket(a) == bucket(b)
+
+
+def test_calibrate_recovers_the_known_week(backfilled, capsys):
+    prom, truth, work, old_inputs = backfilled
+    end = WEEK_START_S + 7 * 86400
+    out, saved = work / "calibrated.yaml", work / "results.json"
+    assert cli(["calibrate", str(STACK), "--prometheus", prom.url, "--since", "7d", "--until", str(end),
+                "--out", str(out), "--save-results", str(saved)]) == 0
+    printed = capsys.readouterr().out
+    new = load_inputs(out)
+    a = next(e for e in new.endpoints if e.name == "assist")
+
+    # the hour-of-week profile, in the profile's timezone (the week was written in local New York hours)
+    assert a.traffic.hourly_mean_requests_per_s == pytest.approx(truth["profile"], rel=1e-4)
+    assert a.traffic.rate_trace is None
+    # token shape: means exact; p99s in the true p99's bucket (all a 1-2-5 histogram can tell) and within 25 %
+    assert a.shape.input_tokens_mean == pytest.approx(truth["input_mean"], rel=5e-4)
+    assert a.shape.output_tokens_mean == pytest.approx(truth["output_mean"], rel=5e-4)
+    for got, want in ((a.shape.input_tokens_p99, truth["input_p99"]), (a.shape.output_tokens_p99, truth["output_p99"])):
+        assert in_same_bucket(got, want, truth["bounds"]), (got, want)
+        assert got == pytest.approx(want, rel=0.25), (got, want)
+    assert a.prefix_cache_hit_fraction == pytest.approx(PREFIX_HIT, abs=1e-3)
+    engine = next(e for e in a.engine if e.gpu_kind == "H100-80GB")
+    assert engine.prefill_tokens_per_s == pytest.approx(PREFILL_TOKENS_PER_S, rel=5e-4)
+    assert engine.decode_tokens_per_s == pytest.approx(truth["decode"], rel=5e-4)  # busiest hour ran 95 % full
+    assert a.cold_starts.pod_on_warm_node_s == pytest.approx(205)  # median of 180 200 210 230 190 250
+    assert a.cold_starts.new_node_and_pod_s == pytest.approx(520)  # median of 490 and 550 (waited 300 s for a node)
+    # endpoints with no measurements keep their inputs
+    for name in ("autocomplete", "guard"):
+        assert next(e for e in new.endpoints if e.name == name) == next(e for e in old_inputs.endpoints if e.name == name)
+
+    # the document is dated and says where each figure came from
+    header = [ln for ln in out.read_text().splitlines() if ln.startswith("#")]
+    assert "written" in header[0] and "2026-01-05 05:00 to 2026-01-12 05:00 UTC" in header[1]
+    assert any("prefix_cache_hit_fraction: 0.3 → 0.42" in ln and "vllm:prefix_cache_hits_total" in ln for ln in header)
+    assert any('haproxy_frontend_http_requests_total{namespace="llm-serving",proxy="fe_assist"}' in ln for ln in header)
+    assert "# Kept as they were:" in header and "# - guard: traffic profile (no gateway request counts in the window)" in header
+    # and the plan diff against the current stack is printed
+    assert "plan diff against the current stack" in printed and "~ assist:" in printed
+
+    # replaying the saved results gives the same inputs (no Prometheus needed)
+    again = work / "again.yaml"
+    assert cli(["calibrate", str(STACK), "--from-file", str(saved), "--out", str(again)]) == 0
+    assert load_inputs(again) == new
+
+
+# ── the pure part ────────────────────────────────────────────────────────────────────────────────
+
+def test_histogram_quantile_hand_figures():
+    # 100 requests: 90 at most 10 tokens, 8 in (10, 20], 2 above 20 (bounded by 50)
+    buckets = {"10.0": 90, "20.0": 98, "+Inf": 100}
+    assert histogram_quantile(0.5, buckets, 50) == pytest.approx(10 * 50 / 90)
+    assert histogram_quantile(0.95, buckets, 50) == pytest.approx(10 + 10 * 5 / 8)
+    assert histogram_quantile(0.99, buckets, 50) == pytest.approx(20 + 30 * 1 / 2)
+    assert math.isnan(histogram_quantile(0.99, {"10.0": 0, "+Inf": 0}, 50))
+    with pytest.raises(CalibrationError, match="Inf"):
+        histogram_quantile(0.5, {"10.0": 3}, 50)
+
+
+def test_hour_of_week_follows_the_profiles_timezone_through_dst():
+    tz = "America/New_York"
+    monday_midnight_est = dt.datetime(2026, 1, 5, 5, tzinfo=dt.timezone.utc).timestamp()
+    assert hour_of_week(monday_midnight_est, tz) == 0
+    monday_midnight_edt = dt.datetime(2026, 7, 6, 4, tzinfo=dt.timezone.utc).timestamp()
+    assert hour_of_week(monday_midnight_edt, tz) == 0
+    assert hour_of_week(monday_midnight_edt - 1, tz) == 167
+    # two weeks average; the count of an hour is stamped at its end
+    rows = [(monday_midnight_est + 3600, 3600.0), (monday_midnight_est + 3600 + 7 * 86400, 7200.0)]
+    profile = hourly_profile(rows, tz)
+    assert profile[0] == pytest.approx(1.5) and profile[1] is None
+
+
+def test_bad_results_documents_are_named_errors():
+    inputs = load_inputs(STACK)
+    placement = {"assist": ("H100-80GB", None)}
+    with pytest.raises(CalibrationError, match="window"):
+        calibrate(inputs, {"endpoints": {}}, placement, PRICES_DAY)
+    with pytest.raises(CalibrationError, match="endpoints the inputs do not have"):
+        calibrate(inputs, {"window": {"start_s": 0, "end_s": 10}, "endpoints": {"nope": {}}}, placement, PRICES_DAY)
+    with pytest.raises(CalibrationError, match="not a number"):
+        calibrate(inputs, {"window": {"start_s": 0, "end_s": 10},
+                           "endpoints": {"assist": {"prefix_cache": {"queries": "many", "hits": 1}}}}, placement,
+                  PRICES_DAY)
+    # figures the inputs' validators refuse (a p99 prompt beyond the product limit) say so, not a traceback
+    bad = {"window": {"start_s": 0, "end_s": 10}, "endpoints": {"assist": {
+        "prompt_tokens": {"sum": 1e9, "count": 1e5, "buckets": {"10000.0": 0, "+Inf": 1e5}}}}}
+    with pytest.raises(CalibrationError, match="calibrated figures of endpoint 'assist'"):
+        calibrate(inputs, bad, placement, PRICES_DAY)
+
+
+def test_command_line_mistakes_are_clear_errors(tmp_path, capsys):
+    from tests.gateway_harness import free_port
+
+    out = str(tmp_path / "o.yaml")
+    (tmp_path / "bad.json").write_text("{not json")
+    cases = [
+        (["--prometheus", "localhost:9090"], "give an http(s) URL"),
+        (["--prometheus", f"http://127.0.0.1:{free_port()}", "--since", "0d"], "--since '0d'"),
+        (["--prometheus", f"http://127.0.0.1:{free_port()}", "--since", "7d"], "did not answer"),
+        (["--from-file", str(tmp_path / "bad.json")], "--from-file"),
+        (["--from-file", str(tmp_path / "missing.json")], "--from-file"),
+    ]
+    for args, message in cases:
+        assert cli(["calibrate", str(STACK), *args, "--out", out]) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and message in err and "Traceback" not in err, (args, err)

@@ -1,0 +1,193 @@
+"""The floor's KEDA trigger queries, run verbatim against a real Prometheus (Debian's 2.42, 127.0.0.1, 1 s scrapes,
+temp storage) that scrapes a real HAProxy running the rendered gateway config while held streams load it, and
+small fake vLLM engines exporting `vllm:num_requests_waiting` through prometheus_client (vLLM's own exporter
+library, the gauge declared as vllm/v1/metrics/loggers.py declares it).
+
+In the cluster the PodMonitor's relabelling adds `namespace`, `pod` and the track label to every scraped series;
+here the scrape config's target labels add the same, so the queries are the rendered ones, character for character.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+import time
+from contextlib import ExitStack
+
+import pytest
+
+from components.floor_replicas import TRACK_METRIC_LABEL, scaled_object_spec
+from components.gateway_config import StaticServers, config_name, env_name, floor_capacity, render_gateway_config
+from tests.fake_upstream import FakeUpstream
+from tests.gateway_harness import HaproxyProcess, free_port, lua_path, require_haproxy, stream_once
+from tests.prometheus_support import PrometheusServer, require_binary
+from topology.calibrate import QUERIES
+
+NS = "llm-serving"
+PROMETHEUS_URL = "http://prometheus-operated.monitoring.svc:9090"  # where KEDA would send the query
+BURST_HELD = 23  # streams beyond the floor's capacity, held open at the burst upstream
+WAIT_S = 20.0  # longest wait for a scrape to show a change (1 s scrapes)
+
+
+class FakeEngine:
+    """One vLLM pod's /metrics: the waiting-queue gauge with vLLM's label names (model_name, engine), rendered by
+    prometheus_client in the Prometheus text format 0.0.4 whatever the scraper asks for.
+
+    Why not content negotiation: prometheus_client >= 0.22 answers an OpenMetrics request without an `escaping`
+    term (Prometheus 2.x's default Accept header, this 2.42 included) with `escaping=underscores`, and escapes the
+    colon in sample names (`vllm_num_requests_waiting`; client_python issue #1177, open): every `vllm:` query then
+    reads nothing. Prometheus 3 asks for `escaping=allow-utf-8` and keeps the name; a 2.49+ scrape can be pinned
+    to `PrometheusText0.0.4` (PodMonitor `scrapeProtocols`). Both give what is served here."""
+
+    def __init__(self, model_name: str, waiting: float):
+        import prometheus_client
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.registry = prometheus_client.CollectorRegistry()
+        self.gauge = prometheus_client.Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                                             labelnames=["model_name", "engine"], registry=self.registry)
+        self.set(model_name, waiting)
+        registry = self.registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                body = prometheus_client.generate_latest(registry)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def set(self, model_name: str, waiting: float) -> None:
+        self.gauge.labels(model_name=model_name, engine="0").set(waiting)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+def triggers(spec, endpoint: str) -> dict[str, dict]:
+    ep = spec.endpoint(endpoint)
+    return {t["name"]: t for t in scaled_object_spec(ep, f"{endpoint}-vllm", NS, PROMETHEUS_URL)["triggers"]
+            if t["type"] == "prometheus"}
+
+
+def wait_for_value(prom: PrometheusServer, query: str, want: float | None) -> float | None:
+    deadline = time.monotonic() + WAIT_S
+    got = prom.scalar(query)
+    while got != want and time.monotonic() < deadline:
+        time.sleep(0.25)
+        got = prom.scalar(query)
+    return got
+
+
+@pytest.fixture
+def live(planned_stacks, tmp_path):
+    require_haproxy()
+    require_binary("prometheus")
+    spec = planned_stacks["prod"][1]
+    with ExitStack() as stack:
+        ups = {n: FakeUpstream(n).start() for n in ("floor1", "floor2", "burst")}
+        for u in ups.values():
+            stack.callback(u.stop)
+        floors = StaticServers((ups["floor1"].address, ups["floor2"].address))
+        ports = {e.name: free_port() for e in spec.endpoints if e.tier != "managed_api"}
+        stats_port = free_port()
+        rendered = render_gateway_config(
+            spec, burst_urls={"assist": f"http://{ups['burst'].address}", "autocomplete": f"http://{ups['burst'].address}"},
+            floor_servers={e.name: floors for e in spec.endpoints}, binds={k: f"127.0.0.1:{p}" for k, p in ports.items()},
+            stats_bind=f"127.0.0.1:{stats_port}", lua_path=lua_path(tmp_path), max_connections=2000)
+        env = {var: f"value-of-{key}" for var, key in rendered.secret_env.items()}
+        env[env_name("assist", "acme-api-key")] = "load-key"
+        gw = HaproxyProcess(rendered, tmp_path, env, [*ports.values(), stats_port])
+        stack.callback(gw.stop)
+
+        served = spec.endpoint("assist").engine.served_model_name
+        other = spec.endpoint("autocomplete").engine.served_model_name
+        engines = {  # pod: (engine, target labels the PodMonitor would add)
+            "assist-vllm-0": (FakeEngine(served, 3), {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
+            "assist-vllm-1": (FakeEngine(served, 5), {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
+            # the canary serves the same model name: its queue is not the stable floor's
+            "assist-vllm-canary-0": (FakeEngine(served, 40), {"namespace": NS, TRACK_METRIC_LABEL: "canary"}),
+            # another endpoint's pods, and the same model in another namespace (a second environment)
+            "autocomplete-vllm-0": (FakeEngine(other, 100), {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
+            "assist-vllm-0-staging": (FakeEngine(served, 50), {"namespace": "llm-staging", TRACK_METRIC_LABEL: "stable"}),
+        }
+        for engine, _ in engines.values():
+            stack.callback(engine.stop)
+        (tmp_path / "prom").mkdir()
+        prom = PrometheusServer(tmp_path / "prom", [
+            ("gateway", f"127.0.0.1:{stats_port}", {"namespace": NS, "pod": "gateway-0"}),
+            *[("vllm", f"127.0.0.1:{e.port}", {**labels, "pod": pod}) for pod, (e, labels) in engines.items()],
+        ])
+        stack.callback(prom.stop)
+        yield {"spec": spec, "ups": ups, "port": ports["assist"], "prom": prom, "engines": engines}
+
+
+def test_queue_trigger_returns_the_stable_floors_waiting_requests(live):
+    prom, spec, engines = live["prom"], live["spec"], live["engines"]
+    trigger = triggers(spec, "assist")["requests-waiting"]
+    query, threshold = trigger["metadata"]["query"], float(trigger["metadata"]["threshold"])
+    assert trigger["metricType"] == "AverageValue"
+    # 3 + 5 waiting on the two stable pods; the canary's 40, the other model's 100 and staging's 50 are not ours
+    assert wait_for_value(prom, query, 8.0) == 8.0
+    # KEDA hands the sum to the HPA, which divides by the threshold (AverageValue): ⌈8 / 2⌉ = 4 replicas
+    assert threshold == 2 and math.ceil(8.0 / threshold) == 4
+    # the query follows the gauge as the engine's queue moves
+    engine, _ = engines["assist-vllm-0"]
+    engine.set(spec.endpoint("assist").engine.served_model_name, 11)
+    assert wait_for_value(prom, query, 16.0) == 16.0
+
+
+def test_burst_backlog_trigger_returns_requests_in_flight_to_burst(live):
+    prom, spec, ups, port = live["prom"], live["spec"], live["ups"], live["port"]
+    trigger = triggers(spec, "assist")["burst-backlog"]
+    query = trigger["metadata"]["query"]
+    assert trigger["metricType"] == "Value" and trigger["metadata"]["ignoreNullValues"] == "true"
+    # before any traffic HAProxy exports the backend with 0 sessions (a series, not an absent one)
+    assert wait_for_value(prom, query, 0.0) == 0.0
+
+    requests = "sum(" + QUERIES["requests_by_hour"].split("(increase(")[1].split("[1h]")[0].format(
+        ns=NS, frontend=f"fe_{config_name('assist')}") + ")"
+    before = prom.scalar(requests)
+    assert before is not None and before <= 1  # nothing but the start-up probe yet
+    capacity = floor_capacity(spec.endpoint("assist").gateway.overflow_inflight_per_replica, 2)
+    payload = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    headers = {"Authorization": "Bearer load-key", "X-Fake-Hold": "1", "X-Fake-Chunks": "2"}
+    results: list = []
+
+    def load():
+        async def run():
+            return await asyncio.gather(*[stream_once(port, payload, {**headers, "X-Session-Id": f"s-{i}"}, timeout_s=40)
+                                          for i in range(capacity + BURST_HELD)])
+        results.extend(asyncio.run(run()))
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    try:
+        # the floor fills to its capacity, the rest is held open at the burst tier: the trigger's value
+        assert wait_for_value(prom, query, float(BURST_HELD)) == BURST_HELD
+        on_floor = len(ups["floor1"].log.completions()) + len(ups["floor2"].log.completions())
+        assert on_floor == capacity and len(ups["burst"].log.completions()) == BURST_HELD
+        # KEDA compares it (a Value metric) with the burst's planned capacity: 23 of 588, no floor step from it
+        assert float(trigger["metadata"]["threshold"]) == spec.endpoint("assist").autoscaling.burst_backlog_threshold
+    finally:
+        for u in ups.values():
+            u.release()
+        loader.join(timeout=60)
+    assert len(results) == capacity + BURST_HELD and all(r[0] == 200 for r in results)
+    assert wait_for_value(prom, query, 0.0) == 0.0  # streams done: the backlog is gone from the next scrape
+    # the counter `calibrate` reads the hour-of-week profile from counted every request the endpoint received
+    # (its increase: the harness's port probe at start-up counts too)
+    assert wait_for_value(prom, requests, before + capacity + BURST_HELD) == before + capacity + BURST_HELD

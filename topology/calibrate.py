@@ -1,0 +1,320 @@
+"""Calibrate: what production measured → updated cost inputs. Pure: query results in, figures out.
+
+The I/O side (offline/calibrate_prometheus.py) runs the queries named in `QUERIES` against Prometheus, or reads a
+saved results document, and passes the date in; this module never reads the clock or the network.
+
+The results document (JSON), per endpoint:
+  requests_by_hour   [[unix_s, requests in the hour ending then], ...]   gateway frontend (floor + burst)
+  prompt_tokens / generation_tokens  {"sum", "count", "buckets": {le: cumulative count}}   vLLM histograms
+  prefix_cache       {"hits", "queries"}                                  vLLM counters (prompt tokens)
+  prefill            {"tokens", "seconds"}                                prompt tokens ÷ prefill time
+  busiest_hour       {"generation_tokens_per_s_per_replica", "running_per_replica"}
+  pods               [{"pod", "created_s", "started_s", "ready_s"}]       kube-state-metrics
+  queries            {name: the query text as run}  (optional; provenance)
+plus "window": {"start_s", "end_s"}.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from pydantic import ValidationError
+
+from .inputs import HOURS_PER_WEEK, CostInputs, EndpointInputs
+from .loading import InputError, format_validation_error
+
+# The floor runs near saturation when its mean running sequences reach this share of what a replica holds: only
+# then is its busiest hour's output rate a saturation figure (below it, the engine could have done more).
+SATURATED_RUNNING_SHARE = 0.8
+# A pod that waited this long between creation and start waited for a node: its created → ready is a new-node start.
+NODE_WAIT_S = 60
+MIN_REQUESTS_FOR_SHAPE = 100  # fewer finished requests than this say nothing about a p99
+
+# What the I/O side asks Prometheus for ({ns}, {model}, {frontend}, {pod_re} filled per endpoint; [{w}] the window).
+QUERIES: dict[str, str] = {
+    "requests_by_hour": 'sum(increase(haproxy_frontend_http_requests_total{{namespace="{ns}",proxy="{frontend}"}}[1h]))',
+    "prompt_tokens": 'sum by (le) (increase(vllm:request_prompt_tokens_bucket{{namespace="{ns}",model_name="{model}"}}[{w}]))',
+    "prompt_tokens_sum": 'sum(increase(vllm:request_prompt_tokens_sum{{namespace="{ns}",model_name="{model}"}}[{w}]))',
+    "generation_tokens": 'sum by (le) (increase(vllm:request_generation_tokens_bucket{{namespace="{ns}",model_name="{model}"}}[{w}]))',
+    "generation_tokens_sum": 'sum(increase(vllm:request_generation_tokens_sum{{namespace="{ns}",model_name="{model}"}}[{w}]))',
+    "prefix_hits": 'sum(increase(vllm:prefix_cache_hits_total{{namespace="{ns}",model_name="{model}"}}[{w}]))',
+    "prefix_queries": 'sum(increase(vllm:prefix_cache_queries_total{{namespace="{ns}",model_name="{model}"}}[{w}]))',
+    "prefill_seconds": 'sum(increase(vllm:request_prefill_time_seconds_sum{{namespace="{ns}",model_name="{model}"}}[{w}]))',
+    "generation_per_replica": 'sum(rate(vllm:generation_tokens_total{{namespace="{ns}",model_name="{model}"}}[1h])) '
+                              '/ count(vllm:num_requests_running{{namespace="{ns}",model_name="{model}"}})',
+    "running_per_replica": 'avg(avg_over_time(vllm:num_requests_running{{namespace="{ns}",model_name="{model}"}}[1h]))',
+    "pod_created": 'last_over_time(kube_pod_created{{namespace="{ns}",pod=~"{pod_re}"}}[{w}])',
+    "pod_started": 'last_over_time(kube_pod_start_time{{namespace="{ns}",pod=~"{pod_re}"}}[{w}])',
+    "pod_ready": 'last_over_time(kube_pod_status_ready_time{{namespace="{ns}",pod=~"{pod_re}"}}[{w}])',
+}
+
+
+class CalibrationError(InputError):
+    """A results document that cannot be read, or figures the inputs' validators refuse."""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One input figure: its path in the inputs document, old and new values, and where the new one came from."""
+
+    path: str
+    old: Any
+    new: Any
+    source: str
+
+    @property
+    def changed(self) -> bool:
+        return self.old != self.new
+
+
+@dataclass
+class Calibration:
+    inputs: CostInputs
+    as_of: dt.date
+    window: tuple[float, float]
+    figures: list[Figure] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # figures left as they were, and why
+
+
+def histogram_quantile(q: float, buckets: Mapping[str, float], top_bound: float) -> float:
+    """The q-quantile of a cumulative histogram {le: count}, interpolated linearly inside its bucket (as PromQL's
+    histogram_quantile does), with the +Inf bucket bounded by `top_bound` (vLLM's token histograms: max_model_len)."""
+    pairs = sorted(((math.inf if le == "+Inf" else float(le)), float(c)) for le, c in buckets.items())
+    if not pairs or pairs[-1][0] != math.inf:
+        raise CalibrationError("a histogram without its +Inf bucket")
+    total = pairs[-1][1]
+    if total <= 0:
+        return math.nan
+    rank = q * total
+    lo_bound, lo_count = 0.0, 0.0
+    for bound, count in pairs:
+        if count >= rank:
+            hi = top_bound if math.isinf(bound) else bound
+            if count == lo_count:
+                return hi
+            return lo_bound + (hi - lo_bound) * (rank - lo_count) / (count - lo_count)
+        lo_bound, lo_count = bound, count
+    return top_bound  # unreachable: the +Inf bucket holds the total
+
+
+def hour_of_week(unix_s: float, timezone: str) -> int:
+    """Hour of the week (Monday 00:00 = 0) of an instant, in the profile's timezone."""
+    local = dt.datetime.fromtimestamp(unix_s, tz=dt.timezone.utc).astimezone(ZoneInfo(timezone))
+    return local.weekday() * 24 + local.hour
+
+
+def hourly_profile(requests_by_hour: Sequence[Sequence[float]], timezone: str) -> list[float | None]:
+    """Mean requests/s per hour of the week: each sample counts the requests of the hour ending at its timestamp;
+    several weeks average; an hour with no sample is None."""
+    sums = [0.0] * HOURS_PER_WEEK
+    counts = [0] * HOURS_PER_WEEK
+    for t, n in requests_by_hour:
+        if n is None or not math.isfinite(n):
+            continue
+        h = hour_of_week(t - 3600, timezone)
+        sums[h] += n / 3600
+        counts[h] += 1
+    return [s / c if c else None for s, c in zip(sums, counts)]
+
+
+def _num(x: Any, what: str) -> float:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise CalibrationError(f"results: {what} is {x!r}, not a number") from None
+    return v
+
+
+def _round(x: float, digits: int = 4) -> float:
+    return float(f"{x:.{digits}g}")
+
+
+def calibrate_endpoint(ep: EndpointInputs, res: Mapping[str, Any], gpu_kind: str, mig_profile: str | None,
+                       window: tuple[float, float]) -> tuple[EndpointInputs, list[Figure], list[str]]:
+    figures: list[Figure] = []
+    kept: list[str] = []
+    name = ep.name
+    span = f"{dt.datetime.fromtimestamp(window[0], dt.timezone.utc):%Y-%m-%d %H:%M} to " \
+           f"{dt.datetime.fromtimestamp(window[1], dt.timezone.utc):%Y-%m-%d %H:%M} UTC"
+
+    def fig(path, old, new, source):
+        figures.append(Figure(f"endpoints[{name}].{path}", old, new, f"{source}; {span}"))
+        return new
+
+    # hour-of-week profile (the gateway sees floor and burst traffic)
+    traffic = ep.traffic
+    rows = res.get("requests_by_hour") or []
+    profile = hourly_profile([(_num(t, "requests_by_hour time"), _num(n, "requests_by_hour value")) for t, n in rows],
+                             traffic.timezone)
+    measured = sum(p is not None for p in profile)
+    if measured:
+        old = list(traffic.hourly_mean_requests_per_s or [])
+        new = [_round(p, 5) if p is not None else (old[h] if old else 0.0) for h, p in enumerate(profile)]
+        query = (res.get("queries") or {}).get("requests_by_hour", QUERIES["requests_by_hour"])
+        src = f"{query} per hour, {measured} of 168 hours measured"
+        if measured < HOURS_PER_WEEK:
+            src += f" (the other {HOURS_PER_WEEK - measured} kept from the current inputs)"
+        fig("traffic.hourly_mean_requests_per_s", old, new, src)
+        traffic = traffic.model_copy(update={"hourly_mean_requests_per_s": new, "rate_trace": None})
+    else:
+        kept.append(f"{name}: traffic profile (no gateway request counts in the window)")
+
+    # token shape
+    shape = ep.shape.model_dump()
+    limit = ep.shape.product_max_context_tokens
+    for key, label in (("prompt_tokens", "input"), ("generation_tokens", "output")):
+        h = res.get(key)
+        count = _num(h.get("count", 0), f"{key}.count") if h else 0.0
+        if count < MIN_REQUESTS_FOR_SHAPE:
+            kept.append(f"{name}: {label} token shape ({count:g} finished requests, fewer than {MIN_REQUESTS_FOR_SHAPE})")
+            continue
+        mean = _num(h["sum"], f"{key}.sum") / count
+        p99 = histogram_quantile(0.99, {le: _num(c, f"{key} bucket") for le, c in h["buckets"].items()}, limit)
+        metric = f"vllm:request_{key}"
+        shape[f"{label}_tokens_mean"] = fig(f"shape.{label}_tokens_mean", shape[f"{label}_tokens_mean"], _round(mean),
+                                            f"{metric}_sum / _count over {count:g} requests")
+        shape[f"{label}_tokens_p99"] = fig(f"shape.{label}_tokens_p99", shape[f"{label}_tokens_p99"], _round(p99),
+                                           f"{metric}_bucket, p99 interpolated in its bucket (+Inf bounded by {limit})")
+
+    # prefix-cache hit share
+    hit = ep.prefix_cache_hit_fraction
+    pc = res.get("prefix_cache") or {}
+    queries = _num(pc.get("queries", 0), "prefix_cache.queries")
+    if queries > 0:
+        hit = fig("prefix_cache_hit_fraction", ep.prefix_cache_hit_fraction,
+                  _round(_num(pc["hits"], "prefix_cache.hits") / queries, 3),
+                  "vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total")
+    else:
+        kept.append(f"{name}: prefix-cache hit share (no prefix-cache lookups)")
+
+    # engine throughput on the GPU kind (or MIG slice) the floor runs on
+    engines = list(ep.engine)
+    idx = next((i for i, e in enumerate(engines) if e.gpu_kind == gpu_kind), None)
+    if idx is None:
+        kept.append(f"{name}: engine throughput (no engine entry for {gpu_kind})")
+    else:
+        eng = engines[idx]
+        target: Any = eng
+        where = f"engine[{gpu_kind}]"
+        if mig_profile is not None:
+            target = next((m for m in eng.mig if m.profile == mig_profile), None)
+            where = f"engine[{gpu_kind}].mig[{mig_profile}]"
+        if target is None:
+            kept.append(f"{name}: engine throughput (no MIG entry for {mig_profile})")
+        else:
+            upd: dict[str, float] = {}
+            pf = res.get("prefill") or {}
+            seconds = _num(pf.get("seconds", 0), "prefill.seconds")
+            if seconds > 0:
+                upd["prefill_tokens_per_s"] = fig(f"{where}.prefill_tokens_per_s", target.prefill_tokens_per_s,
+                                                  _round(_num(pf["tokens"], "prefill.tokens") / seconds),
+                                                  "vllm:request_prompt_tokens_sum / vllm:request_prefill_time_seconds_sum")
+            else:
+                kept.append(f"{name}: prefill throughput (no prefill time recorded)")
+            busy = res.get("busiest_hour") or {}
+            running = _num(busy.get("running_per_replica", 0), "busiest_hour.running_per_replica")
+            holds = target.max_concurrent_sequences
+            if running >= SATURATED_RUNNING_SHARE * holds:
+                upd["decode_tokens_per_s"] = fig(
+                    f"{where}.decode_tokens_per_s", target.decode_tokens_per_s,
+                    _round(_num(busy["generation_tokens_per_s_per_replica"], "busiest_hour rate")),
+                    f"busiest hour: vllm:generation_tokens_total per replica at {running:.0f} running sequences "
+                    f"(≥ {SATURATED_RUNNING_SHARE:g} × max_concurrent_sequences {holds})")
+            else:
+                kept.append(f"{name}: decode throughput (busiest hour ran {running:.1f} sequences a replica, under "
+                            f"{SATURATED_RUNNING_SHARE:g} × {holds}: not a saturation figure)")
+            if upd:
+                new_target = target.model_copy(update=upd)
+                if mig_profile is not None:
+                    eng = eng.model_copy(update={"mig": [new_target if m.profile == mig_profile else m for m in eng.mig]})
+                else:
+                    eng = new_target
+                engines[idx] = eng
+
+    # cold starts (kube-state-metrics timestamps per pod)
+    cold = ep.cold_starts.model_dump()
+    pods = res.get("pods") or []
+    ready = [p for p in pods if p.get("ready_s") is not None and p.get("started_s") is not None]
+    if ready:
+        warm = statistics.median(_num(p["ready_s"], "ready_s") - _num(p["started_s"], "started_s") for p in ready)
+        cold["pod_on_warm_node_s"] = fig("cold_starts.pod_on_warm_node_s", cold["pod_on_warm_node_s"], _round(warm, 3),
+                                         f"median kube_pod_status_ready_time − kube_pod_start_time over {len(ready)} pods")
+        waited = [p for p in ready if p.get("created_s") is not None
+                  and _num(p["started_s"], "started_s") - _num(p["created_s"], "created_s") > NODE_WAIT_S]
+        if waited:
+            new_node = statistics.median(_num(p["ready_s"], "ready_s") - _num(p["created_s"], "created_s") for p in waited)
+            cold["new_node_and_pod_s"] = fig(
+                "cold_starts.new_node_and_pod_s", cold["new_node_and_pod_s"], _round(new_node, 3),
+                f"median kube_pod_status_ready_time − kube_pod_created over {len(waited)} pods that waited "
+                f"> {NODE_WAIT_S} s for a node")
+        else:
+            kept.append(f"{name}: new-node cold start (no pod waited for a node)")
+    else:
+        kept.append(f"{name}: cold starts (no pod became ready in the window)")
+
+    try:
+        new_ep = EndpointInputs.model_validate({
+            **ep.model_dump(), "traffic": traffic.model_dump(), "shape": shape,
+            "engine": [e.model_dump() for e in engines], "cold_starts": cold, "prefix_cache_hit_fraction": hit,
+        })
+    except ValidationError as e:
+        raise CalibrationError(format_validation_error(e, f"calibrated figures of endpoint {name!r}")) from None
+    return new_ep, figures, kept
+
+
+def calibrate(inputs: CostInputs, results: Mapping[str, Any], placement: Mapping[str, tuple[str, str | None]],
+              as_of: dt.date) -> Calibration:
+    """New inputs from measured results. `placement`: endpoint -> (GPU kind, MIG profile) its floor runs on (the
+    current plan's), so throughput lands on the engine entry that was measured. Endpoints without results keep
+    their inputs."""
+    window = results.get("window") or {}
+    try:
+        span = (float(window["start_s"]), float(window["end_s"]))
+    except (KeyError, TypeError, ValueError):
+        raise CalibrationError("results: 'window' needs start_s and end_s (unix seconds)") from None
+    if not span[0] < span[1]:
+        raise CalibrationError(f"results: window start {span[0]} is not before its end {span[1]}")
+    per_endpoint = results.get("endpoints") or {}
+    unknown = sorted(set(per_endpoint) - {e.name for e in inputs.endpoints})
+    if unknown:
+        raise CalibrationError(f"results name endpoints the inputs do not have: {unknown}")
+    out = Calibration(inputs=inputs, as_of=as_of, window=span)
+    endpoints = []
+    for ep in inputs.endpoints:
+        res = per_endpoint.get(ep.name)
+        if not res or ep.name not in placement:
+            endpoints.append(ep)
+            out.kept.append(f"{ep.name}: everything (no measurements: no floor replicas or no data)")
+            continue
+        kind, mig = placement[ep.name]
+        new_ep, figs, kept = calibrate_endpoint(ep, res, kind, mig, span)
+        endpoints.append(new_ep)
+        out.figures += figs
+        out.kept += kept
+    out.inputs = inputs.model_copy(update={"endpoints": endpoints})
+    return out
+
+
+def provenance_header(cal: Calibration, stack: str) -> list[str]:
+    """Comment lines for the written inputs document: dated, each figure with its source."""
+    start, end = (dt.datetime.fromtimestamp(t, dt.timezone.utc) for t in cal.window)
+    lines = [f"Calibrated inputs for {stack}, written {cal.as_of.isoformat()} from production measurements",
+             f"window {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC. Figures replaced (old → new, source):"]
+    for f in cal.figures:
+        if f.path.endswith("hourly_mean_requests_per_s"):
+            old = sum(f.old) / len(f.old) if f.old else None
+            shown = f"mean {old:.4g} → {sum(f.new) / len(f.new):.4g} req/s" if old is not None else \
+                f"→ mean {sum(f.new) / len(f.new):.4g} req/s"
+        else:
+            shown = f"{f.old} → {f.new}"
+        lines.append(f"- {f.path}: {shown}  [{f.source}]")
+    if cal.kept:
+        lines.append("Kept as they were:")
+        lines += [f"- {k}" for k in cal.kept]
+    return lines
