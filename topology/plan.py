@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import costs
+from .feasibility import dedicated_cap_shortfall
 from .catalog import GPU_KINDS, GpuKind, MigLayoutError, smallest_instance, validate_mig_layout
 from .inputs import CostInputs, EndpointInputs
 from .spec import (
@@ -757,6 +758,13 @@ def _options(
         for pl in ded:
             burst_pl = sls if sls is not None else pl
             pr = _prices(inp, ep, pl, burst_pl)
+            if (short := dedicated_cap_shortfall(  # refuse from the peak before the O(replicas × 168) work
+                demand.peak_rps, pl.planning_rps, pl.replicas_per_node, ep.max_dedicated_replicas,
+                burst_planning_rps=burst_pl.planning_rps if burst else None,
+                burst_cap_containers=ep.serverless.max_containers_cap,
+            )) is not None:
+                why_not.append(f"{pl.label}: {short}")
+                continue
             ng = node_groups(demand, pl, burst_pl, pr, lead, sls_overhead, warm_container=cold > _ttft_budget_s(ep))
             choice = choose_floors(
                 ng, allow_serverless=burst, max_replicas=ep.max_dedicated_replicas,
