@@ -17,30 +17,45 @@ from components.gateway import Gateway, GatewayArgs
 from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
 from components.gpu_operator import GpuOperator, GpuOperatorArgs
 from components.keda import Keda
-from components.modal_burst import ModalBurst, ModalBurstArgs
+from components.modal_burst import ModalBurst, ModalBurstArgs, ModalTokenError
 from components.observability import Observability, ObservabilityArgs
 from components.stack_settings import stack_settings
 from components.weight_cache import WeightCache, WeightCacheArgs, WeightReader
 from components.weight_replication import WeightReplication, WeightReplicationArgs
-from topology.loading import inputs_from_document
-from topology.plan import plan
+from topology.catalog import MigLayoutError
+from topology.loading import InputError, check_kubeconfig_config, inputs_from_document
+from topology.plan import PlanningError, plan
 
 PROJECT_ROOT = Path(__file__).resolve().parent
+
+
+class StackConfigError(pulumi.RunError, InputError):
+    """Bad stack config: a RunError, so Pulumi prints the one-line message without a traceback."""
+
 config = pulumi.Config()
 source = f"stack {pulumi.get_stack()} config"
 
 # ── inputs → spec ──────────────────────────────────────────────────────────────────────────────
-inputs = inputs_from_document(config.require_object("inputs"), f"{source} {config.name}:inputs", PROJECT_ROOT)
-spec = plan(inputs)
-settings = stack_settings(
-    {
-        "cluster": config.get_object("cluster"),
-        "namespace": config.get("namespace"),
-        "prometheusUrl": config.get("prometheusUrl"),
-        "monitorLabels": config.get_object("monitorLabels"),
-    },
-    source,
-)
+try:
+    inputs = inputs_from_document(config.require_object("inputs"), f"{source} {config.name}:inputs", PROJECT_ROOT)
+    spec = plan(inputs)
+    settings = stack_settings(
+        {
+            "cluster": config.get_object("cluster"),
+            "namespace": config.get("namespace"),
+            "prometheusUrl": config.get("prometheusUrl"),
+            "monitorLabels": config.get_object("monitorLabels"),
+        },
+        source,
+    )
+    check_kubeconfig_config(config.get("kubeconfig"), config.full_key("kubeconfig"),
+                            pulumi.runtime.is_config_secret(config.full_key("kubeconfig")))
+except pulumi.ConfigMissingError:
+    raise StackConfigError(f"{source}: missing {config.name}:inputs, the cost inputs mapping (see stacks/Pulumi.dev.yaml)") from None
+except pulumi.ConfigTypeError as e:
+    raise StackConfigError(f"{source}: {' '.join(str(e).split())}; {config.name}:inputs and :cluster are mappings") from None
+except (InputError, PlanningError, MigLayoutError) as e:
+    raise StackConfigError(str(e)) from None
 
 # ── cluster ────────────────────────────────────────────────────────────────────────────────────
 cluster = Cluster(
@@ -130,11 +145,14 @@ if floor_endpoints:
 # Each endpoint with burst capacity gets its Modal app (deployed by a local command; token from secret
 # config or the environment). The gateway sends each endpoint's traffic to its floor replicas while they
 # have room and overflows to the burst URL; managed_api endpoints are called at the provider directly.
-bursts = {
-    e.name: ModalBurst(f"{e.name}-burst", ModalBurstArgs(endpoint=e, environment=spec.environment))
-    for e in spec.endpoints
-    if e.burst is not None
-}
+try:
+    bursts = {
+        e.name: ModalBurst(f"{e.name}-burst", ModalBurstArgs(endpoint=e, environment=spec.environment))
+        for e in spec.endpoints
+        if e.burst is not None
+    }
+except ModalTokenError as e:  # a token in plain-text config: the message says how to fix it
+    raise StackConfigError(str(e)) from None
 gateway = None
 if any(e.tier != "managed_api" for e in spec.endpoints):
     gateway = Gateway(

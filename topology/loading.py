@@ -242,3 +242,29 @@ def load_spec_or_inputs(path: str | Path, today: dt.date | None = None) -> Topol
             raise InputError(format_validation_error(e, str(p), TopologySpec)) from None
     base = project_root() if isinstance(doc, dict) and "config" in doc else p.parent
     return inputs_from_document(doc, str(p), base, today)
+
+
+def check_kubeconfig_config(value: str | None, key: str, is_secret: bool) -> None:
+    """`<project>:kubeconfig` must be secret config holding a kubeconfig document (a mapping with clusters).
+
+    An encrypted value the program cannot read (the offline render sees `{secure: ...}`) is let through."""
+    if value is None:
+        return
+    from .reading import loads_yaml
+
+    try:
+        doc = loads_yaml(value, f"config {key}")
+    except InputError:
+        doc = None
+    if isinstance(doc, dict) and set(doc) == {"secure"}:
+        return
+    if not is_secret:
+        raise InputError(
+            f"config {key} is stored in plain text; a kubeconfig holds credentials: "
+            f"`pulumi config rm {key.split(':')[-1]}` then `pulumi config set --secret {key.split(':')[-1]} < kubeconfig`"
+        )
+    if not isinstance(doc, dict) or not isinstance(doc.get("clusters"), list):
+        raise InputError(
+            f"config {key}: not a kubeconfig (expected a YAML mapping with apiVersion, clusters, contexts, users; "
+            f"got {type(doc).__name__})"
+        )
