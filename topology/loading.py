@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from .errors import FieldsError, InputError
 from .inputs import HOURS_PER_WEEK, CostInputs, RateTrace
 from .reading import find_non_finite, open_text_lines, read_document
-from .spec import TopologySpec
+from .spec import TopologySpec, saved_spec_problems
 
 CONFIG_KEY_SUFFIX = ":inputs"
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -237,9 +237,13 @@ def load_spec_or_inputs(path: str | Path, today: dt.date | None = None) -> Topol
         if bad is not None:
             raise InputError(f"{p}: {bad}: not a number (NaN or infinity); a saved spec holds finite figures")
         try:
-            return TopologySpec.model_validate(doc)
+            spec = TopologySpec.model_validate(doc)
         except ValidationError as e:
             raise InputError(format_validation_error(e, str(p), TopologySpec)) from None
+        problems = saved_spec_problems(spec)
+        if problems:
+            raise InputError("\n".join(f"{p}: {x}" for x in problems))
+        return spec
     base = project_root() if isinstance(doc, dict) and "config" in doc else p.parent
     return inputs_from_document(doc, str(p), base, today)
 

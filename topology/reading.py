@@ -230,5 +230,5 @@ def find_non_finite(value: Any, path: str = "") -> str | None:
         if isinstance(v, dict):
             stack.extend((x, f"{where}.{k}" if where else str(k)) for k, x in v.items())
         elif isinstance(v, list):
-            stack.extend((x, f"{where}[{i}]") for i, x in enumerate(v))
+            stack.extend((x, f"{where}.{i}" if where else str(i)) for i, x in enumerate(v))
     return None
