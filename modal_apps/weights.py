@@ -101,7 +101,10 @@ class LocalDirSource:
             raise ManifestError(f"{self.root}/{MANIFEST_NAME}: cannot read ({e.strerror})") from None
 
     def size(self, rel: str) -> int:
-        return (self.root / rel).stat().st_size
+        try:
+            return (self.root / rel).stat().st_size
+        except OSError:
+            raise WeightsError(f"{self.root}: {rel} is in {MANIFEST_NAME} but not in the folder") from None
 
     def read_from(self, rel: str, offset: int) -> Iterator[bytes]:
         with open(self.root / rel, "rb") as f:

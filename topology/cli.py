@@ -127,8 +127,15 @@ def check_writable_file(path: str, option: str, suffixes: Sequence[str]) -> None
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(f"{option} {path!r}: folder {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise InputError(f"{option} {path!r}: not writable")
+    # try it (os.access says yes to root even on /proc): append to an existing file, create and remove a new one
+    existed = p.exists()
+    try:
+        with open(p, "ab" if existed else "xb"):
+            pass
+    except OSError as e:
+        raise InputError(f"{option} {path!r}: not writable ({e.strerror})") from None
+    if not existed:
+        p.unlink()
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -136,13 +143,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from .simulate import cli_main  # the simulator owns its options
 
     check_simulate_args(args)
-    inputs = load_inputs(args.stack, today())  # dated and validated here; the simulator reads it again
-    _warn_prices(inputs)
-    _plan(inputs)
-    if args.trace:
+    if args.trace:  # the cheap checks first
         from .sim_traffic import load_trace
 
         load_trace(args.trace)
+    inputs = load_inputs(args.stack, today())  # dated and validated here; the simulator reads it again
+    _warn_prices(inputs)
+    _plan(inputs)
     return cli_main(args)
 
 

@@ -95,20 +95,33 @@ def _json_depth_ok(text: str, name: str, line: int | None = None) -> None:
             depth -= 1
 
 
-def _bounded_int(name: str):
-    def parse(s: str) -> int:
-        if len(s.lstrip("-")) > MAX_INT_DIGITS:
-            raise InputError(f"{name}: an integer of {len(s.lstrip('-')):,} digits; at most {MAX_INT_DIGITS} allowed")
-        return int(s)
+def _line_excerpt(text: str, index: int) -> str:
+    """`line N (its start…)`: where a problem sits, with the key in view."""
+    start = text.rfind("\n", 0, index) + 1
+    end = text.find("\n", index)
+    line = text[start:end if end >= 0 else len(text)].strip()
+    return f"line {text.count(chr(10), 0, index) + 1} ({line[:50]}{'…' if len(line) > 50 else ''})"
 
-    return parse
+
+class _BigInt(ValueError):
+    pass
+
+
+def _bounded_int(s: str) -> int:
+    if len(s.lstrip("-")) > MAX_INT_DIGITS:
+        raise _BigInt(len(s.lstrip("-")))
+    return int(s)
 
 
 def loads_json(text: str, name: str, line: int | None = None) -> Any:
     """JSON with bounded depth and integer size; NaN/Infinity parse (the validators say which field is not a number)."""
     _json_depth_ok(text, name, line)
     try:
-        return json.loads(text, parse_int=_bounded_int(name))
+        return json.loads(text, parse_int=_bounded_int)
+    except _BigInt as e:
+        m = re.search(r"\d{%d,}" % (MAX_INT_DIGITS + 1), text)
+        where = f"line {line}" if line is not None or m is None else _line_excerpt(text, m.start())
+        raise InputError(f"{name}: {where}: an integer of {e.args[0]:,} digits; at most {MAX_INT_DIGITS} allowed") from None
     except json.JSONDecodeError as e:
         where = f"line {line}" if line is not None else f"line {e.lineno}, column {e.colno}"
         raise InputError(f"{name}: not valid JSON at {where}: {e.msg}") from None
@@ -150,10 +163,9 @@ class _BoundedLoader(yaml.SafeLoader):
     def construct_yaml_int(self, node):  # type: ignore[override]
         digits = str(node.value).replace("_", "").lstrip("+-")
         if len(digits) > MAX_INT_DIGITS:
-            raise InputError(
-                f"{self.name}: line {node.start_mark.line + 1}: an integer of {len(digits):,} digits; "
-                f"at most {MAX_INT_DIGITS} allowed"
-            )
+            where = _line_excerpt(node.start_mark.buffer, node.start_mark.index) if node.start_mark.buffer else (
+                f"line {node.start_mark.line + 1}")
+            raise InputError(f"{self.name}: {where}: an integer of {len(digits):,} digits; at most {MAX_INT_DIGITS} allowed")
         return super().construct_yaml_int(node)
 
 
@@ -190,13 +202,16 @@ def _expanded_nodes(root: yaml.Node, name: str) -> int:
 
 
 def loads_yaml(text: str, name: str) -> Any:
-    loader = _BoundedLoader(text, name)
+    loader = None
     try:
+        loader = _BoundedLoader(text, name)  # the reader checks characters here already (NUL, controls)
         node = loader.get_single_node()
         if node is None:
             raise InputError(f"{name}: the file is empty")
         _expanded_nodes(node, name)
         return loader.construct_document(node)
+    except InputError:
+        raise
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
@@ -207,7 +222,8 @@ def loads_yaml(text: str, name: str) -> Any:
     except (ValueError, TypeError, OverflowError, RecursionError) as e:  # e.g. a date 2026-13-45
         raise InputError(f"{name}: not valid YAML: a value cannot be read ({e})") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def read_document(path: str | Path, what: str = "") -> Any:
