@@ -34,7 +34,7 @@ MODEL_NAME_MAX = 128
 
 
 def check_label_value(v: str) -> str:
-    if len(v) > 63 or not LABEL_VALUE.match(v) or ".." in v:
+    if len(v) > 63 or not LABEL_VALUE.fullmatch(v) or ".." in v:
         raise ValueError(
             f"{v[:80]!r} is not a Kubernetes label value: at most 63 characters, letters, digits, '-', '_', '.', "
             "starting and ending with a letter or digit (and no '..')"
@@ -44,9 +44,9 @@ def check_label_value(v: str) -> str:
 
 def check_label_key(k: str) -> str:
     prefix, slash, name = k.rpartition("/")
-    ok = bool(name) and len(name) <= 63 and LABEL_VALUE.match(name) is not None
+    ok = bool(name) and len(name) <= 63 and LABEL_VALUE.fullmatch(name) is not None
     if slash:
-        ok = ok and len(prefix) <= 253 and DNS1123_SUBDOMAIN.match(prefix) is not None
+        ok = ok and len(prefix) <= 253 and DNS1123_SUBDOMAIN.fullmatch(prefix) is not None
     if not ok:
         raise ValueError(
             f"{k[:80]!r} is not a Kubernetes label key: [prefix/]name, the name at most 63 characters of letters, "
@@ -56,13 +56,13 @@ def check_label_key(k: str) -> str:
 
 
 def check_dns_label(v: str) -> str:
-    if len(v) > 63 or not DNS1123_LABEL.match(v):
+    if len(v) > 63 or not DNS1123_LABEL.fullmatch(v):
         raise ValueError(f"{v[:80]!r} is not a DNS-1123 label: at most 63 of a-z, 0-9, '-', alphanumeric at both ends")
     return v
 
 
 def check_dns_subdomain(v: str) -> str:
-    if len(v) > 253 or not DNS1123_SUBDOMAIN.match(v):
+    if len(v) > 253 or not DNS1123_SUBDOMAIN.fullmatch(v):
         raise ValueError(
             f"{v[:80]!r} is not a DNS-1123 subdomain: at most 253 of a-z, 0-9, '-', '.', alphanumeric at both ends"
         )
@@ -71,7 +71,7 @@ def check_dns_subdomain(v: str) -> str:
 
 def check_bucket_name(v: str) -> str:
     bad = (
-        not BUCKET.match(v) or ".." in v or IPV4.match(v)
+        not BUCKET.fullmatch(v) or ".." in v or IPV4.fullmatch(v)
         or v.startswith(("xn--", "sthree-", "amzn-s3-demo-"))
         or v.endswith(("-s3alias", "--ol-s3", ".mrap", "--x-s3"))
     )
@@ -84,13 +84,13 @@ def check_bucket_name(v: str) -> str:
 
 
 def check_aws_region(v: str) -> str:
-    if not AWS_REGION.match(v):
+    if not AWS_REGION.fullmatch(v):
         raise ValueError(f"{v[:80]!r} is not an AWS region name, e.g. 'us-east-1', 'eu-central-2', 'us-gov-west-1'")
     return v
 
 
 def check_modal_region(v: str) -> str:
-    if len(v) > 40 or not MODAL_REGION.match(v):
+    if len(v) > 40 or not MODAL_REGION.fullmatch(v):
         raise ValueError(f"{v[:80]!r} is not a Modal region, e.g. 'us-east', 'us', 'eu-west' (lowercase, '-' separated)")
     return v
 
@@ -99,7 +99,7 @@ def check_model_name(v: str) -> str:
     """A served model name: one or two '/'-separated parts of letters, digits, '.', '_', '-' (an S3 prefix, a
     vLLM --served-model-name and a PromQL label value: no quotes, spaces, control characters or '..')."""
     parts = v.split("/")
-    if len(v) > MODEL_NAME_MAX or len(parts) > 2 or ".." in v or not all(MODEL_NAME_PART.match(p) for p in parts):
+    if len(v) > MODEL_NAME_MAX or len(parts) > 2 or ".." in v or not all(MODEL_NAME_PART.fullmatch(p) for p in parts):
         raise ValueError(
             f"{v[:80]!r} is not a model name: at most {MODEL_NAME_MAX} characters, letters, digits, '.', '_', '-' "
             "(optionally 'org/name'), starting with a letter or digit, no '..'"
