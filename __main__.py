@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 
@@ -37,7 +38,8 @@ source = f"stack {pulumi.get_stack()} config"
 
 # ── inputs → spec ──────────────────────────────────────────────────────────────────────────────
 try:
-    inputs = inputs_from_document(config.require_object("inputs"), f"{source} {config.name}:inputs", PROJECT_ROOT)
+    inputs = inputs_from_document(config.require_object("inputs"), f"{source} {config.name}:inputs", PROJECT_ROOT,
+                                  today=dt.date.today())  # prices dated in the future are refused, as by `plan`
     spec = plan(inputs)
     settings = stack_settings(
         {

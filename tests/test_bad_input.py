@@ -344,3 +344,25 @@ def test_plan_and_render_accept_the_same_value_wrapped_document(tmp_path):
 
     rec = run_program("dev", doc["config"])  # the program (render) reads the same document
     assert rec.outputs["specSha256"] == plan_fn(load_inputs(DEV)).sha256()
+
+
+@pytest.mark.parametrize("peak, max_rep, cap", [(3, 16, 60), (40, 4, 5), (400, 60, 0), (2000, 2, 500), (120, 0, 60)])
+def test_the_cap_pre_check_never_changes_a_plan(monkeypatch, peak, max_rep, cap):
+    import sys
+
+    from inputs_factory import office_profile
+
+    plan_module = sys.modules["topology.plan"]
+    d = set_path(INPUTS, "endpoints.0.traffic.hourly_mean_requests_per_s", office_profile(peak, peak / 20, peak / 3))
+    d = set_path(d, "endpoints.0.max_dedicated_replicas", max_rep)
+    d = set_path(d, "endpoints.0.serverless.max_containers_cap", cap)
+
+    def outcome():
+        try:
+            return plan_fn(load(d)).to_json()
+        except PlanningError as e:
+            return str(e)
+
+    with_check = outcome()
+    monkeypatch.setattr(plan_module, "dedicated_cap_shortfall", lambda *a, **k: None)
+    assert outcome() == with_check  # same spec, same reasons: the pre-check only skips work

@@ -45,11 +45,13 @@ def read_text(path: str | Path, what: str = "", *, max_bytes: int = MAX_DOCUMENT
             raise InputError(f"{name}: cannot read (a directory, not a file)")
         if not p.exists():
             raise InputError(f"{name}: cannot read (no such file)")
+        if not p.is_file():  # a FIFO would block the read forever, /dev/zero never end it
+            raise InputError(f"{name}: cannot read (not a regular file)")
         size = p.stat().st_size
         if size > max_bytes:
             raise InputError(f"{name}: {size:,} bytes is larger than the {max_bytes:,}-byte limit for this file")
         with p.open("rb") as f:
-            data = f.read(max_bytes + 1)  # a FIFO or /dev/zero reports size 0: bound the read itself
+            data = f.read(max_bytes + 1)  # a file growing while read: bound the read itself
     except OSError as e:
         raise InputError(f"{name}: cannot read ({e.strerror or e})") from None
     if len(data) > max_bytes:
