@@ -24,6 +24,7 @@ from components.stack_settings import stack_settings
 from components.weight_cache import WeightCache, WeightCacheArgs, WeightReader
 from components.weight_replication import WeightReplication, WeightReplicationArgs
 from topology.catalog import MigLayoutError
+from topology.cli import planning_hint
 from topology.loading import InputError, check_kubeconfig_config, inputs_from_document
 from topology.plan import PlanningError, plan
 
@@ -56,7 +57,9 @@ except pulumi.ConfigMissingError:
     raise StackConfigError(f"{source}: missing {config.name}:inputs, the cost inputs mapping (see stacks/Pulumi.dev.yaml)") from None
 except pulumi.ConfigTypeError as e:
     raise StackConfigError(f"{source}: {' '.join(str(e).split())}; {config.name}:inputs and :cluster are mappings") from None
-except (InputError, PlanningError, MigLayoutError) as e:
+except PlanningError as e:
+    raise StackConfigError(f"{e}{planning_hint(str(e), inputs)}") from None
+except (InputError, MigLayoutError) as e:
     raise StackConfigError(str(e)) from None
 
 # ── cluster ────────────────────────────────────────────────────────────────────────────────────

@@ -366,3 +366,19 @@ def test_the_cap_pre_check_never_changes_a_plan(monkeypatch, peak, max_rep, cap)
     with_check = outcome()
     monkeypatch.setattr(plan_module, "dedicated_cap_shortfall", lambda *a, **k: None)
     assert outcome() == with_check  # same spec, same reasons: the pre-check only skips work
+
+
+def test_plan_simulate_refuses_a_negative_seed():
+    rc, err = run("plan", str(DEV), "--simulate", "--seed", "-3")
+    assert rc == 2 and err == "error: --seed -3: must be ≥ 0 (numpy seeds are non-negative integers)\n"
+
+
+def test_render_names_the_input_fields_of_an_impossible_plan():
+    from offline.mockrun import run_program
+
+    config = _program_config()
+    config["llm-serving:inputs"]["endpoints"][0]["model"]["weights_gb"] = 4000
+    import pulumi
+
+    with pytest.raises(pulumi.RunError, match=r"no GPU or MIG slice .*\[input fields to change: endpoints\.0\.model\.weights_gb"):
+        run_program("dev", config)

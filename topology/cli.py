@@ -75,6 +75,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from . import report
     from .loading import load_inputs
 
+    if args.seed < 0:
+        raise InputError(f"--seed {args.seed}: must be ≥ 0 (numpy seeds are non-negative integers)")
     inputs = load_inputs(args.file, today())
     _warn_prices(inputs)
     spec = _plan(inputs)
