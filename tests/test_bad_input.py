@@ -326,7 +326,7 @@ def test_planning_errors_name_the_input_fields_to_change(tmp_path):
     f = tmp_path / "in.yaml"
     f.write_text(yaml.safe_dump(d))
     rc, err = run("plan", str(f))
-    assert rc == 2 and "no GPU or MIG slice" in err
+    assert rc == 2 and err.startswith(f"error: {f}: endpoint chat: no GPU or MIG slice")
     assert "[input fields to change: endpoints.0.model.weights_gb, endpoints.0.model.precision" in err
     inputs = CostInputs.model_validate(INPUTS)
     assert planning_hint("endpoint chat: no option is feasible — dedicated_only: environment dev allows no floor "

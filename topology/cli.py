@@ -62,13 +62,13 @@ def planning_hint(message: str, inputs) -> str:
     return f" [input fields to change: {', '.join(fields)}]" if fields else ""
 
 
-def _plan(inputs):
+def _plan(inputs, source: str):
     from .plan import plan
 
     try:
         return plan(inputs)
     except PlanningError as e:
-        raise PlanningError(f"{e}{planning_hint(str(e), inputs)}") from None
+        raise PlanningError(f"{source}: {e}{planning_hint(str(e), inputs)}") from None
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -79,7 +79,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         raise InputError(f"--seed {args.seed}: must be ≥ 0 (numpy seeds are non-negative integers)")
     inputs = load_inputs(args.file, today())
     _warn_prices(inputs)
-    spec = _plan(inputs)
+    spec = _plan(inputs, args.file)
     if args.json:
         print(spec.to_json())
         return 0
@@ -151,7 +151,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         load_trace(args.trace)
     inputs = load_inputs(args.stack, today())  # dated and validated here; the simulator reads it again
     _warn_prices(inputs)
-    _plan(inputs)
+    _plan(inputs, args.stack)
     return cli_main(args)
 
 

@@ -140,12 +140,12 @@ def stack_inputs_document(doc: Any, source: str) -> dict[str, Any]:
     return _unwrap_value(doc)
 
 
-def rate_trace_profile(path: Path, trace: RateTrace) -> list[float]:
-    """Hour-of-week mean requests/s from a rate trace of windows (window 0 at local midnight), scaled."""
+def rate_trace_profile(path: Path, trace: RateTrace, what: str = "traffic.rate_trace.path") -> list[float]:
+    """Hour-of-week mean requests/s from a rate trace of windows (window 0 at local midnight), scaled.
+    `what` names the field in errors (e.g. 'stack.yaml: endpoints.0.traffic.rate_trace.path')."""
     sums = [0.0] * HOURS_PER_WEEK
     counts = [0] * HOURS_PER_WEEK
     offset_h = WEEKDAYS.index(trace.start_weekday) * 24
-    what = "traffic.rate_trace.path"
     f = open_text_lines(path, what)
     try:
         reader = csv.DictReader(f)
@@ -184,11 +184,11 @@ def rate_trace_profile(path: Path, trace: RateTrace) -> list[float]:
     return [round(x * k, 6) for x in profile]
 
 
-def resolve_traces(inputs: CostInputs, base_dir: Path) -> CostInputs:
+def resolve_traces(inputs: CostInputs, base_dir: Path, source: str = "") -> CostInputs:
     """Replace every endpoint's rate_trace by the 168-hour profile it implies."""
     endpoints = []
     changed = False
-    for ep in inputs.endpoints:
+    for i, ep in enumerate(inputs.endpoints):
         tr = ep.traffic.rate_trace
         if tr is None:
             endpoints.append(ep)
@@ -196,7 +196,8 @@ def resolve_traces(inputs: CostInputs, base_dir: Path) -> CostInputs:
         path = Path(tr.path)
         if not path.is_absolute():
             path = base_dir / path
-        profile = rate_trace_profile(path, tr)
+        profile = rate_trace_profile(path, tr, f"{source}: endpoints.{i}.traffic.rate_trace.path" if source
+                                     else f"endpoints.{i}.traffic.rate_trace.path")
         traffic = ep.traffic.model_copy(update={"hourly_mean_requests_per_s": profile, "rate_trace": None})
         endpoints.append(ep.model_copy(update={"traffic": traffic}))
         changed = True
@@ -211,7 +212,7 @@ def inputs_from_document(doc: Any, source: str, base_dir: Path, today: dt.date |
         inputs = CostInputs.model_validate(body, context={"today": today} if today else None)
     except ValidationError as e:
         raise InputError(format_validation_error(e, source, CostInputs)) from None
-    return resolve_traces(inputs, base_dir)
+    return resolve_traces(inputs, base_dir, source)
 
 
 def project_root() -> Path:
