@@ -16,7 +16,7 @@ from .errors import FieldsError
 from .names import (
     check_aws_region,
     check_bucket_name,
-    check_label_value,
+    check_revision,
     check_model_name,
     check_modal_region,
     check_timezone,
@@ -67,7 +67,7 @@ class ModelInputs(_Inputs):
     @field_validator("revision")
     @classmethod
     def _revision(cls, v: str) -> str:
-        return check_label_value(v)  # becomes a pod label value and an S3 prefix
+        return check_revision(v)  # becomes a pod label value and an S3 prefix
 
 
 class ApiOffer(_Inputs):
@@ -335,7 +335,7 @@ class EndpointInputs(_Inputs):
     @field_validator("canary_revision")
     @classmethod
     def _canary_revision(cls, v: str | None) -> str | None:
-        return None if v is None else check_label_value(v)
+        return None if v is None else check_revision(v)
 
     @field_validator("tenants")
     @classmethod

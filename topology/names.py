@@ -34,11 +34,19 @@ MODEL_NAME_MAX = 128
 
 
 def check_label_value(v: str) -> str:
-    if len(v) > 63 or not LABEL_VALUE.fullmatch(v) or ".." in v:
+    if len(v) > 63 or not LABEL_VALUE.fullmatch(v):
         raise ValueError(
             f"{v[:80]!r} is not a Kubernetes label value: at most 63 characters, letters, digits, '-', '_', '.', "
-            "starting and ending with a letter or digit (and no '..')"
+            "starting and ending with a letter or digit"
         )
+    return v
+
+
+def check_revision(v: str) -> str:
+    """A weights revision: a pod label value, and a segment of an S3 prefix (so no '..')."""
+    check_label_value(v)
+    if ".." in v:
+        raise ValueError(f"{v[:80]!r} is not a revision: '..' is not allowed (it becomes part of an S3 prefix)")
     return v
 
 
