@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 
@@ -17,30 +18,49 @@ from components.gateway import Gateway, GatewayArgs
 from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
 from components.gpu_operator import GpuOperator, GpuOperatorArgs
 from components.keda import Keda
-from components.modal_burst import ModalBurst, ModalBurstArgs, code_sha256, default_python, modal_token_env
+from components.modal_burst import ModalBurst, ModalBurstArgs, ModalTokenError, code_sha256, default_python, modal_token_env
 from components.observability import Observability, ObservabilityArgs
 from components.stack_settings import stack_settings
 from components.weight_cache import WeightCache, WeightCacheArgs, WeightReader
 from components.weight_replication import WeightReplication, WeightReplicationArgs
-from topology.loading import inputs_from_document
-from topology.plan import plan
+from topology.catalog import MigLayoutError
+from topology.cli import planning_hint
+from topology.loading import InputError, check_kubeconfig_config, inputs_from_document
+from topology.plan import PlanningError, plan
 
 PROJECT_ROOT = Path(__file__).resolve().parent
+
+
+class StackConfigError(pulumi.RunError, InputError):
+    """Bad stack config: a RunError, so Pulumi prints the one-line message without a traceback."""
+
 config = pulumi.Config()
 source = f"stack {pulumi.get_stack()} config"
 
 # ── inputs → spec ──────────────────────────────────────────────────────────────────────────────
-inputs = inputs_from_document(config.require_object("inputs"), f"{source} {config.name}:inputs", PROJECT_ROOT)
-spec = plan(inputs)
-settings = stack_settings(
-    {
-        "cluster": config.get_object("cluster"),
-        "namespace": config.get("namespace"),
-        "prometheusUrl": config.get("prometheusUrl"),
-        "monitorLabels": config.get_object("monitorLabels"),
-    },
-    source,
-)
+try:
+    inputs = inputs_from_document(config.require_object("inputs"), f"{source} {config.name}:inputs", PROJECT_ROOT,
+                                  today=dt.date.today())  # prices dated in the future are refused, as by `plan`
+    spec = plan(inputs)
+    settings = stack_settings(
+        {
+            "cluster": config.get_object("cluster"),
+            "namespace": config.get("namespace"),
+            "prometheusUrl": config.get("prometheusUrl"),
+            "monitorLabels": config.get_object("monitorLabels"),
+        },
+        source,
+    )
+    check_kubeconfig_config(config.get("kubeconfig"), config.full_key("kubeconfig"),
+                            pulumi.runtime.is_config_secret(config.full_key("kubeconfig")))
+except pulumi.ConfigMissingError:
+    raise StackConfigError(f"{source}: missing {config.name}:inputs, the cost inputs mapping (see stacks/Pulumi.dev.yaml)") from None
+except pulumi.ConfigTypeError as e:
+    raise StackConfigError(f"{source}: {' '.join(str(e).split())}; {config.name}:inputs and :cluster are mappings") from None
+except PlanningError as e:
+    raise StackConfigError(f"{e}{planning_hint(str(e), inputs)}") from None
+except (InputError, MigLayoutError) as e:
+    raise StackConfigError(str(e)) from None
 
 # ── cluster ────────────────────────────────────────────────────────────────────────────────────
 cluster = Cluster(
@@ -134,7 +154,10 @@ if floor_endpoints:
 # what the deploy reads from this machine (the app's sources, the token, the interpreter), read once here
 burst_endpoints = [e for e in spec.endpoints if e.burst is not None]
 burst_code_sha256 = code_sha256() if burst_endpoints else ""
-burst_token_env = modal_token_env() if burst_endpoints else {}
+try:
+    burst_token_env = modal_token_env() if burst_endpoints else {}
+except ModalTokenError as e:  # a token in plain-text config: the message says how to fix it
+    raise StackConfigError(str(e)) from None
 bursts = {
     e.name: ModalBurst(f"{e.name}-burst", ModalBurstArgs(
         endpoint=e, environment=spec.environment, python=default_python(), code_sha256=burst_code_sha256,

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from topology.loading import InputError, format_validation_error
+from topology.names import check_label_key, check_label_value
 
 DEFAULT_PROMETHEUS_URL = "http://kube-prometheus-stack-prometheus.monitoring.svc.cluster.local:9090"
 
@@ -75,6 +76,14 @@ class StackSettings(_Settings):
         default_factory=lambda: {"release": "kube-prometheus-stack"}, alias="monitorLabels",
         description="`llm-serving:monitorLabels`: labels the Prometheus operator selects PodMonitors by.",
     )
+
+    @field_validator("monitor_labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, x in v.items():  # they become metadata.labels of PodMonitors: Kubernetes label syntax
+            check_label_key(k)
+            check_label_value(x)
+        return v
 
 
 def stack_settings(config: Mapping[str, Any], source: str) -> StackSettings:

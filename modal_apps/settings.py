@@ -136,12 +136,13 @@ def load_config(environ: Mapping[str, str] | None = None) -> BurstAppConfig:
         return _config_from_document(data, ENV_SPEC, endpoint)
     if env.get(ENV_SPEC_FILE):
         path = Path(env[ENV_SPEC_FILE])
-        try:
-            data = json.loads(path.read_text())
-        except OSError as e:
-            raise BurstConfigError(f"{ENV_SPEC_FILE}={str(path)!r}: cannot read ({e.strerror})") from None
-        except json.JSONDecodeError as e:
-            raise BurstConfigError(f"{ENV_SPEC_FILE}={str(path)!r}: not valid JSON ({e.msg})") from None
+        from topology.errors import InputError
+        from topology.reading import loads_json, read_text
+
+        try:  # bounded, UTF-8, depth-limited: one-line errors naming the file
+            data = loads_json(read_text(path, ENV_SPEC_FILE), f"{ENV_SPEC_FILE}={str(path)!r}")
+        except InputError as e:
+            raise BurstConfigError(str(e)) from None
         return _config_from_document(data, f"{ENV_SPEC_FILE}={str(path)!r}", endpoint)
     if env.get(ENV_STACK):
         from topology import InputError, PlanningError, load_inputs, plan

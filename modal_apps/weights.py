@@ -52,6 +52,24 @@ class ChecksumMismatch(WeightsError):
     pass
 
 
+class ManifestError(WeightsError):
+    """The SHA256SUMS manifest itself is malformed (not UTF-8, too large, a bad line): bad input, exit 2."""
+
+
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024  # ~100,000 files; a model has a few hundred
+
+
+def _manifest_text(data: bytes, where: str) -> str:
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{where}/{MANIFEST_NAME}: larger than {MAX_MANIFEST_BYTES:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ManifestError(
+            f"{where}/{MANIFEST_NAME} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
+        ) from None
+
+
 # --- sources ---------------------------------------------------------------------------------------
 
 
@@ -75,12 +93,18 @@ class LocalDirSource:
 
     def read_manifest_text(self) -> str:
         try:
-            return (self.root / MANIFEST_NAME).read_text()
+            with open(self.root / MANIFEST_NAME, "rb") as f:
+                return _manifest_text(f.read(MAX_MANIFEST_BYTES + 1), str(self.root))
         except FileNotFoundError:
             raise WeightsError(f"{self.root}: no {MANIFEST_NAME} manifest") from None
+        except OSError as e:
+            raise ManifestError(f"{self.root}/{MANIFEST_NAME}: cannot read ({e.strerror})") from None
 
     def size(self, rel: str) -> int:
-        return (self.root / rel).stat().st_size
+        try:
+            return (self.root / rel).stat().st_size
+        except OSError:
+            raise WeightsError(f"{self.root}: {rel} is in {MANIFEST_NAME} but not in the folder") from None
 
     def read_from(self, rel: str, offset: int) -> Iterator[bytes]:
         with open(self.root / rel, "rb") as f:
@@ -115,7 +139,8 @@ class S3Source:
 
     def read_manifest_text(self) -> str:
         try:
-            return self.client.get_object(Bucket=self.bucket, Key=self.prefix + MANIFEST_NAME)["Body"].read().decode()
+            body = self.client.get_object(Bucket=self.bucket, Key=self.prefix + MANIFEST_NAME)["Body"]
+            return _manifest_text(body.read(MAX_MANIFEST_BYTES + 1), self.description)
         except self.client.exceptions.NoSuchKey:
             raise WeightsError(f"{self.description}: no {MANIFEST_NAME} manifest") from None
 
@@ -150,12 +175,12 @@ def parse_manifest(text: str, source: str) -> dict[str, str]:
         digest = digest.strip().lower()
         path = PurePosixPath(name.strip())
         if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest) or not name.strip():
-            raise WeightsError(f"{source}/{MANIFEST_NAME} line {n}: expected '<64 hex digits>  <path>', got {line!r}")
+            raise ManifestError(f"{source}/{MANIFEST_NAME} line {n}: expected '<64 hex digits>  <path>', got {line!r}")
         if path.is_absolute() or ".." in path.parts or path.parts[0] == ".llm-serving":
-            raise WeightsError(f"{source}/{MANIFEST_NAME} line {n}: path {name.strip()!r} must stay inside the prefix")
+            raise ManifestError(f"{source}/{MANIFEST_NAME} line {n}: path {name.strip()!r} must stay inside the prefix")
         entries[str(path)] = digest
     if not entries:
-        raise WeightsError(f"{source}/{MANIFEST_NAME} lists no files")
+        raise ManifestError(f"{source}/{MANIFEST_NAME} lists no files")
     return entries
 
 
@@ -208,7 +233,23 @@ class WeightsTarget:
 
 def read_marker(root: Path) -> dict | None:
     path = root / REVISION_MARKER
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        marker = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise WeightsError(f"{path}: not a revision marker ({e}); remove it to sync afresh") from None
+    if not isinstance(marker, dict):
+        raise WeightsError(f"{path}: not a revision marker (a {type(marker).__name__}); remove it to sync afresh")
+    return marker
+
+
+def _read_verified(path: Path) -> dict[str, dict]:
+    try:
+        state = json.loads(path.read_bytes().decode("utf-8"))
+    except (ValueError, RecursionError):
+        return {}  # a damaged record of verifications only costs a re-hash
+    return state if isinstance(state, dict) and all(isinstance(v, dict) for v in state.values()) else {}
 
 
 def sync_weights(
@@ -231,7 +272,7 @@ def sync_weights(
     manifest = parse_manifest(source.read_manifest_text(), source.description)
     base = dest_root / target.prefix
     state_path = dest_root / VERIFIED_STATE
-    verified: dict[str, dict] = {} if verify_all or not state_path.exists() else json.loads(state_path.read_text())
+    verified: dict[str, dict] = {} if verify_all or not state_path.exists() else _read_verified(state_path)
     report = SyncReport()
 
     todo: list[tuple[str, int]] = []
@@ -417,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
                                   verify_all=args.verify_all, progress=not args.no_progress,
                                   marker=read_volume_marker(volume) or read_marker(staging))
             uploaded = upload_to_volume(volume, staging, target)
+    except ManifestError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except WeightsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -5,20 +5,28 @@ Runs `__main__.py` for the stack under Pulumi's mocks and writes
   DIR/helm/<namespace>-<release>.yaml      each Helm release: chart, version, repository, values
   DIR/inventory.json, DIR/inventory.md     every resource: type, name, parent, options, inputs
   DIR/outputs.json                         the stack outputs (spec, cost report, buckets, endpoints)
-Every Kubernetes object is validated (offline/validate.py). Same inputs → byte-identical files.
+  DIR/.llm-serving-render.json             what this render wrote (the only files a re-render removes)
+Every Kubernetes object is validated (offline/validate.py), and every name and label the schemas only
+type as strings is checked against its syntax (offline/names_check.py). Same inputs → byte-identical files.
+
+The output folder is the user's: render refuses a folder holding files it did not write, and on a
+re-render removes only the files its previous run listed.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
-import shutil
+import os
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
 
-from .mockrun import Recording, RecordedResource, run_stack_file
+from topology.errors import InputError
+
+from .mockrun import Recording, RecordedResource, run_program
 from .validate import validate_objects
 
 class _Dumper(yaml.SafeDumper):
@@ -38,6 +46,7 @@ def dump_yaml(value: Any) -> str:
 
 
 OWNED = ("k8s", "helm", "inventory.json", "inventory.md", "outputs.json")
+MANIFEST = ".llm-serving-render.json"
 
 
 def _readable(value: Any) -> Any:
@@ -130,49 +139,159 @@ def _dump_json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
+def _previous_files(out: Path) -> list[str]:
+    """Files an earlier render wrote into `out` (from its manifest); refuses a folder holding anything else."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {str(out)!r}: is a file, not a folder; name a new or empty folder")
+    if not out.exists():
+        return []
+    previous: list[str] = []
+    manifest = out / MANIFEST
+    if manifest.is_file():
+        from topology.reading import loads_json, read_text
+
+        doc = loads_json(read_text(manifest), str(manifest))
+        files = doc.get("files") if isinstance(doc, dict) else None
+        if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+            raise InputError(f"{manifest}: not a render manifest (expected {{'files': [paths]}}); remove the folder")
+        for f in files:
+            parts = PurePosixPath(f).parts
+            if not parts or PurePosixPath(f).is_absolute() or ".." in parts or parts[0] not in OWNED:
+                raise InputError(f"{manifest}: lists {f!r}, which render never writes; remove the folder")
+        previous = files
+    known = set(previous)
+    foreign = _first_foreign(out, known)
+    if foreign is not None:
+        raise InputError(
+            f"--out {str(out)!r}: holds {foreign!r}, which render did not write; render into a new or empty "
+            "folder (it never deletes files it did not write)"
+        )
+    return previous
+
+
+def _first_foreign(out: Path, known: set[str]) -> str | None:
+    """The first entry under `out` that is neither a file listed in `known` nor one of render's folders."""
+    stack = [("", out)]
+    while stack:
+        rel, d = stack.pop()
+        with os.scandir(d) as it:
+            for entry in it:
+                r = f"{rel}{entry.name}"
+                if r == MANIFEST:
+                    continue
+                if entry.is_dir(follow_symlinks=False) and r in ("k8s", "helm"):
+                    stack.append((r + "/", Path(entry.path)))
+                elif r not in known or not entry.is_file(follow_symlinks=False):
+                    return r
+    return None
+
+
 def render(rec: Recording, out: Path) -> list[str]:
-    """Write the render of a recording into `out`; returns the validation errors (empty when all valid)."""
-    out.mkdir(parents=True, exist_ok=True)
-    for owned in OWNED:  # stale files from an earlier render would make the output depend on history
-        p = out / owned
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()
+    """Write the render of a recording into `out`; returns the validation errors (empty when all valid).
+
+    Files listed by a previous render's manifest are replaced (so the output never depends on history);
+    a folder holding anything else is refused with an InputError before anything is written."""
+    previous = _previous_files(out)
     objs = rec.kubernetes_objects()
-    (out / "k8s").mkdir()
-    for obj in objs:
-        (out / "k8s" / manifest_filename(obj)).write_text(dump_yaml(obj))
-    releases = rec.of_type("kubernetes:helm.sh/v3:Release")
-    if releases:
-        (out / "helm").mkdir()
-        for r in releases:
-            body = {k: r.inputs.get(k) for k in ("name", "chart", "version", "repositoryOpts", "namespace", "values")}
-            (out / "helm" / f"{r.inputs.get('namespace')}-{r.inputs.get('name')}.yaml").write_text(
-                dump_yaml(body)
-            )
-    (out / "inventory.json").write_text(_dump_json(inventory(rec)))
-    (out / "inventory.md").write_text(inventory_markdown(rec))
-    (out / "outputs.json").write_text(_dump_json(rec.outputs))
+    files: dict[str, str] = {f"k8s/{manifest_filename(obj)}": dump_yaml(obj) for obj in objs}
+    for r in rec.of_type("kubernetes:helm.sh/v3:Release"):
+        body = {k: r.inputs.get(k) for k in ("name", "chart", "version", "repositoryOpts", "namespace", "values")}
+        files[f"helm/{r.inputs.get('namespace')}-{r.inputs.get('name')}.yaml"] = dump_yaml(body)
+    files["inventory.json"] = _dump_json(inventory(rec))
+    files["inventory.md"] = inventory_markdown(rec)
+    files["outputs.json"] = _dump_json(rec.outputs)
+    out.mkdir(parents=True, exist_ok=True)
+    for rel in previous:
+        (out / rel).unlink(missing_ok=True)
+    for d in ("k8s", "helm"):
+        if (out / d).is_dir() and not any((out / d).iterdir()):
+            (out / d).rmdir()
+    # the manifest first: a render stopped half-way still lists every file it may have written
+    (out / MANIFEST).write_text(_dump_json({"files": sorted(files)}))
+    for rel, text in files.items():
+        (out / rel).parent.mkdir(exist_ok=True)
+        (out / rel).write_text(text)
     return validate_objects(objs)
 
 
-def cli_main(args: Any) -> int:
-    from topology.catalog import MigLayoutError
+def read_stack_file(path: str) -> tuple[str, dict[str, Any]]:
+    """(stack name, config) of a Pulumi stack file, read like every other input (bounded, one-line errors),
+    its inputs validated exactly as `plan` validates them (dated against today)."""
+    from topology.loading import CONFIG_KEY_SUFFIX, load_inputs
+    from topology.reading import read_document
 
+    p = Path(path)
+    doc = read_document(p)
+    if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
+        looks_like_inputs = isinstance(doc, dict) and "endpoints" in doc
+        raise InputError(
+            f"{p}: not a Pulumi stack file (no top-level 'config' mapping)"
+            + ("; it looks like a plain inputs file: `plan` reads those, `render` needs a stack file with "
+               "config: {llm-serving:inputs: ..., llm-serving:cluster: ...}" if looks_like_inputs else "")
+        )
+    if not any(str(k).endswith(CONFIG_KEY_SUFFIX) for k in doc["config"]):
+        raise InputError(f"{p}: config has no 'llm-serving{CONFIG_KEY_SUFFIX}' key (the cost inputs)")
+    inputs = load_inputs(p, dt.date.today())
+    from topology.inputs import prices_age_warning
+
+    if (w := prices_age_warning(inputs.prices.prices_as_of, dt.date.today())) is not None:
+        print(f"warning: {w}", file=sys.stderr)
+    name = p.name.removeprefix("Pulumi.").removesuffix(".yaml").removesuffix(".yml")
+    return name, doc["config"]
+
+
+def _program_error(e: BaseException) -> str | None:
+    """The one-line message for an error the program raises on bad config, or None for a bug."""
+    import pulumi
+
+    from components.modal_burst import ModalTokenError
+    from topology.catalog import MigLayoutError
+    from topology.plan import PlanningError
+
+    if isinstance(e, (InputError, PlanningError, MigLayoutError, ModalTokenError, pulumi.RunError)):
+        return str(e)
+    if isinstance(e, (pulumi.ConfigMissingError, pulumi.ConfigTypeError)):
+        return " ".join(str(e).split())
+    return None
+
+
+def cli_main(args: Any) -> int:
+    out_arg = str(args.out)
+    if not out_arg.strip():
+        print("error: --out '': name an output folder, e.g. --out out/render", file=sys.stderr)
+        return 2
+    out = Path(out_arg)
     try:
-        rec = run_stack_file(args.stack)
-    except MigLayoutError as e:
+        _previous_files(out)  # refuse a bad folder before minutes of work, and again when writing
+        stack, config = read_stack_file(args.stack)
+    except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    errors = render(rec, out)
+    try:
+        rec = run_program(stack, config)
+    except Exception as e:  # noqa: BLE001 - bad config surfaces from inside the program
+        msg = _program_error(e)
+        if msg is None:
+            raise
+        print(f"error: {msg}", file=sys.stderr)
+        return 2
+    try:
+        errors = render(rec, out) + name_errors(rec)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     n_k8s = sum(r.is_kubernetes_object for r in rec.resources)
     print(f"{args.stack}: {len(rec.resources)} resources, {n_k8s} Kubernetes objects -> {out}")
     if errors:
-        print(f"{len(errors)} schema error(s):", file=sys.stderr)
+        print(f"{len(errors)} schema or name error(s):", file=sys.stderr)
         for e in errors:
             print(f"  {e}", file=sys.stderr)
         return 1
-    print("all Kubernetes objects valid against the Kubernetes and CRD schemas")
+    print("all Kubernetes objects valid against the Kubernetes and CRD schemas, names and labels well-formed")
     return 0
+
+
+def name_errors(rec: Recording) -> list[str]:
+    from .names_check import check_recording
+
+    return check_recording(rec)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ import numpy as np
 from topology.inputs import EndpointInputs
 from topology.loading import InputError
 from topology.timebase import HOURS_PER_WEEK, MINUTES_PER_HOUR, MINUTES_PER_WEEK, SECONDS_PER_MINUTE
+from topology.reading import loads_json, open_text_lines
 
 SECONDS_PER_WEEK = MINUTES_PER_WEEK * SECONDS_PER_MINUTE
 Z_PEAK_MINUTE = 2.13  # standard normal quantile at 60/61: the expected largest of 60 draws
@@ -86,7 +86,7 @@ def load_trace(path: str | Path) -> Trace:
     if p.suffix == ".jsonl":
         return _load_mooncake(p)
     try:
-        with p.open(newline="") as f:
+        with open_text_lines(p, "--trace") as f:
             reader = csv.reader(f)
             header = next(reader, None)
             if header is None:
@@ -96,8 +96,8 @@ def load_trace(path: str | Path) -> Trace:
                 return _load_azure(p, cols, reader)
             if {"window_start_s", "total_rate_rps"} <= set(cols):
                 return _load_rate(p, cols, reader)
-    except UnicodeDecodeError as e:
-        raise _bad_trace(p, f"not a text file ({e.reason})") from None
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise _bad_trace(p, f"not a text file ({e})") from None
     raise _bad_trace(p, f"unrecognised columns {cols}")
 
 
@@ -117,12 +117,12 @@ def _load_azure(p: Path, cols: list[str], reader) -> RequestTrace:
 def _load_mooncake(p: Path) -> RequestTrace:
     ts, ins, outs = [], [], []
     try:
-        with p.open() as f:
+        with open_text_lines(p, "--trace") as f:
             for n, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
                 try:
-                    d = json.loads(line)
+                    d = loads_json(line, f"--trace {str(p)!r}", n)
                     ts.append(float(d["timestamp"]) / 1000.0)
                     ins.append(float(d["input_length"]))
                     outs.append(float(d["output_length"]))
@@ -136,6 +136,8 @@ def _load_mooncake(p: Path) -> RequestTrace:
 def _request_trace(p: Path, ts: np.ndarray, ins: np.ndarray, outs: np.ndarray) -> RequestTrace:
     if len(ts) < 2:
         raise _bad_trace(p, f"needs at least 2 requests, has {len(ts)}")
+    if not (np.isfinite(ts).all() and np.isfinite(ins).all() and np.isfinite(outs).all()):
+        raise _bad_trace(p, "a timestamp or token count is not a number (NaN or infinity)")
     order = np.argsort(ts, kind="stable")
     ts, ins, outs = ts[order] - ts[order][0], ins[order], outs[order]
     span = float(ts[-1])
@@ -165,6 +167,8 @@ def _load_rate(p: Path, cols: list[str], reader) -> RateTrace:
     if len(rates) < need:
         raise _bad_trace(p, f"covers {len(rates)} windows of {width:g} s; a week needs {need}")
     r = np.asarray(rates[:need])
+    if not (np.isfinite(r).all() and np.isfinite(starts[:need]).all()):
+        raise _bad_trace(p, "a window_start_s or total_rate_rps is not a number (NaN or infinity)")
     if (r < 0).any() or r.sum() <= 0:
         raise _bad_trace(p, "rates must be ≥ 0 and not all zero")
     return RateTrace(p.name, width, r)

@@ -7,11 +7,13 @@ import json
 import types
 from pathlib import Path
 
+import pytest
 import yaml
 
 from offline.mockrun import run_program, run_stack_file
 from offline.render import cli_main, render
 from offline.validate import validate_object, validate_objects
+from topology.errors import InputError
 from pulumi_support import ROOT, recording
 
 
@@ -44,10 +46,25 @@ def test_the_validator_rejects_what_the_api_server_would():
 def test_render_is_byte_identical_across_runs(tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
     assert render(run_stack_file(ROOT / "stacks" / "Pulumi.prod.yaml"), first) == []
-    (first / "k8s" / "stale.yaml").write_text("left over")  # a re-render must not depend on what was there
-    assert render(run_stack_file(ROOT / "stacks" / "Pulumi.prod.yaml"), first) == []
-    assert render(recording("prod"), second) == []
+    prod_only = set(_files(first))
+    # a re-render replaces what the last render wrote: files only the prod render had are gone
+    assert render(run_stack_file(ROOT / "stacks" / "Pulumi.dev.yaml"), first) == []
+    assert render(recording("dev"), second) == []
     assert _files(first) == _files(second)
+    assert prod_only - set(_files(second)), "the prod render should have had files dev does not write"
+
+
+def test_render_never_deletes_or_writes_next_to_files_it_did_not_write(tmp_path):
+    out = tmp_path / "out"
+    (out / "k8s").mkdir(parents=True)
+    (out / "k8s" / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match=r"holds 'k8s/notes.txt', which render did not write"):
+        render(recording("dev"), out)
+    assert (out / "k8s" / "notes.txt").read_text() == "mine" and sorted(p.name for p in out.rglob("*")) == ["k8s", "notes.txt"]
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(InputError, match="is a file, not a folder"):
+        render(recording("dev"), afile)
 
 
 def test_render_writes_each_object_and_an_inventory_of_every_resource(stack, tmp_path):

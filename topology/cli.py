@@ -1,25 +1,85 @@
 """`python -m topology plan|diff|simulate|render`: the planner's command line.
 
-Errors in the user's inputs print a clear message and exit 2 — never a traceback.
+Errors in the user's inputs print a clear message and exit 2 — never a traceback. Every file and option is
+checked before any long work starts (a bad --plot path fails before the week is simulated).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import math
+import os
+import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+from .catalog import MigLayoutError
 from .loading import InputError
 from .plan import PlanningError
+
+PLOT_SUFFIXES = ("", ".png", ".svg", ".pdf")
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug, not the user's input
+
+
+def today() -> dt.date:
+    """The one clock read, at the command line's edge: validation refuses prices dated in the future and
+    warns when they are old. The planner itself reads no clock; this date is passed in."""
+    return dt.date.today()
+
+
+def _warn_prices(inputs) -> None:
+    from .inputs import prices_age_warning
+
+    w = prices_age_warning(inputs.prices.prices_as_of, today())
+    if w:
+        print(f"warning: {w}", file=sys.stderr)
+
+
+def planning_hint(message: str, inputs) -> str:
+    """The input fields to change for a PlanningError (the planner names the constraint; this names the field)."""
+    m = re.match(r"endpoint (\S+?):", message)
+    names = [e.name for e in inputs.endpoints] if inputs is not None else []
+    if not m or m.group(1) not in names:
+        return ""
+    ep = f"endpoints.{names.index(m.group(1))}"
+    fields: list[str] = []
+    rules = (
+        ("mig profile", [f"{ep}.engine.mig.profile"]),
+        ("no GPU or MIG slice", [f"{ep}.model.weights_gb", f"{ep}.model.precision", f"{ep}.engine",
+                                 f"{ep}.slo", f"{ep}.shape.product_max_context_tokens"]),
+        ("max_dedicated_replicas", [f"{ep}.max_dedicated_replicas", f"{ep}.traffic"]),
+        ("max_containers_cap", [f"{ep}.serverless.max_containers_cap"]),
+        ("allows no floor replicas", ["floor_replicas_allowed"]),
+        ("no managed API", [f"{ep}.managed_api"]),
+        ("API p99 TTFT", [f"{ep}.slo.ttft_p99_ms", f"{ep}.managed_api.measured_ttft_p99_ms"]),
+    )
+    for needle, fs in rules:
+        if needle in message:
+            fields += [f for f in fs if f not in fields]
+    return f" [input fields to change: {', '.join(fields)}]" if fields else ""
+
+
+def _plan(inputs, source: str):
+    from .plan import plan
+
+    try:
+        return plan(inputs)
+    except PlanningError as e:
+        raise PlanningError(f"{source}: {e}{planning_hint(str(e), inputs)}") from None
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from . import report
     from .loading import load_inputs
-    from .plan import plan
 
-    inputs = load_inputs(args.file)
-    spec = plan(inputs)
+    if args.seed < 0:
+        raise InputError(f"--seed {args.seed}: must be ≥ 0 (numpy seeds are non-negative integers)")
+    inputs = load_inputs(args.file, today())
+    _warn_prices(inputs)
+    spec = _plan(inputs, args.file)
     if args.json:
         print(spec.to_json())
         return 0
@@ -35,20 +95,67 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_diff(args: argparse.Namespace) -> int:
     from . import report
+    from .loading import load_spec_or_inputs
 
-    text = report.diff_files(args.old, args.new, markdown=args.markdown)
-    print(text)
+    from .spec import TopologySpec
+
+    sides = []
+    for path in (args.old, args.new):  # validated (and dated) before the diff plans either side
+        obj = load_spec_or_inputs(path, today())
+        sides.append(obj if isinstance(obj, TopologySpec) else _plan(obj, path))
+    print(report.format_diff(report.diff_specs(*sides), markdown=args.markdown))
     return 0
+
+
+def check_simulate_args(args: argparse.Namespace) -> None:
+    """Options checked before planning and simulating (minutes of work) so a typo fails at once."""
+    if args.seed < 0:
+        raise InputError(f"--seed {args.seed}: must be ≥ 0 (numpy seeds are non-negative integers)")
+    for opt in ("spike_factor", "spike_minutes", "abandon_fraction", "detect_minutes"):
+        v = getattr(args, opt, None)
+        if v is not None and not math.isfinite(v):
+            raise InputError(f"--{opt.replace('_', '-')} {v!r}: not a number (NaN or infinity); give a finite value")
+    if getattr(args, "detect_minutes", 10.0) < 0:
+        raise InputError(f"--detect-minutes {args.detect_minutes:g}: must be ≥ 0")
+    if args.plot is not None:
+        check_writable_file(args.plot, "--plot", PLOT_SUFFIXES)
+
+
+def check_writable_file(path: str, option: str, suffixes: Sequence[str]) -> None:
+    p = Path(path)
+    if not path or path.endswith(os.sep):
+        raise InputError(f"{option} {path!r}: name a file, e.g. out/week.png")
+    if p.suffix.lower() not in suffixes:
+        raise InputError(f"{option} {path!r}: unknown image type {p.suffix!r}; allowed: {', '.join(s for s in suffixes if s)}")
+    if p.is_dir():
+        raise InputError(f"{option} {path!r}: is a directory; name a file in it, e.g. {p / 'week.png'}")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"{option} {path!r}: folder {str(parent)!r} does not exist")
+    # try it (os.access says yes to root even on /proc): append to an existing file, create and remove a new one
+    existed = p.exists()
+    try:
+        with open(p, "ab" if existed else "xb"):
+            pass
+    except OSError as e:
+        raise InputError(f"{option} {path!r}: not writable ({e.strerror})") from None
+    if not existed:
+        p.unlink()
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from simulator.cli import cli_main  # the simulator owns its options; it reads the spec, never the planner
 
     from .loading import load_inputs
-    from .plan import plan
 
-    inputs = load_inputs(args.stack)
-    return cli_main(args, inputs, plan(inputs))
+    check_simulate_args(args)
+    if args.trace:  # the cheap checks first
+        from simulator.traffic import load_trace
+
+        load_trace(args.trace)
+    inputs = load_inputs(args.stack, today())  # dated and validated here
+    _warn_prices(inputs)
+    return cli_main(args, inputs, _plan(inputs, args.stack))
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
@@ -116,8 +223,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (InputError, PlanningError) as e:
+    except (InputError, PlanningError, MigLayoutError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - the last guard: one line, not a traceback (LLM_SERVING_TRACEBACK=1 shows it)
+        if os.environ.get("LLM_SERVING_TRACEBACK"):
+            raise
+        print(f"error: internal error, please report it with the input that caused it: {type(e).__name__}: "
+              f"{' '.join(str(e).split())[:300]} (LLM_SERVING_TRACEBACK=1 shows where)", file=sys.stderr)
+        return EXIT_INTERNAL

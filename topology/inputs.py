@@ -10,17 +10,29 @@ from __future__ import annotations
 import datetime as dt
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from .errors import FieldsError
+from .names import (
+    check_aws_region,
+    check_bucket_name,
+    check_revision,
+    check_model_name,
+    check_modal_region,
+    check_timezone,
+)
 
 from .engines import DEFAULT_ENGINE_IMAGE
 from .timebase import HOURS_PER_WEEK
+PRICES_MAX_AGE_DAYS = 183  # list prices older than about six months have usually moved: warn, do not refuse
 
 GpuKindName = Literal["H100-80GB", "H200-141GB", "A100-80GB", "A100-40GB", "L40S-48GB"]
 Precision = Literal["bf16", "fp16", "fp8", "int8", "int4"]
 
 
 class _Inputs(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN/inf are refused as "not a number" before any bound is checked (NaN passes no comparison)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelInputs(_Inputs):
@@ -47,6 +59,16 @@ class ModelInputs(_Inputs):
         description="KV-cache memory per token in MiB at the served KV precision "
         "(2 × layers × kv_heads × head_dim × bytes / 2^20; Llama-3 70B bf16 KV: 0.3125).",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_model_name(v)  # becomes an S3 prefix, the served model name and a PromQL label value
+
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, v: str) -> str:
+        return check_revision(v)  # becomes a pod label value and an S3 prefix
 
 
 class ApiOffer(_Inputs):
@@ -77,22 +99,22 @@ class RequestShape(_Inputs):
     @model_validator(mode="after")
     def _ordered(self) -> "RequestShape":
         if self.input_tokens_p99 < self.input_tokens_mean:
-            raise ValueError(
+            raise FieldsError(('input_tokens_p99', 'input_tokens_mean'), 
                 f"input_tokens_p99={self.input_tokens_p99:g} is below input_tokens_mean="
                 f"{self.input_tokens_mean:g}; a p99 must be at least the mean"
             )
         if self.output_tokens_p99 < self.output_tokens_mean:
-            raise ValueError(
+            raise FieldsError(('output_tokens_p99', 'output_tokens_mean'), 
                 f"output_tokens_p99={self.output_tokens_p99:g} is below output_tokens_mean="
                 f"{self.output_tokens_mean:g}; a p99 must be at least the mean"
             )
         if self.max_tokens >= self.product_max_context_tokens:
-            raise ValueError(
+            raise FieldsError(('max_tokens', 'product_max_context_tokens'), 
                 f"max_tokens={self.max_tokens} must be below product_max_context_tokens="
                 f"{self.product_max_context_tokens} (a request needs room for its prompt)"
             )
         if self.input_tokens_p99 + self.output_tokens_mean > self.product_max_context_tokens:
-            raise ValueError(
+            raise FieldsError(('input_tokens_p99', 'output_tokens_mean', 'product_max_context_tokens'), 
                 f"input_tokens_p99 + output_tokens_mean = {self.input_tokens_p99 + self.output_tokens_mean:g} "
                 f"exceeds product_max_context_tokens={self.product_max_context_tokens}; raise the product "
                 "limit or the measured shape is wrong"
@@ -131,6 +153,11 @@ class Traffic(_Inputs):
         description="Derive the profile from a rate trace instead (resolved by topology.load_inputs before planning).",
     )
 
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, v: str) -> str:
+        return check_timezone(v)
+
     @field_validator("hourly_mean_requests_per_s")
     @classmethod
     def _profile(cls, v: list[float] | None) -> list[float] | None:
@@ -146,7 +173,7 @@ class Traffic(_Inputs):
     @model_validator(mode="after")
     def _one_source(self) -> "Traffic":
         if (self.hourly_mean_requests_per_s is None) == (self.rate_trace is None):
-            raise ValueError("give exactly one of hourly_mean_requests_per_s (168 values) or rate_trace")
+            raise FieldsError(('hourly_mean_requests_per_s', 'rate_trace'), "give exactly one of hourly_mean_requests_per_s (168 values) or rate_trace")
         return self
 
 
@@ -178,6 +205,19 @@ class EngineCapacity(_Inputs):
     max_concurrent_sequences: int = Field(gt=0, le=4096, description="Concurrent sequences one replica holds at the shape.")
     mig: list[MigCapacity] = Field(default_factory=list, description="Measured figures per MIG profile, if any.")
 
+    @field_validator("mig")
+    @classmethod
+    def _one_entry_per_profile(cls, v: list[MigCapacity]) -> list[MigCapacity]:
+        seen: dict[str, int] = {}
+        for i, m in enumerate(v):
+            if m.profile in seen:
+                raise ValueError(
+                    f"MIG profile {m.profile!r} is listed twice (entries {seen[m.profile]} and {i}); "
+                    "give one measured entry per profile"
+                )
+            seen[m.profile] = i
+        return v
+
 
 class ColdStarts(_Inputs):
     """Measured cold starts, seconds from the decision to scale to the first token served."""
@@ -190,7 +230,7 @@ class ColdStarts(_Inputs):
     @model_validator(mode="after")
     def _ordered(self) -> "ColdStarts":
         if self.pod_on_warm_node_s > self.new_node_and_pod_s:
-            raise ValueError(
+            raise FieldsError(("pod_on_warm_node_s", "new_node_and_pod_s"),
                 f"pod_on_warm_node_s={self.pod_on_warm_node_s:g} exceeds new_node_and_pod_s="
                 f"{self.new_node_and_pod_s:g}; a new node cannot be faster than a warm one"
             )
@@ -222,7 +262,7 @@ class LoraAdapters(_Inputs):
     @model_validator(mode="after")
     def _working_set(self) -> "LoraAdapters":
         if self.active_working_set > max(self.count, 1):
-            raise ValueError(f"active_working_set={self.active_working_set} exceeds count={self.count}")
+            raise FieldsError(('active_working_set', 'count'), f"active_working_set={self.active_working_set} exceeds count={self.count}")
         return self
 
 
@@ -242,6 +282,16 @@ class Serverless(_Inputs):
     weights_region: str = Field(
         description="AWS region of the weight cache the Modal Volume is filled from (nearest to `region`)."
     )
+
+    @field_validator("region")
+    @classmethod
+    def _modal_region(cls, v: str) -> str:
+        return check_modal_region(v)
+
+    @field_validator("weights_region")
+    @classmethod
+    def _aws_region(cls, v: str) -> str:
+        return check_aws_region(v)
 
 
 class EndpointInputs(_Inputs):
@@ -288,6 +338,11 @@ class EndpointInputs(_Inputs):
         "flags and metric names (topology/engines.py lists the supported series).",
     )
 
+    @field_validator("canary_revision")
+    @classmethod
+    def _canary_revision(cls, v: str | None) -> str | None:
+        return None if v is None else check_revision(v)
+
     @field_validator("tenants")
     @classmethod
     def _tenant_names(cls, v: list[str]) -> list[str]:
@@ -301,20 +356,20 @@ class EndpointInputs(_Inputs):
     @model_validator(mode="after")
     def _cross(self) -> "EndpointInputs":
         if self.shape.product_max_context_tokens > self.model.architecture_max_context_tokens:
-            raise ValueError(
+            raise FieldsError(("shape.product_max_context_tokens", "model.architecture_max_context_tokens"),
                 f"shape.product_max_context_tokens={self.shape.product_max_context_tokens} exceeds "
                 f"model.architecture_max_context_tokens={self.model.architecture_max_context_tokens}"
             )
         kinds = [e.gpu_kind for e in self.engine]
         if len(set(kinds)) != len(kinds):
-            raise ValueError(f"engine lists a GPU kind twice: {kinds}")
+            raise FieldsError(("engine",), f"engine lists a GPU kind twice: {kinds}")
         if self.serverless.gpu_kind not in kinds:
-            raise ValueError(
+            raise FieldsError(("serverless.gpu_kind", "engine"),
                 f"serverless.gpu_kind={self.serverless.gpu_kind} has no measured engine capacity; "
                 f"measured kinds: {kinds}"
             )
         if self.canary_percent > 0 and not self.canary_revision:
-            raise ValueError(f"canary_percent={self.canary_percent:g} needs canary_revision")
+            raise FieldsError(("canary_percent", "canary_revision"),f"canary_percent={self.canary_percent:g} needs canary_revision")
         return self
 
 
@@ -340,6 +395,26 @@ class Prices(_Inputs):
         default=0, ge=0, le=10_000_000, description="Fixed monthly cost of the serverless account/plan, USD."
     )
 
+    @field_validator("prices_as_of", mode="before")
+    @classmethod
+    def _a_date_not_a_number(cls, v: object) -> object:
+        # pydantic would read 1700000000 as a Unix time: a number here is a mistake, not a date
+        if isinstance(v, (int, float)):
+            raise ValueError(f"{v!r} is a number, not a date; write the date the prices were read as YYYY-MM-DD")
+        if isinstance(v, dt.datetime):
+            raise ValueError(f"{v.isoformat()} has a time of day; write the date only, YYYY-MM-DD")
+        return v
+
+    @field_validator("prices_as_of")
+    @classmethod
+    def _not_in_the_future(cls, v: dt.date, info: ValidationInfo) -> dt.date:
+        today = (info.context or {}).get("today")
+        if today is not None and v > today:
+            raise ValueError(
+                f"{v.isoformat()} is in the future (today is {today.isoformat()}); give the date the prices were read"
+            )
+        return v
+
     @field_validator("dedicated_on_demand_usd_per_gpu_hour", "serverless_usd_per_gpu_second")
     @classmethod
     def _positive(cls, v: dict[str, float]) -> dict[str, float]:
@@ -354,6 +429,11 @@ class Region(_Inputs):
 
     name: str = Field(min_length=1, description="AWS region, e.g. 'us-east-1'.")
     vpc_id: str | None = Field(default=None, description="VPC for an S3 gateway endpoint, if the cluster runs here.")
+
+    @field_validator("name")
+    @classmethod
+    def _aws_region(cls, v: str) -> str:
+        return check_aws_region(v)  # becomes part of the region-local bucket's name
 
 
 class CostInputs(_Inputs):
@@ -376,29 +456,50 @@ class CostInputs(_Inputs):
     prices: Prices = Field(description="Dated prices.")
     endpoints: list[EndpointInputs] = Field(min_length=1, description="Endpoints served by this environment.")
 
+    @field_validator("cluster_region", "weights_source_region")
+    @classmethod
+    def _aws_region(cls, v: str | None) -> str | None:
+        return None if v is None else check_aws_region(v)
+
+    @field_validator("weights_source_bucket")
+    @classmethod
+    def _bucket(cls, v: str) -> str:
+        return check_bucket_name(v)
+
     @model_validator(mode="after")
     def _cross(self) -> "CostInputs":
         region_names = [r.name for r in self.regions]
         if self.cluster_region not in region_names:
-            raise ValueError(f"cluster_region={self.cluster_region!r} is not among regions {region_names}")
+            raise FieldsError(("cluster_region", "regions"),f"cluster_region={self.cluster_region!r} is not among regions {region_names}")
         names = [e.name for e in self.endpoints]
         if len(set(names)) != len(names):
-            raise ValueError(f"endpoint names repeat: {names}")
+            raise FieldsError(("endpoints",), f"endpoint names repeat: {names}")
         for i, e in enumerate(self.endpoints):
             for cap in e.engine:
                 if cap.gpu_kind not in self.prices.dedicated_on_demand_usd_per_gpu_hour:
-                    raise ValueError(
+                    raise FieldsError((f"endpoints.{i}.engine", "prices.dedicated_on_demand_usd_per_gpu_hour"),
                         f"endpoints[{i}].engine gpu_kind={cap.gpu_kind} has no price in "
                         "prices.dedicated_on_demand_usd_per_gpu_hour"
                     )
             if e.serverless.gpu_kind not in self.prices.serverless_usd_per_gpu_second:
-                raise ValueError(
+                raise FieldsError((f"endpoints.{i}.serverless.gpu_kind", "prices.serverless_usd_per_gpu_second"),
                     f"endpoints[{i}].serverless.gpu_kind={e.serverless.gpu_kind} has no price in "
                     "prices.serverless_usd_per_gpu_second"
                 )
             if e.serverless.weights_region not in region_names:
-                raise ValueError(
+                raise FieldsError((f"endpoints.{i}.serverless.weights_region", "regions"),
                     f"endpoints[{i}].serverless.weights_region={e.serverless.weights_region!r} is not among "
                     f"regions {region_names}"
                 )
         return self
+
+
+def prices_age_warning(prices_as_of: dt.date, today: dt.date, max_age_days: int = PRICES_MAX_AGE_DAYS) -> str | None:
+    """A warning when the dated prices are older than `max_age_days` (today passed in: no clock read here)."""
+    age = (today - prices_as_of).days
+    if age <= max_age_days:
+        return None
+    return (
+        f"prices.prices_as_of={prices_as_of.isoformat()} is {age:,} days old (more than {max_age_days}): "
+        "prices have likely rotted; re-read them and update the date"
+    )

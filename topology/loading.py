@@ -1,56 +1,123 @@
 """Reading inputs: a Pulumi stack file (inputs under one structured config key) or a plain YAML/JSON file.
 
 File reading lives here, outside the planner: `load_inputs` resolves rate traces into the 168-hour
-profile so `plan()` stays a pure function of its arguments.
+profile so `plan()` stays a pure function of its arguments. Every file goes through `topology.reading`
+(bounded size, depth and aliases; UTF-8; one-line errors naming the file).
 """
 
 from __future__ import annotations
 
 import csv
-import json
+import datetime as dt
+import difflib
+import math
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from .errors import FieldsError, InputError
 from .inputs import HOURS_PER_WEEK, CostInputs, RateTrace
-from .spec import TopologySpec
+from .reading import find_non_finite, open_text_lines, read_document
+from .spec import TopologySpec, saved_spec_problems
 
 CONFIG_KEY_SUFFIX = ":inputs"
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
+__all__ = ["InputError", "format_validation_error", "load_inputs", "load_spec_or_inputs", "inputs_from_document"]
 
-class InputError(ValueError):
-    """Bad input: the message names the field, the value and what is allowed."""
+# root models whose errors can list the allowed field names (ValidationError.title is the class name)
+_ROOT_MODELS: dict[str, type[BaseModel]] = {"CostInputs": CostInputs, "TopologySpec": TopologySpec}
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
-    lines = [f"{source}: {err.error_count()} invalid field(s)"]
+def _loc_text(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(x) for x in loc)
+
+
+def _unwrap(t: Any) -> Any:
+    """The model (or container) type inside Optional[...] / X | None."""
+    if typing.get_origin(t) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(t) if a is not type(None)]
+        models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        return (models or args or [t])[0]
+    return t
+
+
+def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class a validation-error location points into (None when it is not a model)."""
+    t: Any = root
+    for part in loc:
+        t = _unwrap(t)
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            fields = {(f.alias or n): f for n, f in t.model_fields.items()}
+            f = fields.get(part) or t.model_fields.get(part)
+            if f is None:
+                return None
+            t = f.annotation
+            continue
+        origin, args = typing.get_origin(t), typing.get_args(t)
+        if origin in (list, tuple, set, frozenset) and args:
+            t = args[0]
+        elif origin is dict and len(args) == 2:
+            t = args[1]
+        else:
+            return None
+    t = _unwrap(t)
+    return t if isinstance(t, type) and issubclass(t, BaseModel) else None
+
+
+def _allowed_names(model: type[BaseModel], given: str) -> list[str]:
+    names = [f.alias or n for n, f in model.model_fields.items()]
+    return sorted(names, key=lambda n: (-difflib.SequenceMatcher(None, given.lower(), n.lower()).ratio(), n))
+
+
+def _shown(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+def format_validation_error(err: ValidationError, source: str, model: type[BaseModel] | None = None) -> str:
+    """One line per problem, each naming the file and the field: `FILE: field = value: what is allowed`."""
+    root = model or _ROOT_MODELS.get(err.title)
+    lines = []
     for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
-        value = e.get("input")
-        shown = repr(value)
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; allowed fields are in the README's input tables)"
-        lines.append(f"  {loc} = {shown}: {msg}")
+        loc, msg, kind = tuple(e["loc"]), e["msg"], e["type"]
+        cause = (e.get("ctx") or {}).get("error")
+        if isinstance(cause, FieldsError):
+            # a rule across fields: name them, not the whole object they sit in
+            fields = ", ".join(_loc_text(loc + tuple(f.split("."))) for f in cause.fields)
+            lines.append(f"{source}: {fields}: {cause}")
+            continue
+        where = _loc_text(loc) or "(top level)"
+        if kind == "extra_forbidden":
+            parent = _model_at(root, loc[:-1]) if root is not None else None
+            if parent is not None:
+                allowed = _allowed_names(parent, str(loc[-1]))
+                msg = f"unknown field; did you mean {allowed[0]!r}? allowed: {', '.join(allowed)}"
+            else:
+                msg = "unknown field (check the spelling; allowed fields are in the README's input tables)"
+        elif kind == "finite_number" or (
+            isinstance(e.get("input"), float) and not math.isfinite(e["input"])
+        ):
+            msg = "not a number (NaN or infinity); give a finite value"
+        elif kind == "value_error":
+            msg = msg.removeprefix("Value error, ")
+        if kind in ("model_type", "model_attributes_type", "dict_type") or kind.endswith("_type") and isinstance(
+            e.get("input"), (dict, list)
+        ):
+            lines.append(f"{source}: {where}: {msg} (got {type(e.get('input')).__name__})")
+        else:
+            lines.append(f"{source}: {where} = {_shown(e.get('input'))}: {msg}")
     return "\n".join(lines)
 
 
-def _read_document(path: Path) -> Any:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror})") from e
-    try:
-        if path.suffix == ".json":
-            return json.loads(text)
-        return yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as e:
-        raise InputError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}") from e
+def _unwrap_value(inner: Any) -> Any:
+    # `pulumi config set --path` may write {value: ...} for objects; plan and render both accept it
+    if isinstance(inner, dict) and "value" in inner and len(inner) == 1:
+        return inner["value"]
+    return inner
 
 
 def stack_inputs_document(doc: Any, source: str) -> dict[str, Any]:
@@ -58,63 +125,70 @@ def stack_inputs_document(doc: Any, source: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise InputError(f"{source}: expected a mapping at the top level, got {type(doc).__name__}")
     config = doc.get("config")
+    if "config" in doc and not isinstance(config, dict):
+        raise InputError(f"{source}: config must be a mapping of '<project>:<key>' to values, got {type(config).__name__}")
     if isinstance(config, dict):
         keys = [k for k in config if str(k).endswith(CONFIG_KEY_SUFFIX)]
         if len(keys) != 1:
             raise InputError(
                 f"{source}: a stack file needs exactly one '<project>{CONFIG_KEY_SUFFIX}' key under config; found {keys}"
             )
-        inner = config[keys[0]]
-        if isinstance(inner, dict) and "value" in inner and len(inner) == 1:
-            inner = inner["value"]  # `pulumi config set --path` may write {value: ...} for objects
+        inner = _unwrap_value(config[keys[0]])
         if not isinstance(inner, dict):
-            raise InputError(f"{source}: config.{keys[0]} must be a mapping")
+            raise InputError(f"{source}: config.{keys[0]} must be a mapping, got {type(inner).__name__}")
         return inner
-    return doc
+    return _unwrap_value(doc)
 
 
-def rate_trace_profile(path: Path, trace: RateTrace) -> list[float]:
-    """Hour-of-week mean requests/s from a rate trace of windows (window 0 at local midnight), scaled."""
+def rate_trace_profile(path: Path, trace: RateTrace, what: str = "traffic.rate_trace.path") -> list[float]:
+    """Hour-of-week mean requests/s from a rate trace of windows (window 0 at local midnight), scaled.
+    `what` names the field in errors (e.g. 'stack.yaml: endpoints.0.traffic.rate_trace.path')."""
     sums = [0.0] * HOURS_PER_WEEK
     counts = [0] * HOURS_PER_WEEK
     offset_h = WEEKDAYS.index(trace.start_weekday) * 24
+    f = open_text_lines(path, what)
     try:
-        with path.open(newline="") as f:
-            reader = csv.DictReader(f)
-            if reader.fieldnames is None or not {"window_start_s", "total_rate_rps"} <= set(reader.fieldnames):
+        reader = csv.DictReader(f)
+        if reader.fieldnames is None or not {"window_start_s", "total_rate_rps"} <= set(reader.fieldnames):
+            raise InputError(
+                f"{what}={str(path)!r}: needs columns window_start_s,total_rate_rps; has {reader.fieldnames}"
+            )
+        for i, row in enumerate(reader, start=2):
+            try:
+                t, r = float(row["window_start_s"]), float(row["total_rate_rps"])
+            except (TypeError, ValueError):
+                raise InputError(f"{what}={str(path)!r} line {i}: window_start_s/total_rate_rps must be numbers: {row}") from None
+            if not (math.isfinite(t) and math.isfinite(r)):
                 raise InputError(
-                    f"traffic.rate_trace.path={str(path)!r}: needs columns window_start_s,total_rate_rps; "
-                    f"has {reader.fieldnames}"
+                    f"{what}={str(path)!r} line {i}: window_start_s={row['window_start_s']!r}, "
+                    f"total_rate_rps={row['total_rate_rps']!r}: not a number (NaN or infinity)"
                 )
-            for i, row in enumerate(reader, start=2):
-                try:
-                    t, r = float(row["window_start_s"]), float(row["total_rate_rps"])
-                except (TypeError, ValueError) as e:
-                    raise InputError(f"{path}:{i}: window_start_s/total_rate_rps must be numbers: {row}") from e
-                h = (offset_h + int(t // 3600)) % HOURS_PER_WEEK
-                sums[h] += r
-                counts[h] += 1
-    except OSError as e:
-        raise InputError(f"traffic.rate_trace.path={str(path)!r}: cannot read ({e.strerror})") from e
+            if t < 0 or r < 0:
+                raise InputError(f"{what}={str(path)!r} line {i}: window_start_s and total_rate_rps must be ≥ 0: {row}")
+            h = (offset_h + int(t // 3600)) % HOURS_PER_WEEK
+            sums[h] += r
+            counts[h] += 1
+    except csv.Error as e:
+        raise InputError(f"{what}={str(path)!r}: not a CSV file ({e})") from None
     missing = [h for h in range(HOURS_PER_WEEK) if counts[h] == 0]
     if missing:
         raise InputError(
-            f"traffic.rate_trace.path={str(path)!r} covers {HOURS_PER_WEEK - len(missing)} of 168 hours of the week; "
+            f"{what}={str(path)!r} covers {HOURS_PER_WEEK - len(missing)} of 168 hours of the week; "
             "a rate trace must cover at least one full week"
         )
     profile = [s / c for s, c in zip(sums, counts)]
     mean = sum(profile) / HOURS_PER_WEEK
-    if mean <= 0:
-        raise InputError(f"traffic.rate_trace.path={str(path)!r}: the trace has no traffic")
+    if not mean > 0 or not math.isfinite(mean):
+        raise InputError(f"{what}={str(path)!r}: the trace has no traffic (or rates too large to average)")
     k = trace.scale_to_mean_requests_per_s / mean
     return [round(x * k, 6) for x in profile]
 
 
-def resolve_traces(inputs: CostInputs, base_dir: Path) -> CostInputs:
+def resolve_traces(inputs: CostInputs, base_dir: Path, source: str = "") -> CostInputs:
     """Replace every endpoint's rate_trace by the 168-hour profile it implies."""
     endpoints = []
     changed = False
-    for ep in inputs.endpoints:
+    for i, ep in enumerate(inputs.endpoints):
         tr = ep.traffic.rate_trace
         if tr is None:
             endpoints.append(ep)
@@ -122,43 +196,80 @@ def resolve_traces(inputs: CostInputs, base_dir: Path) -> CostInputs:
         path = Path(tr.path)
         if not path.is_absolute():
             path = base_dir / path
-        profile = rate_trace_profile(path, tr)
+        profile = rate_trace_profile(path, tr, f"{source}: endpoints.{i}.traffic.rate_trace.path" if source
+                                     else f"endpoints.{i}.traffic.rate_trace.path")
         traffic = ep.traffic.model_copy(update={"hourly_mean_requests_per_s": profile, "rate_trace": None})
         endpoints.append(ep.model_copy(update={"traffic": traffic}))
         changed = True
     return inputs.model_copy(update={"endpoints": endpoints}) if changed else inputs
 
 
-def inputs_from_document(doc: Any, source: str, base_dir: Path) -> CostInputs:
+def inputs_from_document(doc: Any, source: str, base_dir: Path, today: dt.date | None = None) -> CostInputs:
+    """Validated inputs from a parsed document. `today` (passed in: the planner reads no clock) refuses a
+    prices_as_of in the future; without it that check is skipped."""
     body = stack_inputs_document(doc, source)
     try:
-        inputs = CostInputs.model_validate(body)
+        inputs = CostInputs.model_validate(body, context={"today": today} if today else None)
     except ValidationError as e:
-        raise InputError(format_validation_error(e, source)) from None
-    return resolve_traces(inputs, base_dir)
+        raise InputError(format_validation_error(e, source, CostInputs)) from None
+    return resolve_traces(inputs, base_dir, source)
 
 
 def project_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
-def load_inputs(path: str | Path) -> CostInputs:
+def load_inputs(path: str | Path, today: dt.date | None = None) -> CostInputs:
     """Inputs from a stack file or a plain YAML/JSON file; rate-trace paths resolve against the project root
     for stack files (so `stacks/` can name `traces/...`) and against the file's folder otherwise."""
     p = Path(path)
-    doc = _read_document(p)
+    doc = read_document(p)
     base = project_root() if isinstance(doc, dict) and "config" in doc else p.parent
-    return inputs_from_document(doc, str(p), base)
+    return inputs_from_document(doc, str(p), base, today)
 
 
-def load_spec_or_inputs(path: str | Path) -> TopologySpec | CostInputs:
-    """For `diff`: a saved spec (JSON with spec_version) or any inputs file."""
+def load_spec_or_inputs(path: str | Path, today: dt.date | None = None) -> TopologySpec | CostInputs:
+    """For `diff`: a saved spec (JSON with spec_version) or any inputs file; a spec is validated as strictly
+    as inputs (see TopologySpec's validators)."""
     p = Path(path)
-    doc = _read_document(p)
+    doc = read_document(p)
     if isinstance(doc, dict) and "spec_version" in doc:
+        bad = find_non_finite(doc)
+        if bad is not None:
+            raise InputError(f"{p}: {bad}: not a number (NaN or infinity); a saved spec holds finite figures")
         try:
-            return TopologySpec.model_validate(doc)
+            spec = TopologySpec.model_validate(doc)
         except ValidationError as e:
-            raise InputError(format_validation_error(e, str(p))) from None
+            raise InputError(format_validation_error(e, str(p), TopologySpec)) from None
+        problems = saved_spec_problems(spec)
+        if problems:
+            raise InputError("\n".join(f"{p}: {x}" for x in problems))
+        return spec
     base = project_root() if isinstance(doc, dict) and "config" in doc else p.parent
-    return inputs_from_document(doc, str(p), base)
+    return inputs_from_document(doc, str(p), base, today)
+
+
+def check_kubeconfig_config(value: str | None, key: str, is_secret: bool) -> None:
+    """`<project>:kubeconfig` must be secret config holding a kubeconfig document (a mapping with clusters).
+
+    An encrypted value the program cannot read (the offline render sees `{secure: ...}`) is let through."""
+    if value is None:
+        return
+    from .reading import loads_yaml
+
+    try:
+        doc = loads_yaml(value, f"config {key}")
+    except InputError:
+        doc = None
+    if isinstance(doc, dict) and set(doc) == {"secure"}:
+        return
+    if not is_secret:
+        raise InputError(
+            f"config {key} is stored in plain text; a kubeconfig holds credentials: "
+            f"`pulumi config rm {key.split(':')[-1]}` then `pulumi config set --secret {key.split(':')[-1]} < kubeconfig`"
+        )
+    if not isinstance(doc, dict) or not isinstance(doc.get("clusters"), list):
+        raise InputError(
+            f"config {key}: not a kubeconfig (expected a YAML mapping with apiVersion, clusters, contexts, users; "
+            f"got {type(doc).__name__})"
+        )

@@ -226,7 +226,10 @@ def diff_specs(old: TopologySpec, new: TopologySpec) -> list[str]:
 
 
 def diff_files(old: str | Path, new: str | Path, markdown: bool = False) -> str:
-    lines = diff_specs(_as_spec(old), _as_spec(new))
+    return format_diff(diff_specs(_as_spec(old), _as_spec(new)), markdown)
+
+
+def format_diff(lines: list[str], markdown: bool = False) -> str:
     if markdown:
         return "\n".join(["### Serving plan diff", "", "```diff"] + lines + ["```"])
     return "\n".join(lines)

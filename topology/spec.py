@@ -475,3 +475,36 @@ class TopologySpec(_Spec):
 
     def sha256(self) -> str:
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
+
+
+def saved_spec_problems(spec: TopologySpec) -> list[str]:
+    """What makes a spec read from a file (for `diff`) unlike any spec `plan()` writes: an unknown version,
+    repeated names, negative figures, min above max. Field paths as in the JSON; empty when sound."""
+    problems: list[str] = []
+    if spec.spec_version != SPEC_VERSION:
+        problems.append(f"spec_version = {spec.spec_version!r}: unknown; this version reads {SPEC_VERSION!r}")
+    for what, names in (("endpoints", [e.name for e in spec.endpoints]), ("node_pools", [p.name for p in spec.node_pools]),
+                        ("weight_caches", [w.region for w in spec.weight_caches])):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            problems.append(f"{what}: {', '.join(map(repr, dup))} appears more than once")
+    # every figure a plan writes is a count, a price, a rate, a share or a duration: never negative
+    stack: list[tuple[object, str]] = [(spec.model_dump(mode="json", exclude={"endpoints": {"__all__": {"derivations"}}}), "")]
+    while stack:
+        v, where = stack.pop()
+        if isinstance(v, dict):
+            stack.extend((x, f"{where}.{k}" if where else k) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, f"{where}.{i}") for i, x in enumerate(v))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+            problems.append(f"{where} = {v!r}: negative; a plan never writes a negative figure")
+    for i, e in enumerate(spec.endpoints):
+        if len(e.floor.replicas_by_hour) != 168:
+            problems.append(f"endpoints.{i}.floor.replicas_by_hour: {len(e.floor.replicas_by_hour)} values; needs 168")
+        if e.autoscaling is not None and e.autoscaling.min_replicas > e.autoscaling.max_replicas:
+            problems.append(f"endpoints.{i}.autoscaling: min_replicas {e.autoscaling.min_replicas} > max_replicas "
+                            f"{e.autoscaling.max_replicas}")
+    for i, p in enumerate(spec.node_pools):
+        if p.min_nodes > p.max_nodes:
+            problems.append(f"node_pools.{i}: min_nodes {p.min_nodes} > max_nodes {p.max_nodes}")
+    return sorted(problems)

@@ -18,6 +18,7 @@ from ..catalog import GpuKind
 from ..inputs import CostInputs, EndpointInputs
 from ..spec import CapacityLayer, HerdSpec, Tier
 from ..timebase import HOURS_PER_WEEK
+from ..feasibility import dedicated_cap_shortfall
 from .demand import Demand, demand_of
 from .errors import PlanningError
 from .placement import Placement, placements
@@ -186,6 +187,13 @@ def options_for(
         for pl in ded:
             burst_pl = sls if sls is not None else pl
             pr = prices_for(inp, ep, pl, burst_pl)
+            if (short := dedicated_cap_shortfall(  # refuse from the peak before the O(replicas × 168) work
+                demand.peak_rps, pl.planning_rps, pl.replicas_per_node, ep.max_dedicated_replicas,
+                burst_planning_rps=burst_pl.planning_rps if burst else None,
+                burst_cap_containers=ep.serverless.max_containers_cap,
+            )) is not None:
+                why_not.append(f"{pl.label}: {short}")
+                continue
             ng = node_groups(demand, pl, burst_pl, pr, lead, sls_overhead, warm_container=cold > ttft_budget_s(ep))
             choice = choose_floors(
                 ng, allow_serverless=burst, max_replicas=ep.max_dedicated_replicas,

@@ -1,0 +1,384 @@
+"""Issue #13, class by class: each bad input ends in a one-line error naming the file or field (exit 2),
+never a traceback, a hang or nonsense accepted. The fuzz suite (test_fuzz.py) covers the space; these
+pin the message of each class."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import io
+import json
+import math
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+
+from inputs_factory import INPUTS, inputs_dict, set_path
+from topology import plan as plan_fn
+from topology.cli import main, planning_hint
+from topology.errors import InputError
+from topology.inputs import CostInputs, prices_age_warning
+from topology.loading import check_kubeconfig_config, inputs_from_document, load_inputs, load_spec_or_inputs
+from topology.plan import PlanningError
+from topology.reading import MAX_YAML_NODES, read_document
+from simulator.traffic import load_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+DEV = ROOT / "stacks" / "Pulumi.dev.yaml"
+TODAY = dt.date(2026, 12, 2)
+
+
+def run(*argv: str) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        rc = main(list(argv))
+    return rc, err.getvalue()
+
+
+def load(d, today=TODAY):
+    return inputs_from_document(d, "in.yaml", ROOT, today)
+
+
+def refused(d, today=TODAY) -> str:
+    with pytest.raises(InputError) as e:
+        load(d, today)
+    return str(e.value)
+
+
+# ── tracebacks before ──────────────────────────────────────────────────────────────────────────
+
+
+def test_a_non_utf8_file_names_the_byte_and_its_offset(tmp_path):
+    f = tmp_path / "Pulumi.x.yaml"
+    f.write_bytes(b"config:\n  a: \xe9t\xe9\n")
+    rc, err = run("plan", str(f))
+    assert rc == 2 and err == f"error: {f} is not UTF-8 text (byte 0xe9 at offset 13)\n"
+
+
+@pytest.mark.parametrize("name, text", [
+    ("deep.json", "[" * 1000 + "]" * 1000),
+    ("deep.yaml", "a: " + "[" * 1000 + "]" * 1000),
+    ("deep2.yaml", "".join("  " * i + f"k{i}:\n" for i in range(1000)) + "  " * 1000 + "x: 1\n"),
+])
+def test_deep_nesting_is_refused_not_a_recursion_error(tmp_path, name, text):
+    f = tmp_path / name
+    f.write_text(text)
+    with pytest.raises(InputError, match="nests deeper than 64 levels"):
+        read_document(f)
+
+
+def test_a_json_integer_of_5000_digits_is_refused_with_its_line(tmp_path):
+    f = tmp_path / "in.json"
+    f.write_text('{\n  "environment": ' + "7" * 5000 + "\n}")
+    with pytest.raises(InputError, match=r'line 2 \("environment": 777.*an integer of 5,000 digits; at most 30'):
+        read_document(f)
+
+
+def test_a_rate_trace_with_nan_is_refused(tmp_path):
+    rows = ["window_start_s,total_rate_rps"] + [f"{i * 600},2" for i in range(1008)]
+    rows[5] = "2400,nan"
+    (tmp_path / "rate.csv").write_text("\n".join(rows))
+    d = set_path(INPUTS, "endpoints.0.traffic", {"rate_trace": {"path": "rate.csv", "scale_to_mean_requests_per_s": 3}})
+    with pytest.raises(InputError, match=r"rate\.csv' line 6: .*total_rate_rps='nan': not a number"):
+        inputs_from_document(d, "in.yaml", tmp_path, TODAY)
+
+
+@pytest.mark.parametrize("row", ["600,nan", "nan,1", "600,inf"])
+def test_a_servegen_trace_with_nan_or_inf_is_refused(tmp_path, row):
+    rows = ["window_start_s,total_rate_rps"] + [f"{i * 600},2" for i in range(1008)]
+    rows[2] = row
+    (tmp_path / "t.csv").write_text("\n".join(rows))
+    with pytest.raises(InputError, match="not a number|whole minutes"):
+        load_trace(tmp_path / "t.csv")
+
+
+@pytest.mark.parametrize("line", ['{"timestamp": NaN, "input_length": 5, "output_length": 5}',
+                                  '{"timestamp": 3000, "input_length": Infinity, "output_length": 5}'])
+def test_a_request_trace_with_nan_timestamps_or_tokens_is_refused(tmp_path, line):
+    rows = [json.dumps({"timestamp": i * 1000, "input_length": 10, "output_length": 5}) for i in range(5)] + [line]
+    (tmp_path / "t.jsonl").write_text("\n".join(rows))
+    with pytest.raises(InputError, match="not a number"):
+        load_trace(tmp_path / "t.jsonl")
+
+
+def test_simulate_refuses_a_negative_seed_and_an_unwritable_plot_before_planning(tmp_path):
+    rc, err = run("simulate", str(DEV), "--seed", "-1")
+    assert rc == 2 and err == "error: --seed -1: must be ≥ 0 (numpy seeds are non-negative integers)\n"
+    rc, err = run("simulate", str(DEV), "--plot", str(tmp_path / "missing" / "week.png"))
+    assert rc == 2 and "folder" in err and "does not exist" in err
+    rc, err = run("simulate", str(DEV), "--plot", "/proc/week.png")
+    assert rc == 2 and "--plot '/proc/week.png': not writable" in err
+
+
+def test_render_refuses_bad_stack_files_and_outputs_with_one_line(tmp_path):
+    (tmp_path / "plain.yaml").write_text(yaml.safe_dump(INPUTS))
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "broken.yaml").write_text("config:\n  a: [1,\n")
+    (tmp_path / "afile").write_text("x")
+    cases = [
+        ((str(tmp_path / "plain.yaml"), "o"), "it looks like a plain inputs file"),
+        ((str(tmp_path / "empty.yaml"), "o"), "the file is empty"),
+        ((str(tmp_path / "missing.yaml"), "o"), "cannot read (no such file)"),
+        ((str(tmp_path), "o"), "cannot read (a directory, not a file)"),
+        ((str(tmp_path / "broken.yaml"), "o"), "not valid YAML (syntax error at line 3, column 1)"),
+        ((str(DEV), str(tmp_path / "afile")), "is a file, not a folder"),
+        ((str(DEV), ""), "--out '': name an output folder"),
+    ]
+    for (stack, out), expect in cases:
+        rc, err = run("render", stack, "--out", out)
+        assert rc == 2 and expect in err and err.count("\n") == 1, (expect, err)
+
+
+def test_render_out_empty_never_touches_the_users_k8s_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "k8s").mkdir()
+    (tmp_path / "k8s" / "mine.yaml").write_text("keep me")
+    for out in ("", "."):
+        rc, err = run("render", str(DEV), "--out", out)
+        assert rc == 2, err
+    assert (tmp_path / "k8s" / "mine.yaml").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["k8s", "mine.yaml"]
+
+
+def _program_config(**changes):
+    config = dict(yaml.safe_load(DEV.read_text())["config"])
+    for k, v in changes.items():
+        if v is None:
+            config.pop(k)
+        else:
+            config[k] = v
+    return config
+
+
+@pytest.mark.parametrize("changes, expect", [
+    ({"llm-serving:inputs": None}, "missing llm-serving:inputs, the cost inputs mapping"),
+    ({"llm-serving:inputs": "just text"}, "value 'just text' is not a valid 'JSON object'"),
+    ({"llm-serving:kubeconfig": 123}, "llm-serving:kubeconfig is stored in plain text"),
+    ({"llm-serving:modalTokenId": "ak-1", "llm-serving:modalTokenSecret": "as-1"},
+     "modalTokenId is stored in plain text; a Modal token must be a secret"),
+])
+def test_the_pulumi_program_ends_bad_config_with_a_run_error(changes, expect):
+    import pulumi
+
+    from offline.mockrun import run_program
+
+    with pytest.raises(pulumi.RunError) as e:  # Pulumi prints a RunError's message alone, no traceback
+        run_program("dev", _program_config(**changes))
+    assert expect in str(e.value)
+
+
+def test_a_kubeconfig_must_be_secret_and_a_kubeconfig():
+    with pytest.raises(InputError, match="not a kubeconfig"):
+        check_kubeconfig_config("123", "p:kubeconfig", True)
+    with pytest.raises(InputError, match="stored in plain text"):
+        check_kubeconfig_config("apiVersion: v1\nclusters: []\n", "p:kubeconfig", False)
+    check_kubeconfig_config("apiVersion: v1\nclusters: []\n", "p:kubeconfig", True)
+    check_kubeconfig_config('{"secure": "v1:abc"}', "p:kubeconfig", False)  # encrypted, unreadable offline
+
+
+# ── hangs before ───────────────────────────────────────────────────────────────────────────────
+
+
+def test_a_yaml_alias_bomb_is_refused_from_its_small_graph(tmp_path):
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    f = tmp_path / "bomb.yaml"
+    f.write_text("\n".join(lines) + "\nconfig: {llm-serving:inputs: *a9}\n")
+    with pytest.raises(InputError, match=f"expands to more than {MAX_YAML_NODES:,} values through YAML aliases"):
+        read_document(f)
+
+
+def test_a_profile_beyond_every_cap_is_refused_without_sizing_millions_of_replicas(monkeypatch):
+    import sys
+
+    plan_module = sys.modules["topology.plan.options"]
+
+    def no_sizing(*a, **k):  # the O(replicas x 168) step the pre-check must avoid at this rate
+        raise AssertionError("node_groups ran for a peak no cap allows")
+
+    monkeypatch.setattr(plan_module, "node_groups", no_sizing)
+    huge = set_path(INPUTS, "endpoints.0.traffic.hourly_mean_requests_per_s", [1_000_000.0] * 168)
+    assert plan_fn(load(huge)).endpoints[0].tier == "managed_api"  # the API has no cap
+    no_api = set_path(huge, "endpoints.0.managed_api", None)
+    with pytest.raises(PlanningError, match=r"needs .* dedicated replicas .* > max_dedicated_replicas=60"):
+        plan_fn(load(no_api))
+
+
+# ── nonsense accepted before ───────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("path, value, expect", [
+    ("endpoints.0.traffic.timezone", "Mars/Olympus", "'Mars/Olympus' is not an IANA timezone"),
+    ("endpoints.0.traffic.timezone", "", "is not an IANA timezone"),
+    ("endpoints.0.traffic.timezone", "Europe/Berlin\0", "is not an IANA timezone"),
+    ("endpoints.0.traffic.timezone", "America/New_Yrok", "did you mean 'America/New_York'"),
+    ("endpoints.0.model.revision", "Rev/../x y", "is not a Kubernetes label value"),
+    ("endpoints.0.canary_revision", "a" * 64, "is not a Kubernetes label value"),
+    ("cluster_region", "US_EAST 1", "is not an AWS region name"),
+    ("regions.0.name", "us-east-1\n", "is not an AWS region name"),
+    ("weights_source_bucket", "Acme_Models", "is not an S3 bucket name"),
+    ("weights_source_bucket", "192.168.1.1", "is not an S3 bucket name"),
+    ("endpoints.0.model.name", "llama\0", "is not a model name"),
+    ("endpoints.0.model.name", "llama\nx", "is not a model name"),
+    ("endpoints.0.model.name", "../etc", "is not a model name"),
+    ("endpoints.0.model.name", "m" * 300, "is not a model name"),
+    ("endpoints.0.serverless.region", "", "is not a Modal region"),
+])
+def test_names_that_reach_kubernetes_s3_and_aws_are_checked_at_input_time(path, value, expect):
+    msg = refused(set_path(INPUTS, path, value))
+    assert path in msg and expect in msg, msg
+
+
+def test_prices_in_the_future_are_refused_old_ones_warned_numbers_never_dates():
+    for future in ("9999-12-31", "2099-01-01", "2026-12-03"):
+        msg = refused(set_path(INPUTS, "prices.prices_as_of", future))
+        assert f"prices.prices_as_of = '{future}': {future} is in the future (today is 2026-12-02)" in msg, msg
+    msg = refused(set_path(INPUTS, "prices.prices_as_of", 1_700_000_000))
+    assert "1700000000 is a number, not a date" in msg
+    old = load(set_path(INPUTS, "prices.prices_as_of", "0001-01-01"))
+    w = prices_age_warning(old.prices.prices_as_of, TODAY)
+    assert w is not None and "739," in w and "prices have likely rotted" in w
+    assert prices_age_warning(dt.date(2026, 10, 4), TODAY) is None
+
+
+def test_plan_warns_about_rotted_prices_on_stderr(tmp_path):
+    doc = yaml.safe_load(DEV.read_text())
+    doc["config"]["llm-serving:inputs"]["prices"]["prices_as_of"] = "2020-01-01"
+    f = tmp_path / "Pulumi.old.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    rc, err = run("plan", str(f))
+    assert rc == 0 and err.startswith("warning: prices.prices_as_of=2020-01-01 is ")
+
+
+def test_a_mig_profile_listed_twice_is_refused():
+    mig = [{"profile": "3g.40gb", "decode_tokens_per_s": 400, "prefill_tokens_per_s": 9000, "max_concurrent_sequences": 16},
+           {"profile": "3g.40gb", "decode_tokens_per_s": 900, "prefill_tokens_per_s": 9000, "max_concurrent_sequences": 16}]
+    msg = refused(set_path(INPUTS, "endpoints.0.engine.0.mig", mig))
+    assert "endpoints.0.engine.0.mig" in msg and "MIG profile '3g.40gb' is listed twice (entries 0 and 1)" in msg
+
+
+def test_diff_validates_a_saved_spec_as_strictly_as_inputs(tmp_path):
+    spec = json.loads(plan_fn(load_inputs(DEV)).to_json())
+    cases = {
+        "neg": (lambda s: s["endpoints"][0]["floor"].__setitem__("base_replicas", -2),
+                "endpoints.0.floor.base_replicas = -2: negative"),
+        "nan": (lambda s: s["endpoints"][0]["capacity"].__setitem__("saturated_requests_per_s", math.nan),
+                "endpoints.0.capacity.saturated_requests_per_s: not a number"),
+        "dup": (lambda s: s["endpoints"].append(s["endpoints"][0]), "endpoints: 'assist' appears more than once"),
+        "ver": (lambda s: s.__setitem__("spec_version", "7"), "spec_version = '7': unknown; this version reads '1'"),
+    }
+    for name, (mutate, expect) in cases.items():
+        s = json.loads(json.dumps(spec))
+        mutate(s)
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps(s))
+        rc, err = run("diff", str(DEV), str(f))
+        assert rc == 2 and expect in err and str(f) in err, err
+
+
+def test_render_validation_catches_label_syntax_the_schemas_do_not():
+    from offline.names_check import check_manifest
+
+    obj = {"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": "Gate_Way", "namespace": "llm-serving", "labels": {"release": "Bad Value!"}},
+           "spec": {"selector": {"app": "x y"}}}
+    errors = check_manifest(obj)
+    assert any("metadata.name" in e and "DNS-1123 label" in e for e in errors)
+    assert any("metadata.labels.release" in e and "'Bad Value!' is not a Kubernetes label value" in e for e in errors)
+    assert any("spec.selector.app" in e for e in errors)
+
+
+def test_monitor_labels_are_checked_as_stack_settings():
+    from components.stack_settings import stack_settings
+
+    with pytest.raises(InputError, match="monitorLabels.*'Bad Value!' is not a Kubernetes label value"):
+        stack_settings({"cluster": {"mode": "create", "name": "c", "subnetIds": ["a", "b"]},
+                        "monitorLabels": {"release": "Bad Value!"}}, "stack x config")
+
+
+# ── messages ───────────────────────────────────────────────────────────────────────────────────
+
+
+def test_nan_and_inf_are_reported_as_not_a_number_not_as_a_bound():
+    for v in (math.nan, math.inf):
+        msg = refused(set_path(INPUTS, "endpoints.0.traffic.within_hour_peak_factor", v))
+        assert "endpoints.0.traffic.within_hour_peak_factor" in msg and "not a number" in msg
+        assert "less than or equal" not in msg
+
+
+def test_unknown_fields_list_the_allowed_names_closest_first():
+    msg = refused(set_path(INPUTS, "endpoints.0.slo.ttft_p95_ms", 5))
+    assert "endpoints.0.slo.ttft_p95_ms = 5: unknown field; did you mean 'ttft_p99_ms'? allowed: ttft_p99_ms, inter_token_p99_ms" in msg
+
+
+def test_cross_field_errors_name_the_fields_not_the_whole_document():
+    msg = refused(set_path(INPUTS, "cluster_region", "eu-west-1"))
+    assert msg == "in.yaml: cluster_region, regions: cluster_region='eu-west-1' is not among regions ['us-east-1']"
+    msg = refused(set_path(INPUTS, "endpoints.0.shape.input_tokens_p99", 100))
+    assert msg.startswith("in.yaml: endpoints.0.shape.input_tokens_p99, endpoints.0.shape.input_tokens_mean: ")
+    assert "(top level)" not in msg and "{" not in msg
+
+
+def test_planning_errors_name_the_input_fields_to_change(tmp_path):
+    d = set_path(INPUTS, "endpoints.0.model.weights_gb", 400)
+    f = tmp_path / "in.yaml"
+    f.write_text(yaml.safe_dump(d))
+    rc, err = run("plan", str(f))
+    assert rc == 2 and err.startswith(f"error: {f}: endpoint chat: no GPU or MIG slice")
+    assert "[input fields to change: endpoints.0.model.weights_gb, endpoints.0.model.precision" in err
+    inputs = CostInputs.model_validate(INPUTS)
+    assert planning_hint("endpoint chat: no option is feasible — dedicated_only: environment dev allows no floor "
+                         "replicas; serverless_only: peak needs 90 containers > serverless.max_containers_cap 60",
+                         inputs) == " [input fields to change: endpoints.0.serverless.max_containers_cap, floor_replicas_allowed]"
+
+
+def test_plan_and_render_accept_the_same_value_wrapped_document(tmp_path):
+    doc = yaml.safe_load(DEV.read_text())
+    doc["config"]["llm-serving:inputs"] = {"value": doc["config"]["llm-serving:inputs"]}
+    f = tmp_path / "Pulumi.dev.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    assert run("plan", str(f))[0] == 0
+    from offline.mockrun import run_program
+
+    rec = run_program("dev", doc["config"])  # the program (render) reads the same document
+    assert rec.outputs["specSha256"] == plan_fn(load_inputs(DEV)).sha256()
+
+
+@pytest.mark.parametrize("peak, max_rep, cap", [(3, 16, 60), (40, 4, 5), (400, 60, 0), (2000, 2, 500), (120, 0, 60)])
+def test_the_cap_pre_check_never_changes_a_plan(monkeypatch, peak, max_rep, cap):
+    import sys
+
+    from inputs_factory import office_profile
+
+    plan_module = sys.modules["topology.plan.options"]
+    d = set_path(INPUTS, "endpoints.0.traffic.hourly_mean_requests_per_s", office_profile(peak, peak / 20, peak / 3))
+    d = set_path(d, "endpoints.0.max_dedicated_replicas", max_rep)
+    d = set_path(d, "endpoints.0.serverless.max_containers_cap", cap)
+
+    def outcome():
+        try:
+            return plan_fn(load(d)).to_json()
+        except PlanningError as e:
+            return str(e)
+
+    with_check = outcome()
+    monkeypatch.setattr(plan_module, "dedicated_cap_shortfall", lambda *a, **k: None)
+    assert outcome() == with_check  # same spec, same reasons: the pre-check only skips work
+
+
+def test_plan_simulate_refuses_a_negative_seed():
+    rc, err = run("plan", str(DEV), "--simulate", "--seed", "-3")
+    assert rc == 2 and err == "error: --seed -3: must be ≥ 0 (numpy seeds are non-negative integers)\n"
+
+
+def test_render_names_the_input_fields_of_an_impossible_plan():
+    from offline.mockrun import run_program
+
+    config = _program_config()
+    config["llm-serving:inputs"]["endpoints"][0]["model"]["weights_gb"] = 4000
+    import pulumi
+
+    with pytest.raises(pulumi.RunError, match=r"no GPU or MIG slice .*\[input fields to change: endpoints\.0\.model\.weights_gb"):
+        run_program("dev", config)

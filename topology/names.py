@@ -1,0 +1,129 @@
+"""Syntax checks for names that reach Kubernetes, S3, AWS, Modal and Prometheus, applied at input time.
+
+Each check returns the value or raises ValueError saying what is allowed (pydantic turns it into a
+one-line error naming the field). The rules, as documented upstream:
+- Kubernetes label values: at most 63 characters, empty or [A-Za-z0-9] at both ends with [-_.A-Za-z0-9]
+  between (kubernetes.io "Labels and Selectors"; apimachinery validation.IsValidLabelValue);
+- DNS-1123 labels: at most 63 characters of [a-z0-9-], alphanumeric at both ends; DNS-1123 subdomains:
+  at most 253 characters, dot-separated labels (kubernetes.io "Object Names and IDs");
+- label keys: an optional DNS-1123 subdomain prefix and '/', then a name part of at most 63 characters
+  with the label-value syntax (non-empty);
+- S3 general purpose bucket names: 3–63 characters of [a-z0-9.-], alphanumeric at both ends, no '..',
+  not an IP address, not starting 'xn--', 'sthree-' or 'amzn-s3-demo-', not ending '-s3alias',
+  '--ol-s3', '.mrap' or '--x-s3' (AWS S3 User Guide, "General purpose bucket naming rules");
+- AWS regions: e.g. us-east-1, eu-central-2, us-gov-west-1, cn-north-1, ap-southeast-7;
+- timezones: a key of the IANA database as installed (zoneinfo.available_timezones: data, not the clock).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import re
+import zoneinfo
+
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+AWS_REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-[0-9]{1,2}$")
+MODAL_REGION = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+MODEL_NAME_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+IPV4 = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
+MODEL_NAME_MAX = 128
+
+
+def check_label_value(v: str) -> str:
+    if len(v) > 63 or not LABEL_VALUE.fullmatch(v):
+        raise ValueError(
+            f"{v[:80]!r} is not a Kubernetes label value: at most 63 characters, letters, digits, '-', '_', '.', "
+            "starting and ending with a letter or digit"
+        )
+    return v
+
+
+def check_revision(v: str) -> str:
+    """A weights revision: a pod label value, and a segment of an S3 prefix (so no '..')."""
+    check_label_value(v)
+    if ".." in v:
+        raise ValueError(f"{v[:80]!r} is not a revision: '..' is not allowed (it becomes part of an S3 prefix)")
+    return v
+
+
+def check_label_key(k: str) -> str:
+    prefix, slash, name = k.rpartition("/")
+    ok = bool(name) and len(name) <= 63 and LABEL_VALUE.fullmatch(name) is not None
+    if slash:
+        ok = ok and len(prefix) <= 253 and DNS1123_SUBDOMAIN.fullmatch(prefix) is not None
+    if not ok:
+        raise ValueError(
+            f"{k[:80]!r} is not a Kubernetes label key: [prefix/]name, the name at most 63 characters of letters, "
+            "digits, '-', '_', '.' (alphanumeric at both ends), the prefix a DNS subdomain"
+        )
+    return k
+
+
+def check_dns_label(v: str) -> str:
+    if len(v) > 63 or not DNS1123_LABEL.fullmatch(v):
+        raise ValueError(f"{v[:80]!r} is not a DNS-1123 label: at most 63 of a-z, 0-9, '-', alphanumeric at both ends")
+    return v
+
+
+def check_dns_subdomain(v: str) -> str:
+    if len(v) > 253 or not DNS1123_SUBDOMAIN.fullmatch(v):
+        raise ValueError(
+            f"{v[:80]!r} is not a DNS-1123 subdomain: at most 253 of a-z, 0-9, '-', '.', alphanumeric at both ends"
+        )
+    return v
+
+
+def check_bucket_name(v: str) -> str:
+    bad = (
+        not BUCKET.fullmatch(v) or ".." in v or IPV4.fullmatch(v)
+        or v.startswith(("xn--", "sthree-", "amzn-s3-demo-"))
+        or v.endswith(("-s3alias", "--ol-s3", ".mrap", "--x-s3"))
+    )
+    if bad:
+        raise ValueError(
+            f"{v[:80]!r} is not an S3 bucket name: 3–63 of a-z, 0-9, '.', '-', starting and ending with a letter "
+            "or digit, no '..', not an IP address, no reserved prefix (xn--, sthree-) or suffix (-s3alias, --ol-s3)"
+        )
+    return v
+
+
+def check_aws_region(v: str) -> str:
+    if not AWS_REGION.fullmatch(v):
+        raise ValueError(f"{v[:80]!r} is not an AWS region name, e.g. 'us-east-1', 'eu-central-2', 'us-gov-west-1'")
+    return v
+
+
+def check_modal_region(v: str) -> str:
+    if len(v) > 40 or not MODAL_REGION.fullmatch(v):
+        raise ValueError(f"{v[:80]!r} is not a Modal region, e.g. 'us-east', 'us', 'eu-west' (lowercase, '-' separated)")
+    return v
+
+
+def check_model_name(v: str) -> str:
+    """A served model name: one or two '/'-separated parts of letters, digits, '.', '_', '-' (an S3 prefix, a
+    vLLM --served-model-name and a PromQL label value: no quotes, spaces, control characters or '..')."""
+    parts = v.split("/")
+    if len(v) > MODEL_NAME_MAX or len(parts) > 2 or ".." in v or not all(MODEL_NAME_PART.fullmatch(p) for p in parts):
+        raise ValueError(
+            f"{v[:80]!r} is not a model name: at most {MODEL_NAME_MAX} characters, letters, digits, '.', '_', '-' "
+            "(optionally 'org/name'), starting with a letter or digit, no '..'"
+        )
+    return v
+
+
+@functools.lru_cache(maxsize=1)
+def _timezones() -> frozenset[str]:
+    return frozenset(zoneinfo.available_timezones())
+
+
+def check_timezone(v: str) -> str:
+    zones = _timezones()
+    if v not in zones:
+        close = difflib.get_close_matches(v, sorted(zones), n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise ValueError(f"{v[:80]!r} is not an IANA timezone (e.g. 'UTC', 'America/New_York', 'Europe/Berlin'){hint}")
+    return v
