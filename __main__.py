@@ -19,7 +19,7 @@ from components.gpu_operator import GpuOperator, GpuOperatorArgs
 from components.keda import Keda
 from components.modal_burst import ModalBurst, ModalBurstArgs
 from components.observability import Observability, ObservabilityArgs
-from components.stack_settings import stack_settings
+from components.stack_settings import replication_destinations, stack_settings
 from components.weight_cache import WeightCache, WeightCacheArgs, WeightReader
 from components.weight_replication import WeightReplication, WeightReplicationArgs
 from topology.loading import inputs_from_document
@@ -38,6 +38,9 @@ settings = stack_settings(
         "namespace": config.get("namespace"),
         "prometheusUrl": config.get("prometheusUrl"),
         "monitorLabels": config.get_object("monitorLabels"),
+        "weightReplication": config.get_object("weightReplication"),
+        "s3GatewayEndpoint": config.get_object("s3GatewayEndpoint"),
+        "monitoring": config.get("monitoring"),
     },
     source,
 )
@@ -80,15 +83,21 @@ for cache in spec.weight_caches:
     ]
     weight_caches[cache.region] = WeightCache(
         f"weights-{cache.region}",
-        WeightCacheArgs(cache=cache, cluster_name=cluster.name, cluster_region=spec.cluster_region, readers=readers),
+        WeightCacheArgs(
+            cache=cache, cluster_name=cluster.name, cluster_region=spec.cluster_region, readers=readers,
+            s3_endpoint_id=settings.s3_gateway_endpoint.existing_id if settings.s3_gateway_endpoint else None,
+            create_s3_endpoint=bool(settings.s3_gateway_endpoint and settings.s3_gateway_endpoint.create),
+        ),
     )
-if spec.weight_caches:
+# One stack owns the source bucket's replication configuration, with every sharing stack's caches in it.
+if spec.weight_caches and settings.owns_replication(pulumi.get_stack()):
+    replicated = replication_destinations(settings, pulumi.get_stack(), spec, PROJECT_ROOT)
     WeightReplication(
         "weights-replication",
         WeightReplicationArgs(
             source_bucket=spec.weight_caches[0].source_bucket,
             source_region=spec.weight_caches[0].source_region,
-            caches=spec.weight_caches,
+            caches=replicated,
         ),
         opts=pulumi.ResourceOptions(depends_on=[c.versioning for c in weight_caches.values()]),
     )

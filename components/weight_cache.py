@@ -1,8 +1,9 @@
 """WeightCache: one region's copy of the served weights — the only place serving pods load from.
 
 A private, versioned, encrypted S3 bucket (protected against deletion by default: re-filling 70B of
-weights across regions is an outage, not a redeploy), an S3 gateway endpoint so pods pull over the
-VPC rather than NAT, and per endpoint a read-only role, bound to the endpoint's service account by EKS
+weights across regions is an outage, not a redeploy), the VPC's S3 gateway endpoint so pods pull over
+the VPC rather than NAT (reused by id; created only when told, since a route table carries the S3 prefix
+list to one gateway endpoint and stacks sharing a VPC would collide), and per endpoint a read-only role, bound to the endpoint's service account by EKS
 Pod Identity, that can read exactly its model's prefix. Replication into the bucket is declared by
 WeightReplication (a source bucket has a single replication configuration for all regions).
 """
@@ -68,6 +69,9 @@ class WeightCacheArgs:
     cluster_region: str | None = None
     readers: Sequence[WeightReader] = field(default=())
     tags: dict[str, str] | None = None
+    # The VPC's S3 gateway endpoint: reuse its id, or create one only when told (a route table takes one).
+    s3_endpoint_id: str | None = None
+    create_s3_endpoint: bool = False
 
 
 class WeightCache(pulumi.ComponentResource):
@@ -128,9 +132,16 @@ class WeightCache(pulumi.ComponentResource):
             policy=tls_only_policy(c.bucket_name),
             opts=child(self, depends_on=[block]),
         )
-        if c.vpc_id is not None:
+        self.s3_endpoint_id: pulumi.Output[str] | None = (
+            pulumi.Output.from_input(args.s3_endpoint_id) if args.s3_endpoint_id else None
+        )
+        if c.vpc_id is not None and not args.create_s3_endpoint and args.s3_endpoint_id is None:
+            pulumi.log.warn(
+                f"{name}: no S3 gateway endpoint for {c.vpc_id} is named (llm-serving:s3GatewayEndpoint); weight pulls "
+                "go through NAT unless the VPC has one", resource=self)
+        if c.vpc_id is not None and args.create_s3_endpoint:
             route_tables = ec2.get_route_tables_output(vpc_id=c.vpc_id, region=c.region)
-            ec2.VpcEndpoint(
+            endpoint = ec2.VpcEndpoint(
                 f"{name}-s3-gateway-endpoint",
                 vpc_id=c.vpc_id,
                 region=c.region,
@@ -140,6 +151,7 @@ class WeightCache(pulumi.ComponentResource):
                 tags=tags,
                 opts=child(self),
             )
+            self.s3_endpoint_id = endpoint.id
 
         self.reader_role_arns = {}
         self.pod_identity = {}
