@@ -21,6 +21,7 @@ from components.modal_burst import ModalBurst, ModalBurstArgs
 from components.observability import Observability, ObservabilityArgs
 from components.stack_settings import replication_destinations, stack_settings
 from components.weight_cache import WeightCache, WeightCacheArgs, WeightReader
+from components.weight_seed import WeightSeed, WeightSeedArgs
 from components.weight_replication import WeightReplication, WeightReplicationArgs
 from topology.loading import inputs_from_document
 from topology.plan import plan
@@ -89,6 +90,13 @@ for cache in spec.weight_caches:
             create_s3_endpoint=bool(settings.s3_gateway_endpoint and settings.s3_gateway_endpoint.create),
         ),
     )
+# The weights already in the source bucket, copied into each new cache (replication copies new writes only);
+# floor pods and the Modal volume fill wait for it.
+weight_seeds = {
+    region: WeightSeed(f"weights-{region}-seed", WeightSeedArgs(cache=spec.weight_cache(region)),
+                       opts=pulumi.ResourceOptions(depends_on=[wc]))
+    for region, wc in weight_caches.items()
+}
 # One stack owns the source bucket's replication configuration, with every sharing stack's caches in it.
 if spec.weight_caches and settings.owns_replication(pulumi.get_stack()):
     replicated = replication_destinations(settings, pulumi.get_stack(), spec, PROJECT_ROOT)
@@ -123,6 +131,7 @@ if floor_endpoints:
             opts=pulumi.ResourceOptions(
                 providers={"kubernetes": cluster.provider},
                 depends_on=[cluster, keda, weight_caches[spec.cluster_region].pod_identity[e.name],
+                            weight_seeds[spec.cluster_region],
                             *(node_pools[p.name] for p in pools), *([gpu_operator] if gpu_operator else [])],
             ),
         )
@@ -140,7 +149,10 @@ if floor_endpoints:
 # config or the environment). The gateway sends each endpoint's traffic to its floor replicas while they
 # have room and overflows to the burst URL; managed_api endpoints are called at the provider directly.
 bursts = {
-    e.name: ModalBurst(f"{e.name}-burst", ModalBurstArgs(endpoint=e, environment=spec.environment))
+    e.name: ModalBurst(f"{e.name}-burst", ModalBurstArgs(
+        endpoint=e, environment=spec.environment,
+        weights_ready=tuple(s for r, s in weight_seeds.items() if r == e.burst.weights_region),
+    ))
     for e in spec.endpoints
     if e.burst is not None
 }
