@@ -18,12 +18,14 @@ from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
 from components.gpu_operator import GpuOperator, GpuOperatorArgs
 from components.keda import Keda
 from components.modal_burst import ModalBurst, ModalBurstArgs
+from components.node_autoscaler import NodeAutoscaler, NodeAutoscalerArgs
 from components.observability import Observability, ObservabilityArgs
 from components.stack_settings import replication_destinations, stack_settings
 from components.weight_cache import WeightCache, WeightCacheArgs, WeightReader
 from components.weight_seed import WeightSeed, WeightSeedArgs
 from components.weight_replication import WeightReplication, WeightReplicationArgs
 from topology.loading import inputs_from_document
+from topology.node_schedule import pool_minimums
 from topology.plan import plan
 
 PROJECT_ROOT = Path(__file__).resolve().parent
@@ -59,13 +61,22 @@ cluster = Cluster(
 k8s_opts = pulumi.ResourceOptions(providers={"kubernetes": cluster.provider}, depends_on=[cluster])
 
 # ── GPU node pools and the operator that partitions them ───────────────────────────────────────
+node_minimums = pool_minimums(spec)  # the floor windows as each on-demand pool's minimum on the clock
 node_pools = {
     p.name: GpuNodePool(
         f"pool-{p.name}",
-        GpuNodePoolArgs(pool=p, cluster_name=cluster.name, node_role_arn=cluster.node_role_arn, subnet_ids=cluster.subnet_ids),
+        GpuNodePoolArgs(pool=p, cluster_name=cluster.name, node_role_arn=cluster.node_role_arn, subnet_ids=cluster.subnet_ids,
+                        minimums=node_minimums.get(p.name, ())),
     )
     for p in spec.node_pools
 }
+# Reactive growth from zero (whole GPUs and MIG slices) for queue-triggered replicas above the clock's minimum.
+node_autoscaler = (
+    NodeAutoscaler("node-autoscaler", NodeAutoscalerArgs(
+        cluster_name=cluster.name, region=spec.cluster_region, kubernetes_version=settings.cluster.kubernetes_version,
+    ), opts=k8s_opts)
+    if spec.node_pools else None
+)
 gpu_operator = (
     GpuOperator("gpu-operator", GpuOperatorArgs(node_pools=spec.node_pools), opts=k8s_opts) if spec.node_pools else None
 )
@@ -131,7 +142,7 @@ if floor_endpoints:
             opts=pulumi.ResourceOptions(
                 providers={"kubernetes": cluster.provider},
                 depends_on=[cluster, keda, weight_caches[spec.cluster_region].pod_identity[e.name],
-                            weight_seeds[spec.cluster_region],
+                            weight_seeds[spec.cluster_region], *([node_autoscaler] if node_autoscaler else []),
                             *(node_pools[p.name] for p in pools), *([gpu_operator] if gpu_operator else [])],
             ),
         )

@@ -49,7 +49,7 @@ def physical_identities(rec) -> list[tuple]:
             ids.append((t, i["autoscalingGroupName"], i["scheduledActionName"]))
         elif t == "command:local:Command":
             spec = (i.get("environment") or {}).get("LLM_SERVING_BURST_SPEC")
-            if spec and spec != "[secret]":
+            if spec and spec != "[secret]" and "modal_apps.deploy" in i.get("create", ""):
                 burst = json.loads(spec)["burst"]
                 ids.append(("modal-app", burst["environment"], burst["app_name"]))
         elif t == "kubernetes:helm.sh/v3:Release":
