@@ -18,13 +18,14 @@ from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
 from components.gpu_operator import GpuOperator, GpuOperatorArgs
 from components.keda import Keda
 from components.modal_burst import ModalBurst, ModalBurstArgs
+from components.monitoring import PROMETHEUS_URL, Monitoring, MonitoringArgs
 from components.node_autoscaler import NodeAutoscaler, NodeAutoscalerArgs
 from components.observability import Observability, ObservabilityArgs
 from components.stack_settings import replication_destinations, stack_settings
 from components.weight_cache import WeightCache, WeightCacheArgs, WeightReader
 from components.weight_seed import WeightSeed, WeightSeedArgs
 from components.weight_replication import WeightReplication, WeightReplicationArgs
-from topology.loading import inputs_from_document
+from topology.loading import InputError, inputs_from_document
 from topology.node_schedule import pool_minimums
 from topology.plan import plan
 
@@ -59,6 +60,19 @@ cluster = Cluster(
     ),
 )
 k8s_opts = pulumi.ResourceOptions(providers={"kubernetes": cluster.provider}, depends_on=[cluster])
+
+# ── monitoring: kube-prometheus-stack where the stack creates its cluster, else the platform's ────
+monitoring = None
+if settings.installs_monitoring:
+    if settings.prometheus_url != PROMETHEUS_URL:
+        raise InputError(
+            f"{source}: llm-serving:prometheusUrl is {settings.prometheus_url!r}, but with monitoring 'install' "
+            f"Prometheus answers at {PROMETHEUS_URL!r}; set that, or `monitoring: platform` for another Prometheus"
+        )
+    monitoring = Monitoring("monitoring", MonitoringArgs(monitor_labels=settings.monitor_labels), opts=k8s_opts)
+# PodMonitors and PrometheusRules wait for the release that defines their CRDs
+monitored_opts = pulumi.ResourceOptions(providers={"kubernetes": cluster.provider},
+                                        depends_on=[cluster, *([monitoring] if monitoring else [])])
 
 # ── GPU node pools and the operator that partitions them ───────────────────────────────────────
 node_minimums = pool_minimums(spec)  # the floor windows as each on-demand pool's minimum on the clock
@@ -143,6 +157,7 @@ if floor_endpoints:
                 providers={"kubernetes": cluster.provider},
                 depends_on=[cluster, keda, weight_caches[spec.cluster_region].pod_identity[e.name],
                             weight_seeds[spec.cluster_region], *([node_autoscaler] if node_autoscaler else []),
+                            *([monitoring] if monitoring else []),
                             *(node_pools[p.name] for p in pools), *([gpu_operator] if gpu_operator else [])],
             ),
         )
@@ -152,7 +167,7 @@ if floor_endpoints:
     Observability(
         "observability",
         ObservabilityArgs(spec=spec, namespace=settings.namespace, monitor_labels=settings.monitor_labels),
-        opts=k8s_opts,
+        opts=monitored_opts,
     )
 
 # ── burst capacity on Modal, and the gateway that overflows to it ─────────────────────────────
@@ -179,7 +194,7 @@ if any(e.tier != "managed_api" for e in spec.endpoints):
             burst_urls={n: b.url for n, b in bursts.items()},
             monitor_labels=settings.monitor_labels,
         ),
-        opts=k8s_opts,
+        opts=monitored_opts,
     )
 
 # ── exports ────────────────────────────────────────────────────────────────────────────────────
