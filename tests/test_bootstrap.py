@@ -86,8 +86,10 @@ def test_the_rendered_seed_command_fills_the_cache_from_the_source(aws_env, moto
     [cache] = rec.outputs["spec"]["weight_caches"]
     seed = commands(rec)[f"weights-{cache['region']}-seed-copy"]
     s3 = client("s3", moto_endpoint)
+    existing = {b["Name"] for b in s3.list_buckets()["Buckets"]}  # one moto server per session
     for b in (cache["source_bucket"], cache["bucket_name"]):
-        s3.create_bucket(Bucket=b)
+        if b not in existing:
+            s3.create_bucket(Bucket=b)
     for prefix in cache["model_prefixes"]:
         files = {"config.json": prefix.encode(), "model.safetensors": os.urandom(2048)}
         for rel, data in files.items():
