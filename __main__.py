@@ -119,7 +119,7 @@ for cache in spec.weight_caches:
 # floor pods and the Modal volume fill wait for it.
 weight_seeds = {
     region: WeightSeed(f"weights-{region}-seed", WeightSeedArgs(cache=spec.weight_cache(region)),
-                       opts=pulumi.ResourceOptions(depends_on=[wc]))
+                       opts=pulumi.ResourceOptions(depends_on=wc.storage))
     for region, wc in weight_caches.items()
 }
 # One stack owns the source bucket's replication configuration, with every sharing stack's caches in it.

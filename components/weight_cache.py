@@ -107,7 +107,7 @@ class WeightCache(pulumi.ComponentResource):
             versioning_configuration={"status": "Enabled"},  # replication requires it; keeps overwritten revisions
             opts=child(self),
         )
-        s3.BucketServerSideEncryptionConfiguration(
+        encryption = s3.BucketServerSideEncryptionConfiguration(
             f"{name}-encryption",
             bucket=bucket.bucket,
             region=c.region,
@@ -125,7 +125,7 @@ class WeightCache(pulumi.ComponentResource):
             restrict_public_buckets=True,
             opts=child(self),
         )
-        s3.BucketPolicy(
+        tls_only = s3.BucketPolicy(
             f"{name}-tls-only",
             bucket=bucket.bucket,
             region=c.region,
@@ -179,6 +179,8 @@ class WeightCache(pulumi.ComponentResource):
 
         self.bucket_name = bucket.bucket
         self.bucket_arn = bucket.arn
+        # the bucket ready to be written (what the weight seed waits for; not the readers, which need the cluster)
+        self.storage: list[pulumi.Resource] = [bucket, self.versioning, encryption, block, tls_only]
         self.uris = {p: c.uri(p) for p in c.model_prefixes}
         self.register_outputs({
             "bucketName": self.bucket_name,

@@ -62,6 +62,8 @@ def test_engines_and_modal_deploys_wait_for_the_seeded_weights(stack):
         # it copies into the bucket once the bucket is versioned and encrypted
         assert {f"weights-{cache['region']}-bucket", f"weights-{cache['region']}-versioning",
                 f"weights-{cache['region']}-encryption"} <= waits_for(rec, seed)
+        # ... and not for the cluster: dev's new cluster takes minutes, the copy runs meanwhile
+        assert not any(n.startswith("cluster-") for n in waits_for(rec, seed))
 
     deployments = [r for r in rec.of_type("kubernetes:apps/v1:Deployment") if r.name.startswith("floor-")]
     assert len(deployments) == sum(1 for e in spec["endpoints"] if e["node_pools"])
