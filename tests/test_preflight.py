@@ -222,3 +222,24 @@ def test_the_real_modal_client_without_a_token_reports_it_as_a_missing_token(tmp
     env.update(HOME=str(tmp_path), PYTHONPATH=str(ROOT), MODAL_CONFIG_PATH=str(tmp_path / ".modal.toml"))
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0 and r.stdout.startswith("auth:"), r.stdout + r.stderr
+
+
+def test_a_stack_that_creates_its_cluster_checks_the_name_is_free_and_defers_the_secrets(world, tmp_path):
+    _stack_file, clients, kube, *_ = world
+    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.dev.yaml").read_text())
+    doc["config"]["llm-serving:cluster"]["name"] = f"dev-{tmp_path.name[-10:].lower().replace('_', '-')}"
+    dev = tmp_path / "dev" / "Pulumi.dev.yaml"
+    dev.parent.mkdir()
+    dev.write_text(yaml.safe_dump(doc))
+    checks, _text, _status = run(dev, clients)
+    assert checks["cluster"].ok and "will be created" in checks["cluster"].detail
+    assert "prometheus operator CRDs" not in checks  # dev installs kube-prometheus-stack itself
+    deferred = checks["gateway secrets"]
+    assert not deferred.ok and not deferred.blocking and "modal-proxy-auth" in deferred.detail
+
+    # the same name already taken: `up` would fail creating it
+    clients.aws("eks", "us-east-1").create_cluster(
+        name=doc["config"]["llm-serving:cluster"]["name"], version="1.33",
+        roleArn="arn:aws:iam::123456789012:role/eks", resourcesVpcConfig={"subnetIds": ["subnet-1"]})
+    checks, _text, status = run(dev, clients)
+    assert status == 1 and not checks["cluster"].ok and "already exists" in checks["cluster"].detail
