@@ -19,14 +19,18 @@ from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
 from components.gpu_operator import GpuOperator, GpuOperatorArgs
 from components.keda import Keda
 from components.modal_burst import ModalBurst, ModalBurstArgs, ModalTokenError, code_sha256, default_python, modal_token_env
+from components.monitoring import PROMETHEUS_URL, Monitoring, MonitoringArgs
+from components.node_autoscaler import NodeAutoscaler, NodeAutoscalerArgs
 from components.observability import Observability, ObservabilityArgs
-from components.stack_settings import stack_settings
+from components.stack_settings import replication_destinations, stack_settings
 from components.weight_cache import WeightCache, WeightCacheArgs, WeightReader
+from components.weight_seed import WeightSeed, WeightSeedArgs
 from components.weight_replication import WeightReplication, WeightReplicationArgs
 from topology.catalog import MigLayoutError
 from topology.cli import planning_hint
 from topology.loading import InputError, check_kubeconfig_config, inputs_from_document
 from topology.plan import PlanningError, plan
+from topology.node_schedule import pool_minimums
 
 PROJECT_ROOT = Path(__file__).resolve().parent
 
@@ -48,6 +52,9 @@ try:
             "namespace": config.get("namespace"),
             "prometheusUrl": config.get("prometheusUrl"),
             "monitorLabels": config.get_object("monitorLabels"),
+            "weightReplication": config.get_object("weightReplication"),
+            "s3GatewayEndpoint": config.get_object("s3GatewayEndpoint"),
+            "monitoring": config.get("monitoring"),
         },
         source,
     )
@@ -74,14 +81,36 @@ cluster = Cluster(
 )
 k8s_opts = pulumi.ResourceOptions(providers={"kubernetes": cluster.provider}, depends_on=[cluster])
 
+# ── monitoring: kube-prometheus-stack where the stack creates its cluster, else the platform's ────
+monitoring = None
+if settings.installs_monitoring:
+    if settings.prometheus_url != PROMETHEUS_URL:
+        raise InputError(
+            f"{source}: llm-serving:prometheusUrl is {settings.prometheus_url!r}, but with monitoring 'install' "
+            f"Prometheus answers at {PROMETHEUS_URL!r}; set that, or `monitoring: platform` for another Prometheus"
+        )
+    monitoring = Monitoring("monitoring", MonitoringArgs(monitor_labels=settings.monitor_labels), opts=k8s_opts)
+# PodMonitors and PrometheusRules wait for the release that defines their CRDs
+monitored_opts = pulumi.ResourceOptions(providers={"kubernetes": cluster.provider},
+                                        depends_on=[cluster, *([monitoring] if monitoring else [])])
+
 # ── GPU node pools and the operator that partitions them ───────────────────────────────────────
+node_minimums = pool_minimums(spec)  # the floor windows as each on-demand pool's minimum on the clock
 node_pools = {
     p.name: GpuNodePool(
         f"pool-{p.name}",
-        GpuNodePoolArgs(pool=p, cluster_name=cluster.name, node_role_arn=cluster.node_role_arn, subnet_ids=cluster.subnet_ids),
+        GpuNodePoolArgs(pool=p, cluster_name=cluster.name, node_role_arn=cluster.node_role_arn, subnet_ids=cluster.subnet_ids,
+                        minimums=node_minimums.get(p.name, ())),
     )
     for p in spec.node_pools
 }
+# Reactive growth from zero (whole GPUs and MIG slices) for queue-triggered replicas above the clock's minimum.
+node_autoscaler = (
+    NodeAutoscaler("node-autoscaler", NodeAutoscalerArgs(
+        cluster_name=cluster.name, region=spec.cluster_region, kubernetes_version=settings.cluster.kubernetes_version,
+    ), opts=k8s_opts)
+    if spec.node_pools else None
+)
 gpu_operator = (
     GpuOperator("gpu-operator", GpuOperatorArgs(node_pools=spec.node_pools), opts=k8s_opts) if spec.node_pools else None
 )
@@ -100,15 +129,28 @@ for cache in spec.weight_caches:
     ]
     weight_caches[cache.region] = WeightCache(
         f"weights-{cache.region}",
-        WeightCacheArgs(cache=cache, cluster_name=cluster.name, cluster_region=spec.cluster_region, readers=readers),
+        WeightCacheArgs(
+            cache=cache, cluster_name=cluster.name, cluster_region=spec.cluster_region, readers=readers,
+            s3_endpoint_id=settings.s3_gateway_endpoint.existing_id if settings.s3_gateway_endpoint else None,
+            create_s3_endpoint=bool(settings.s3_gateway_endpoint and settings.s3_gateway_endpoint.create),
+        ),
     )
-if spec.weight_caches:
+# The weights already in the source bucket, copied into each new cache (replication copies new writes only);
+# floor pods and the Modal volume fill wait for it.
+weight_seeds = {
+    region: WeightSeed(f"weights-{region}-seed", WeightSeedArgs(cache=spec.weight_cache(region)),
+                       opts=pulumi.ResourceOptions(depends_on=wc.storage))
+    for region, wc in weight_caches.items()
+}
+# One stack owns the source bucket's replication configuration, with every sharing stack's caches in it.
+if spec.weight_caches and settings.owns_replication(pulumi.get_stack()):
+    replicated = replication_destinations(settings, pulumi.get_stack(), spec, PROJECT_ROOT)
     WeightReplication(
         "weights-replication",
         WeightReplicationArgs(
             source_bucket=spec.weight_caches[0].source_bucket,
             source_region=spec.weight_caches[0].source_region,
-            caches=spec.weight_caches,
+            caches=replicated,
         ),
         opts=pulumi.ResourceOptions(depends_on=[c.versioning for c in weight_caches.values()]),
     )
@@ -134,6 +176,8 @@ if floor_endpoints:
             opts=pulumi.ResourceOptions(
                 providers={"kubernetes": cluster.provider},
                 depends_on=[cluster, keda, weight_caches[spec.cluster_region].pod_identity[e.name],
+                            weight_seeds[spec.cluster_region], *([node_autoscaler] if node_autoscaler else []),
+                            *([monitoring] if monitoring else []),
                             *(node_pools[p.name] for p in pools), *([gpu_operator] if gpu_operator else [])],
             ),
         )
@@ -144,7 +188,7 @@ if floor_endpoints:
         "observability",
         ObservabilityArgs(spec=spec, namespace=settings.namespace, monitor_labels=settings.monitor_labels,
                           prices=inputs.prices),
-        opts=k8s_opts,
+        opts=monitored_opts,
     )
 
 # ── burst capacity on Modal, and the gateway that overflows to it ─────────────────────────────
@@ -162,6 +206,7 @@ bursts = {
     e.name: ModalBurst(f"{e.name}-burst", ModalBurstArgs(
         endpoint=e, environment=spec.environment, python=default_python(), code_sha256=burst_code_sha256,
         token_env=burst_token_env,
+        weights_ready=tuple(s for r, s in weight_seeds.items() if r == e.burst.weights_region),
     ))
     for e in burst_endpoints
 }
@@ -177,7 +222,7 @@ if any(e.gated for e in spec.endpoints):
             burst_urls={n: b.url for n, b in bursts.items()},
             monitor_labels=settings.monitor_labels,
         ),
-        opts=k8s_opts,
+        opts=monitored_opts,
     )
 
 # ── exports ────────────────────────────────────────────────────────────────────────────────────

@@ -13,14 +13,16 @@ import textwrap
 from dataclasses import dataclass
 
 import pulumi
-from pulumi_aws import ec2, eks
+from pulumi_aws import autoscaling, ec2, eks
 
 from topology.catalog import GPU_KINDS, validate_mig_layout
+from topology.node_schedule import NodeMinimum, weekly_cron
 from topology.spec import NodePoolSpec
 
 from ._common import GPU_TAINT_EFFECT_EKS, MIG_CONFIG_LABEL, MIG_DISABLED, TYPE_PREFIX, child
 
 AMI_TYPE = "AL2023_x86_64_NVIDIA"
+CA_GPU_LABEL = "k8s.amazonaws.com/accelerator"  # cluster-autoscaler/cloudprovider/aws GPULabel
 # Where nodeadm mounts the RAID0 of instance-store volumes; the floor pods' weight cache lives under it.
 NVME_MOUNT = "/mnt/k8s-disks/0"
 
@@ -59,6 +61,11 @@ def node_labels(pool: NodePoolSpec) -> dict[str, str]:
     elif kind is not None and kind.mig_profiles:
         # a whole-GPU pool on a MIG-capable GPU: make "MIG off" explicit rather than inherit a node's past
         labels[MIG_CONFIG_LABEL] = MIG_DISABLED
+    if pool.mig_layout is None:
+        # Cluster Autoscaler's AWS GPU label: a new node whose device plugin has not yet advertised its GPUs
+        # counts as still starting, not as a node the pending pod does not fit (which would add another).
+        # Not on MIG pools: they never advertise nvidia.com/gpu, and would count as starting forever.
+        labels[CA_GPU_LABEL] = pool.gpu_kind.lower()
     return dict(sorted(labels.items()))
 
 
@@ -71,6 +78,8 @@ def autoscaler_tags(pool: NodePoolSpec) -> dict[str, str]:
             tags[f"k8s.io/cluster-autoscaler/node-template/resources/nvidia.com/mig-{profile}"] = str(
                 per_gpu * pool.gpus_per_node
             )
+        # the autoscaler counts the instance type's GPUs as nvidia.com/gpu; a MIG node (mixed strategy) has none
+        tags["k8s.io/cluster-autoscaler/node-template/resources/nvidia.com/gpu"] = "0"
     else:
         tags["k8s.io/cluster-autoscaler/node-template/resources/nvidia.com/gpu"] = str(pool.gpus_per_node)
     return tags
@@ -84,6 +93,8 @@ class GpuNodePoolArgs:
     subnet_ids: pulumi.Input[list[str]]
     root_volume_gb: int = 100  # OS and images; weights live on the instance-store NVMe where there is one
     tags: dict[str, str] | None = None
+    # the pool's minimum on the clock (topology.node_schedule): Auto Scaling scheduled actions on its group
+    minimums: tuple[NodeMinimum, ...] = ()
 
 
 class GpuNodePool(pulumi.ComponentResource):
@@ -137,5 +148,45 @@ class GpuNodePool(pulumi.ComponentResource):
             # the node autoscaler owns the current size; Pulumi owns the bounds
             opts=child(self, ignore_changes=["scalingConfig.desiredSize"]),
         )
+        # Managed-node-group tags stay on the EKS node group: the autoscaler reads its discovery and
+        # scale-from-zero tags from the Auto Scaling group, so they are written there, one Tag each.
+        self.asg_name = group.resources.apply(lambda rs: rs[0].autoscaling_groups[0].name)
+        cluster = pulumi.Output.from_input(args.cluster_name)
+        asg_tags: dict[str, pulumi.Input[str]] = {**autoscaler_tags(pool), "k8s.io/cluster-autoscaler/enabled": "true"}
+        for key, value in sorted(asg_tags.items()):
+            autoscaling.Tag(
+                f"{name}-asg-tag-{key.removeprefix('k8s.io/cluster-autoscaler/').replace('/', '_')}",
+                autoscaling_group_name=self.asg_name,
+                region=pool.region,
+                tag={"key": key, "value": value, "propagate_at_launch": False},
+                opts=child(self),
+            )
+        autoscaling.Tag(
+            f"{name}-asg-tag-cluster",
+            autoscaling_group_name=self.asg_name,
+            region=pool.region,
+            tag={"key": cluster.apply(lambda c: f"k8s.io/cluster-autoscaler/{c}"), "value": "owned",
+                 "propagate_at_launch": False},
+            opts=child(self),
+        )
+        # Node capacity on the clock: raise the group's minimum ahead of each floor window, lower it after.
+        # Only the minimum changes (-1 keeps max and desired: the autoscaler owns desired; the group raises
+        # desired to a higher minimum by itself).
+        for m in args.minimums:
+            if m.pool != pool.name:
+                raise ValueError(f"node minimum for pool {m.pool!r} given to pool {pool.name!r}")
+            autoscaling.Schedule(
+                f"{name}-min-{m.minute_of_week}",
+                scheduled_action_name=f"{pool.name}-min-{m.min_nodes}-at-{m.minute_of_week}",
+                autoscaling_group_name=self.asg_name,
+                region=pool.region,
+                min_size=m.min_nodes,
+                max_size=-1,
+                desired_capacity=-1,
+                recurrence=weekly_cron(m.minute_of_week),
+                time_zone=m.timezone,
+                opts=child(self),
+            )
         self.node_group_name = group.node_group_name
-        self.register_outputs({"nodeGroupName": self.node_group_name, "launchTemplateId": template.id})
+        self.register_outputs({"nodeGroupName": self.node_group_name, "launchTemplateId": template.id,
+                               "autoScalingGroupName": self.asg_name})

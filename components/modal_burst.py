@@ -1,5 +1,7 @@
 """ModalBurst: one endpoint's Modal burst app, deployed from `pulumi up`.
 
+First the endpoint's Modal Volume is created and filled from the region-local weight cache (a Command
+running `python -m modal_apps.weights sync`, after the cache is seeded), then the app is deployed.
 Modal has no Pulumi provider, so the deploy is a `pulumi_command.local.Command` running
 `python -m modal_apps.deploy deploy` with the endpoint's burst config in LLM_SERVING_BURST_SPEC:
 
@@ -47,6 +49,8 @@ class ModalBurstArgs:
     """Hash of the app's sources (`code_sha256()`): a change redeploys."""
     token_env: Mapping[str, pulumi.Output[str]]
     """MODAL_TOKEN_ID/SECRET as secret outputs (`modal_token_env()`); empty: the modal client's own profile."""
+    weights_ready: tuple[pulumi.Resource, ...] = ()
+    """What must finish before the volume is filled: the seeding of the weight cache it reads from."""
 
 
 TOKEN_ID_KEY = "modalTokenId"
@@ -67,6 +71,10 @@ def code_sha256(root: Path = _ROOT) -> str:
     for rel in APP_SOURCES:
         h.update(rel.encode() + b"\0" + (root / rel).read_bytes())
     return h.hexdigest()
+
+
+def weights_code_sha256(root: Path = _ROOT) -> str:
+    return hashlib.sha256((root / "modal_apps/weights.py").read_bytes()).hexdigest()
 
 
 def default_python() -> str:
@@ -109,6 +117,7 @@ class ModalBurst(pulumi.ComponentResource):
     url: pulumi.Output[str]
     app_name: pulumi.Output[str]
     deployment: command.local.Command
+    weights: command.local.Command
 
     def __init__(self, name: str, args: ModalBurstArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__(f"{TYPE_PREFIX}:ModalBurst", name, None, opts)
@@ -121,6 +130,19 @@ class ModalBurst(pulumi.ComponentResource):
                 f"{name}: no Modal token in secret config ({TOKEN_ID_KEY}/{TOKEN_SECRET_KEY}) or the environment; "
                 "the modal client's own profile will be used", resource=self)
 
+        # The Volume is created (create_if_missing) and filled, checksummed against the prefix's SHA256SUMS,
+        # before the app that mounts it is deployed. No delete: the volume keeps its weights.
+        burst, engine = config.burst, config.engine
+        sync = f"{python} -m modal_apps.weights sync --no-progress --environment {shlex.quote(args.environment)}"
+        self.weights = command.local.Command(
+            f"{name}-weights",
+            create=sync,
+            update=sync,
+            triggers=[burst.volume_name, burst.weights_bucket, burst.weights_region, engine.weights_uri_suffix,
+                      weights_code_sha256()],
+            environment={ENV_SPEC: config.to_json(), **token},
+            opts=child(self, depends_on=list(args.weights_ready)),
+        )
         self.deployment = command.local.Command(
             f"{name}-deploy",
             create=deploy,
@@ -129,7 +151,7 @@ class ModalBurst(pulumi.ComponentResource):
             triggers=[config.sha256(), args.code_sha256],
             environment={ENV_SPEC: config.to_json(), **token},
             add_previous_output_in_env=True,  # the deploy reads the previous record to stop a renamed app
-            opts=child(self, delete_before_replace=True),
+            opts=child(self, delete_before_replace=True, depends_on=[self.weights]),
         )
         record = self.deployment.stdout.apply(parse_record)
         self.url = record.apply(lambda r: (r.web_url or "") if r else "")

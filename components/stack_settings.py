@@ -8,12 +8,14 @@ they come from `pulumi config set --secret` and are passed through as Pulumi sec
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from topology.loading import InputError, format_validation_error
 from topology.names import check_label_key, check_label_value
+from topology.spec import TopologySpec, WeightCacheSpec
 
 DEFAULT_PROMETHEUS_URL = "http://kube-prometheus-stack-prometheus.monitoring.svc.cluster.local:9090"
 
@@ -62,6 +64,38 @@ class ClusterSettings(_Settings):
         return self
 
 
+class WeightReplicationSettings(_Settings):
+    """`llm-serving:weightReplication`: which stack owns the source bucket's one replication configuration.
+
+    S3 keeps one replication configuration per bucket; stacks sharing a source bucket would overwrite each
+    other's rules (and `destroy` of one would delete them all). Exactly one stack, `ownerStack`, declares it,
+    with a rule for every weight cache of every stack in `destinationStacks` (planned from their stack files).
+    """
+
+    owner_stack: str = Field(min_length=1, alias="ownerStack", description="The stack that declares the replication configuration.")
+    destination_stacks: tuple[str, ...] = Field(
+        (), alias="destinationStacks",
+        description="Owner only: stacks (stacks/Pulumi.<name>.yaml) whose weight caches get a replication rule.",
+    )
+
+
+class S3EndpointSettings(_Settings):
+    """`llm-serving:s3GatewayEndpoint`: reuse the VPC's S3 gateway endpoint, or create one only when told.
+
+    A route table carries the S3 prefix list to one gateway endpoint only: a second endpoint on the same
+    route tables (another stack's, or the platform's) is refused by AWS.
+    """
+
+    existing_id: str | None = Field(None, alias="existingId", pattern=r"^vpce-[0-9a-f]+$", description="The VPC's S3 gateway endpoint.")
+    create: bool = Field(False, description="Create one on all the VPC's route tables (only when the VPC has none).")
+
+    @model_validator(mode="after")
+    def _one(self) -> "S3EndpointSettings":
+        if (self.existing_id is None) == (not self.create):
+            raise ValueError("set exactly one of existingId (reuse the VPC's endpoint) or create: true")
+        return self
+
+
 class StackSettings(_Settings):
     cluster: ClusterSettings = Field(description="`llm-serving:cluster`.")
     namespace: str = Field(
@@ -76,6 +110,26 @@ class StackSettings(_Settings):
         default_factory=lambda: {"release": "kube-prometheus-stack"}, alias="monitorLabels",
         description="`llm-serving:monitorLabels`: labels the Prometheus operator selects PodMonitors by.",
     )
+    weight_replication: WeightReplicationSettings | None = Field(
+        None, alias="weightReplication",
+        description="`llm-serving:weightReplication`: the owner of the source bucket's replication (None: this stack, alone).",
+    )
+    s3_gateway_endpoint: S3EndpointSettings | None = Field(
+        None, alias="s3GatewayEndpoint",
+        description="`llm-serving:s3GatewayEndpoint`: reuse or create the VPC's S3 gateway endpoint (None: neither).",
+    )
+    monitoring: Literal["install", "platform"] | None = Field(
+        None,
+        description="`llm-serving:monitoring`: 'install' kube-prometheus-stack (default when the stack creates the "
+        "cluster) or 'platform' provides the Prometheus Operator and Prometheus (default for an existing cluster).",
+    )
+
+    @property
+    def installs_monitoring(self) -> bool:
+        return (self.monitoring or ("install" if self.cluster.mode == "create" else "platform")) == "install"
+
+    def owns_replication(self, stack: str) -> bool:
+        return self.weight_replication is None or self.weight_replication.owner_stack == stack
 
     @field_validator("monitor_labels")
     @classmethod
@@ -87,7 +141,8 @@ class StackSettings(_Settings):
 
 
 def stack_settings(config: Mapping[str, Any], source: str) -> StackSettings:
-    """Settings from the non-input config keys (`cluster`, `namespace`, `prometheusUrl`, `monitorLabels`)."""
+    """Settings from the non-input config keys (`cluster`, `namespace`, `prometheusUrl`, `monitorLabels`,
+    `weightReplication`, `s3GatewayEndpoint`, `monitoring`)."""
     if config.get("cluster") is None:
         raise InputError(
             f"{source}: missing config key 'cluster'; set it to {{mode: existing, name, nodeRoleArn, subnetIds}} "
@@ -98,3 +153,29 @@ def stack_settings(config: Mapping[str, Any], source: str) -> StackSettings:
         return StackSettings.model_validate(body)
     except ValidationError as e:
         raise InputError(format_validation_error(e, source)) from None
+
+
+def replication_destinations(settings: StackSettings, stack: str, spec: TopologySpec, project_root: Path) -> tuple[WeightCacheSpec, ...]:
+    """The weight caches the owner's replication configuration serves: its own, and those of every stack in
+    `destinationStacks`, planned from their stack files (same source bucket only; each bucket once)."""
+    import yaml
+
+    from topology.loading import inputs_from_document
+    from topology.plan import plan
+
+    caches = {c.bucket_name: c for c in spec.weight_caches}
+    wr = settings.weight_replication
+    for other in (wr.destination_stacks if wr else ()):
+        if other == stack:
+            continue
+        path = project_root / "stacks" / f"Pulumi.{other}.yaml"
+        if not path.exists():
+            raise InputError(f"llm-serving:weightReplication.destinationStacks names {other!r}, but {path} does not exist")
+        doc = (yaml.safe_load(path.read_text()) or {}).get("config", {})
+        key = next((k for k in doc if k.endswith(":inputs")), None)
+        if key is None:
+            raise InputError(f"{path}: no '<project>:inputs' key to plan the weight caches of stack {other!r}")
+        for c in plan(inputs_from_document(doc[key], f"{path} {key}", project_root)).weight_caches:
+            if c.source_bucket == spec.weight_caches[0].source_bucket:
+                caches.setdefault(c.bucket_name, c)
+    return tuple(caches[b] for b in sorted(caches))

@@ -1,8 +1,9 @@
 """WeightCache: one region's copy of the served weights — the only place serving pods load from.
 
 A private, versioned, encrypted S3 bucket (protected against deletion by default: re-filling 70B of
-weights across regions is an outage, not a redeploy), an S3 gateway endpoint so pods pull over the
-VPC rather than NAT, and per endpoint a read-only role, bound to the endpoint's service account by EKS
+weights across regions is an outage, not a redeploy), the VPC's S3 gateway endpoint so pods pull over
+the VPC rather than NAT (reused by id; created only when told, since a route table carries the S3 prefix
+list to one gateway endpoint and stacks sharing a VPC would collide), and per endpoint a read-only role, bound to the endpoint's service account by EKS
 Pod Identity, that can read exactly its model's prefix. Replication into the bucket is declared by
 WeightReplication (a source bucket has a single replication configuration for all regions).
 """
@@ -70,6 +71,9 @@ class WeightCacheArgs:
     cluster_region: str | None = None
     readers: Sequence[WeightReader] = field(default=())
     tags: dict[str, str] | None = None
+    # The VPC's S3 gateway endpoint: reuse its id, or create one only when told (a route table takes one).
+    s3_endpoint_id: str | None = None
+    create_s3_endpoint: bool = False
 
 
 class WeightCache(pulumi.ComponentResource):
@@ -105,7 +109,7 @@ class WeightCache(pulumi.ComponentResource):
             versioning_configuration={"status": "Enabled"},  # replication requires it; keeps overwritten revisions
             opts=child(self),
         )
-        s3.BucketServerSideEncryptionConfiguration(
+        encryption = s3.BucketServerSideEncryptionConfiguration(
             f"{name}-encryption",
             bucket=bucket.bucket,
             region=c.region,
@@ -123,16 +127,23 @@ class WeightCache(pulumi.ComponentResource):
             restrict_public_buckets=True,
             opts=child(self),
         )
-        s3.BucketPolicy(
+        tls_only = s3.BucketPolicy(
             f"{name}-tls-only",
             bucket=bucket.bucket,
             region=c.region,
             policy=tls_only_policy(c.bucket_name),
             opts=child(self, depends_on=[block]),
         )
-        if c.vpc_id is not None:
+        self.s3_endpoint_id: pulumi.Output[str] | None = (
+            pulumi.Output.from_input(args.s3_endpoint_id) if args.s3_endpoint_id else None
+        )
+        if c.vpc_id is not None and not args.create_s3_endpoint and args.s3_endpoint_id is None:
+            pulumi.log.warn(
+                f"{name}: no S3 gateway endpoint for {c.vpc_id} is named (llm-serving:s3GatewayEndpoint); weight pulls "
+                "go through NAT unless the VPC has one", resource=self)
+        if c.vpc_id is not None and args.create_s3_endpoint:
             route_tables = ec2.get_route_tables_output(vpc_id=c.vpc_id, region=c.region)
-            ec2.VpcEndpoint(
+            endpoint = ec2.VpcEndpoint(
                 f"{name}-s3-gateway-endpoint",
                 vpc_id=c.vpc_id,
                 region=c.region,
@@ -142,6 +153,7 @@ class WeightCache(pulumi.ComponentResource):
                 tags=tags,
                 opts=child(self),
             )
+            self.s3_endpoint_id = endpoint.id
 
         self.reader_role_arns = {}
         self.pod_identity = {}
@@ -174,6 +186,8 @@ class WeightCache(pulumi.ComponentResource):
 
         self.bucket_name = bucket.bucket
         self.bucket_arn = bucket.arn
+        # the bucket ready to be written (what the weight seed waits for; not the readers, which need the cluster)
+        self.storage: list[pulumi.Resource] = [bucket, self.versioning, encryption, block, tls_only]
         self.uris = {p: c.uri(p) for p in c.model_prefixes}
         self.register_outputs({
             "bucketName": self.bucket_name,

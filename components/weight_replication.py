@@ -1,10 +1,9 @@
 """WeightReplication: the source-of-truth bucket replicates each model prefix into every regional cache.
 
-S3 keeps exactly one replication configuration per source bucket, so the rules for all regions live in
-one resource here rather than in each WeightCache (two would overwrite each other). Replication copies
-new writes only: weights already in the source when this is first applied need a one-off S3 Batch
-Replication job (`aws s3control create-job` with a generated manifest, or "Replicate existing objects"
-in the console). The source bucket must have versioning on — it lives outside this stack, so that is a
+S3 keeps exactly one replication configuration per source bucket, so the rules for all regions — and for
+every stack sharing the source bucket — live in one resource, declared by one stack only (the setting
+`llm-serving:weightReplication.ownerStack`; the others declare none). Replication copies
+new writes only: the weights already in the source are copied by the WeightSeed step (components/weight_seed.py). The source bucket must have versioning on — it lives outside this stack, so that is a
 prerequisite, not something declared here.
 """
 
@@ -46,12 +45,13 @@ def replication_policy(source_bucket: str, caches: Sequence[WeightCacheSpec]) ->
 
 
 def replication_rules(caches: Sequence[WeightCacheSpec]) -> list[dict]:
-    """One rule per (region, model prefix); the filter keeps other data in the source bucket where it is."""
+    """One rule per (destination bucket, model prefix); the filter keeps other data in the source bucket where
+    it is. Ids name the bucket, not the region: several stacks' caches may share a region."""
     rules = []
-    for cache in sorted(caches, key=lambda c: c.region):
+    for cache in sorted(caches, key=lambda c: c.bucket_name):
         for prefix in sorted(cache.model_prefixes):
             rules.append({
-                "id": f"{cache.region}:{prefix}"[:255],
+                "id": f"{cache.bucket_name}:{prefix}"[:255],
                 "priority": len(rules) + 1,
                 "status": "Enabled",
                 "filter": {"prefix": prefix},

@@ -158,6 +158,8 @@ class ServingMocks(pulumi_mocks.Mocks):
             state.update(latestVersion=1, arn=f"arn:aws:ec2:{region}:{MOCK_ACCOUNT}:launch-template/{rid}")
         elif t == "aws:eks/nodeGroup:NodeGroup":
             state.setdefault("nodeGroupName", n)
+            # EKS names the node group's Auto Scaling group eks-<node group>-<uuid>
+            state.setdefault("resources", [{"autoscalingGroups": [{"name": f"eks-{state['nodeGroupName']}-{rid[-8:]}"}]}])
         elif t.startswith("aws:"):
             state.setdefault("arn", f"arn:aws:{t.split(':')[1].split('/')[0]}:{region}:{MOCK_ACCOUNT}:{rid}")
         return rid, state

@@ -281,7 +281,7 @@ def test_program_loads_only_the_pulumi_aws_submodules_it_uses():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     service_modules = set(r.stdout.split()) - {"arn_build", "arn_parse", "outputs", "provider", "trim_iam_role_path", "user_agent"}
-    assert service_modules == {"ec2", "eks", "iam", "s3"}
+    assert service_modules == {"autoscaling", "ec2", "eks", "iam", "s3"}  # autoscaling: node-template tags and scheduled actions on the groups
 
 
 # ── a canary revision: its own track, same flags, outside the stable autoscaling signal ─────────

@@ -108,7 +108,7 @@ def deploy_assist(endpoint):
 def test_records_a_deploy_command_with_update_and_secret_token(prod_assist):
     monitor, out = run_program(deploy_assist(prod_assist), SECRET_CONFIG, list(SECRET_CONFIG))
     (component,) = monitor.find("serving:components:ModalBurst")
-    (cmd,) = monitor.find("command:local:Command")
+    (cmd,) = [c for c in monitor.find("command:local:Command") if c.name.endswith("-deploy")]
     assert cmd.name == "assist-burst-deploy"
     assert cmd.parent == monitor.make_urn(component.parent, component.type, component.name)
     inputs = json_format.MessageToDict(cmd.object)
@@ -136,7 +136,7 @@ def test_token_from_the_environment_is_a_secret_too(prod_assist, monkeypatch):
     monkeypatch.setenv("MODAL_TOKEN_ID", "ak-env")
     monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-env")
     monitor, _ = run_program(deploy_assist(prod_assist))
-    (cmd,) = monitor.find("command:local:Command")
+    (cmd,) = [c for c in monitor.find("command:local:Command") if c.name.endswith("-deploy")]
     inputs = json_format.MessageToDict(cmd.object)
     env = unwrap(inputs["environment"])
     assert (unwrap(env["MODAL_TOKEN_ID"]), unwrap(env["MODAL_TOKEN_SECRET"])) == ("ak-env", "as-env")
@@ -157,7 +157,7 @@ def test_half_a_token_is_refused(prod_assist, monkeypatch):
 
 def test_without_a_token_the_command_carries_none(prod_assist):
     monitor, out = run_program(deploy_assist(prod_assist))
-    (cmd,) = monitor.find("command:local:Command")
+    (cmd,) = [c for c in monitor.find("command:local:Command") if c.name.endswith("-deploy")]
     env = json_format.MessageToDict(cmd.object)["environment"]
     assert SECRET_SIG not in env, "nothing secret to hide: the spec stays readable in diffs"
     assert set(env) == {ENV_SPEC}
@@ -183,7 +183,7 @@ def test_each_burst_endpoint_of_each_stack_gets_its_own_app(stack):
         return outs
 
     monitor, out = run_program(program)
-    commands = monitor.find("command:local:Command")
+    commands = [c for c in monitor.find("command:local:Command") if c.name.endswith("-deploy")]
     assert sorted(c.name for c in commands) == sorted(f"{e.name}-burst-deploy" for e in endpoints)
     assert out == {e.name: e.burst.app_name for e in endpoints}
     assert len({json_format.MessageToDict(c.object)["triggers"][0] for c in commands}) == len(endpoints)

@@ -172,6 +172,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return cli_main(args)
 
 
+def _cmd_preflight(args: argparse.Namespace) -> int:
+    # talks to AWS, Kubernetes and Modal: it lives outside topology/, which stays pure
+    from ops.preflight import cli_main
+
+    return cli_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m topology", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -215,6 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("--save-results", default=None, help="also save the query results as JSON (replay with --from-file)")
     pc.add_argument("--out", required=True, help="where to write the calibrated inputs document (YAML)")
     pc.set_defaults(func=_cmd_calibrate)
+
+    pf = sub.add_parser("preflight", help="read-only checks of what `pulumi up` assumes (AWS, cluster, weights, Modal, Secrets)")
+    pf.add_argument("stack", help="stacks/Pulumi.<env>.yaml or the stack name")
+    pf.set_defaults(func=_cmd_preflight)
     return p
 
 

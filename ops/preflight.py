@@ -1,0 +1,400 @@
+"""`python -m topology preflight STACK`: check, read-only, what `pulumi up` assumes and cannot fix itself.
+
+Each check reads only (STS, EKS, S3, EC2 describe calls; `kubectl get`; Modal environment listing) and says,
+when it fails, what is missing and the command that fixes it. Exit status 0: `up` can proceed; 1: a
+blocking check failed; 2: the stack file itself is wrong. Warnings (what cannot be verified before a
+deploy) never block.
+
+The AWS, Kubernetes and Modal clients are injected (`Clients`), so tests run the same checks against moto
+(AWS) and fakes (Kubernetes, Modal).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+import yaml
+
+from topology.spec import TopologySpec
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+MONITORING_CRDS = ("podmonitors.monitoring.coreos.com", "prometheusrules.monitoring.coreos.com")
+MODAL_AUTH_SECRET = "modal-proxy-auth"
+MODAL_AUTH_KEYS = ("modal-key", "modal-secret")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str | None = None
+    blocking: bool = True
+
+    def line(self) -> str:
+        mark = "ok  " if self.ok else ("FAIL" if self.blocking else "warn")
+        text = f"[{mark}] {self.name}: {self.detail}"
+        if not self.ok and self.fix:
+            text += f"\n       fix: {self.fix}"
+        return text
+
+
+class KubeClient(Protocol):
+    def crd_names(self) -> set[str]: ...
+    def secret_keys(self, namespace: str, name: str) -> set[str] | None: ...  # None: no such Secret
+    def service_ready(self, namespace: str, service: str, port: int, path: str) -> bool: ...
+
+
+class ModalClient(Protocol):
+    def environments(self) -> list[str]: ...  # raises ModalAuthError when the token is missing or refused
+    def gpu_snapshots_enabled(self) -> bool | None: ...  # None: cannot be known before a deploy
+
+
+class ModalAuthError(Exception):
+    pass
+
+
+@dataclass
+class Clients:
+    aws: Callable[[str, str | None], Any]  # (service, region) -> boto3 client
+    kube: KubeClient
+    modal: ModalClient
+
+
+@dataclass
+class StackUnderCheck:
+    name: str
+    config: dict[str, Any]
+    spec: TopologySpec
+    settings: Any  # components.stack_settings.StackSettings
+
+    @property
+    def aws_region(self) -> str | None:
+        return self.config.get("aws:region")
+
+
+def load_stack(stack_file: Path) -> StackUnderCheck:
+    from components.stack_settings import stack_settings
+    from topology.loading import InputError, inputs_from_document
+    from topology.plan import plan
+
+    doc = yaml.safe_load(Path(stack_file).read_text())
+    if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
+        raise InputError(f"{stack_file}: not a Pulumi stack file (no top-level 'config' mapping)")
+    config = doc["config"]
+    project = next((k.split(":")[0] for k in config if k.endswith(":inputs")), None)
+    if project is None:
+        raise InputError(f"{stack_file}: no '<project>:inputs' key")
+    spec = plan(inputs_from_document(config[f"{project}:inputs"], f"{stack_file} {project}:inputs", PROJECT_ROOT))
+    keys = ("cluster", "namespace", "prometheusUrl", "monitorLabels", "weightReplication", "s3GatewayEndpoint", "monitoring")
+    settings = stack_settings({k: config.get(f"{project}:{k}") for k in keys}, f"{stack_file}")
+    name = Path(stack_file).name.removeprefix("Pulumi.").removesuffix(".yaml")
+    return StackUnderCheck(name, config, spec, settings)
+
+
+# --- the checks --------------------------------------------------------------------------------------
+
+
+def _aws_error(e: Exception) -> str:
+    code = getattr(e, "response", {}).get("Error", {}).get("Code") if hasattr(e, "response") else None
+    return f"{code}: {e}" if code else str(e)
+
+
+def check_aws(st: StackUnderCheck, c: Clients) -> list[Check]:
+    out = []
+    region = st.aws_region
+    want = st.spec.cluster_region
+    if region is None:
+        out.append(Check("aws region", False, "the stack sets no aws:region (the AWS provider refuses to configure)",
+                         f"pulumi config set aws:region {want} -s {st.name}"))
+    elif region != want:
+        out.append(Check("aws region", False, f"aws:region is {region}, the inputs' cluster_region is {want}",
+                         f"pulumi config set aws:region {want} -s {st.name}"))
+    else:
+        out.append(Check("aws region", True, region))
+    try:
+        who = c.aws("sts", want).get_caller_identity()
+        out.append(Check("aws credentials", True, f"account {who['Account']} as {who['Arn']}"))
+    except Exception as e:  # noqa: BLE001 - any failure here means: no usable credentials
+        out.append(Check("aws credentials", False, f"no usable AWS credentials ({_aws_error(e)})",
+                         "aws sso login (or export AWS_PROFILE / AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"))
+    return out
+
+
+def check_cluster(st: StackUnderCheck, c: Clients) -> list[Check]:
+    s, region = st.settings.cluster, st.spec.cluster_region
+    eks = c.aws("eks", region)
+    if s.mode == "create":
+        try:
+            eks.describe_cluster(name=s.name)
+            return [Check("cluster", False, f"mode create, but an EKS cluster {s.name} already exists in {region}",
+                          f"pick another llm-serving:cluster.name, or use it: llm-serving:cluster.mode existing")]
+        except eks.exceptions.ResourceNotFoundException:
+            return [Check("cluster", True, f"{s.name} will be created (with the eks-pod-identity-agent add-on)")]
+    name = s.name
+    if name is None:
+        return [Check("cluster", True, "name comes from the stack reference (checked by `pulumi up`)", blocking=False)]
+    out = []
+    try:
+        cl = eks.describe_cluster(name=name)["cluster"]
+    except eks.exceptions.ResourceNotFoundException:
+        return [Check("cluster", False, f"no EKS cluster {name} in {region}",
+                      f"check llm-serving:cluster.name, or create it: llm-serving:cluster.mode create")]
+    status, version = cl.get("status"), cl.get("version")
+    out.append(Check("cluster", status == "ACTIVE", f"{name}: {status}, Kubernetes {version}",
+                     f"wait until `aws eks describe-cluster --name {name} --region {region}` says ACTIVE"))
+    out.append(Check("kubernetes version", version == s.kubernetes_version,
+                     f"cluster runs {version}; the stack pins {s.kubernetes_version} (Cluster Autoscaler's image follows it)",
+                     f"pulumi config set --path 'cluster.kubernetesVersion' {version} -s {st.name}"))
+    try:
+        addon = eks.describe_addon(clusterName=name, addonName="eks-pod-identity-agent")["addon"]
+        out.append(Check("pod identity agent", addon.get("status") == "ACTIVE",
+                         f"eks-pod-identity-agent {addon.get('addonVersion')}: {addon.get('status')}",
+                         f"aws eks describe-addon --cluster-name {name} --addon-name eks-pod-identity-agent --region {region}"))
+    except eks.exceptions.ResourceNotFoundException:
+        out.append(Check("pod identity agent", False,
+                         "the eks-pod-identity-agent add-on is not installed: weight readers and the node autoscaler get no AWS credentials",
+                         f"aws eks create-addon --cluster-name {name} --addon-name eks-pod-identity-agent --region {region}"))
+    return out
+
+
+def check_monitoring(st: StackUnderCheck, c: Clients) -> list[Check]:
+    if st.settings.installs_monitoring:
+        return [Check("prometheus operator", True, "installed by this stack (kube-prometheus-stack)")]
+    out = []
+    missing = [n for n in MONITORING_CRDS if n not in c.kube.crd_names()]
+    out.append(Check("prometheus operator CRDs", not missing,
+                     f"missing {missing}" if missing else "PodMonitor and PrometheusRule defined",
+                     "helm install kube-prometheus-stack prometheus-community/kube-prometheus-stack --version 88.5.3 "
+                     f"-n monitoring --create-namespace (or llm-serving:monitoring install)"))
+    url = urlparse(st.settings.prometheus_url)
+    parts = (url.hostname or "").split(".")
+    if len(parts) >= 3 and parts[2] == "svc":
+        svc, ns, port = parts[0], parts[1], url.port or 80
+        ready = c.kube.service_ready(ns, svc, port, "/-/ready")
+        out.append(Check("prometheus url", ready, f"{st.settings.prometheus_url} {'answers' if ready else 'does not answer'} /-/ready",
+                         f"kubectl -n {ns} get svc {svc}; set llm-serving:prometheusUrl to the Prometheus KEDA should query"))
+    else:
+        out.append(Check("prometheus url", False, f"{st.settings.prometheus_url} is not an in-cluster Service address; "
+                         "preflight cannot reach it", "check it from a pod in the cluster", blocking=False))
+    return out
+
+
+def _manifest(s3, bucket: str, prefix: str) -> str | None:
+    try:
+        return s3.get_object(Bucket=bucket, Key=prefix + "SHA256SUMS")["Body"].read().decode()
+    except s3.exceptions.NoSuchKey:
+        return None
+
+
+def check_weights(st: StackUnderCheck, c: Clients) -> list[Check]:
+    if not st.spec.weight_caches:
+        return []
+    out = []
+    source, region = st.spec.weight_caches[0].source_bucket, st.spec.weight_caches[0].source_region
+    s3 = c.aws("s3", region)
+    try:
+        s3.head_bucket(Bucket=source)
+        versioning = s3.get_bucket_versioning(Bucket=source).get("Status")
+    except Exception as e:  # noqa: BLE001
+        return [Check("source bucket", False, f"s3://{source} cannot be read ({_aws_error(e)})",
+                      f"aws s3 ls s3://{source}/ --region {region}  (name and credentials)")]
+    out.append(Check("source bucket", versioning == "Enabled", f"s3://{source}, versioning {versioning or 'off'}",
+                     f"aws s3api put-bucket-versioning --bucket {source} --versioning-configuration Status=Enabled "
+                     "(replication needs it)"))
+    for e in st.spec.endpoints:
+        prefix = e.engine.weights_uri_suffix
+        text = _manifest(s3, source, prefix)
+        if text is None:
+            out.append(Check(f"weights {e.name}", False, f"no SHA256SUMS under s3://{source}/{prefix}",
+                             f"(cd <weights dir> && find . -type f ! -name SHA256SUMS -printf '%P\\n' | sort | xargs sha256sum > SHA256SUMS) "
+                             f"&& aws s3 cp SHA256SUMS s3://{source}/{prefix}SHA256SUMS"))
+            continue
+        files = [line.partition("  ")[2] for line in text.splitlines() if line.strip()]
+        out.append(Check(f"weights {e.name}", True, f"{e.model_name}@{e.model_revision[:8]}: SHA256SUMS lists {len(files)} files"))
+        lora = e.engine.lora
+        if lora is not None and lora.enable_lora:
+            adapters = {f.split("/")[1] for f in files if f.startswith(lora.adapters_subdir + "/") and f.count("/") >= 2}
+            out.append(Check(f"adapters {e.name}", bool(adapters),
+                             f"{len(adapters)} adapter folders under {lora.adapters_subdir}/ in SHA256SUMS",
+                             f"publish the adapters under s3://{source}/{prefix}{lora.adapters_subdir}/<name>/ and list them in SHA256SUMS"))
+    # the owner's replication rules name other stacks' caches: S3 refuses a rule whose bucket does not exist
+    if st.settings.weight_replication and st.settings.owns_replication(st.name):
+        from components.stack_settings import replication_destinations
+
+        own = {w.bucket_name for w in st.spec.weight_caches}
+        for cache in replication_destinations(st.settings, st.name, st.spec, PROJECT_ROOT):
+            if cache.bucket_name in own:
+                continue
+            try:
+                c.aws("s3", cache.region).head_bucket(Bucket=cache.bucket_name)
+                out.append(Check(f"replication destination {cache.bucket_name}", True, "exists"))
+            except Exception:  # noqa: BLE001
+                out.append(Check(f"replication destination {cache.bucket_name}", False,
+                                 "another stack's weight cache, named in this stack's replication rules, does not exist yet",
+                                 "pulumi up on that stack first (or drop it from llm-serving:weightReplication.destinationStacks)"))
+    ep = st.settings.s3_gateway_endpoint
+    if ep is not None and ep.existing_id:
+        cache = st.spec.weight_caches[0]
+        try:
+            found = c.aws("ec2", cache.region).describe_vpc_endpoints(VpcEndpointIds=[ep.existing_id])["VpcEndpoints"]
+        except Exception:  # noqa: BLE001
+            found = []
+        good = [v for v in found if v.get("VpcId") == cache.vpc_id and v.get("ServiceName", "").endswith(".s3")]
+        out.append(Check("s3 gateway endpoint", bool(good), f"{ep.existing_id} {'is' if good else 'is not'} an S3 endpoint of {cache.vpc_id}",
+                         f"aws ec2 describe-vpc-endpoints --filters Name=vpc-id,Values={cache.vpc_id} --region {cache.region}; "
+                         "set llm-serving:s3GatewayEndpoint.existingId to its id"))
+    return out
+
+
+def check_modal(st: StackUnderCheck, c: Clients) -> list[Check]:
+    bursts = [e.burst for e in st.spec.endpoints if e.burst is not None]
+    if not bursts:
+        return []
+    out = []
+    try:
+        envs = c.modal.environments()
+    except ModalAuthError as e:
+        return [Check("modal token", False, f"no usable Modal token ({e})",
+                      f"modal token new, then pulumi config set --secret modalTokenId … / modalTokenSecret … -s {st.name}")]
+    out.append(Check("modal token", True, "accepted"))
+    env = st.spec.environment
+    out.append(Check("modal environment", env in envs, f"environment {env!r} {'exists' if env in envs else 'is missing'}",
+                     f"modal environment create {env}"))
+    if any(b.enable_gpu_snapshot for b in bursts):
+        enabled = c.modal.gpu_snapshots_enabled()
+        if enabled is None:
+            out.append(Check("gpu snapshots", False, "GPU memory snapshots (alpha) cannot be verified before a deploy",
+                             "confirm the workspace has GPU snapshots, or set serverless.gpu_snapshots: false", blocking=False))
+        else:
+            out.append(Check("gpu snapshots", enabled, "enabled for the workspace" if enabled else "not enabled for the workspace",
+                             "ask Modal to enable GPU snapshots for the workspace, or set serverless.gpu_snapshots: false"))
+    return out
+
+
+def required_secrets(spec: TopologySpec) -> dict[str, set[str]]:
+    """Secret name → keys the gateway reads (tenants' API keys and cache salts; the Modal proxy auth)."""
+    out: dict[str, set[str]] = {}
+    for e in spec.endpoints:
+        if e.tier == "managed_api":
+            continue
+        keys = {t.api_key_secret_key for t in e.gateway.tenants} | {
+            t.cache_salt_secret_key for t in e.gateway.tenants if t.cache_salt_secret_key}
+        if keys:
+            out[f"{e.name}-gateway-tenants"] = keys
+    if any(e.burst is not None and e.tier != "managed_api" for e in spec.endpoints):
+        out[MODAL_AUTH_SECRET] = set(MODAL_AUTH_KEYS)
+    return out
+
+
+def check_secrets(st: StackUnderCheck, c: Clients) -> list[Check]:
+    ns = st.settings.namespace
+    out = []
+    for name, keys in sorted(required_secrets(st.spec).items()):
+        have = c.kube.secret_keys(ns, name)
+        missing = sorted(keys - (have or set()))
+        literals = " ".join(f"--from-literal={k}=…" for k in missing)
+        out.append(Check(f"secret {name}", not missing,
+                         "present" if not missing else (f"missing keys {missing}" if have is not None else f"no Secret {ns}/{name}"),
+                         f"kubectl -n {ns} create secret generic {name} {literals}" if have is None else
+                         f"kubectl -n {ns} patch secret {name} --type merge -p '{{\"stringData\": {{…{', '.join(missing)}…}}}}'"))
+    return out
+
+
+def run_checks(st: StackUnderCheck, clients: Clients) -> list[Check]:
+    checks = check_aws(st, clients)
+    if not checks[-1].ok:  # no credentials: the AWS checks below would all say the same
+        return checks
+    checks += check_cluster(st, clients)
+    cluster_usable = st.settings.cluster.mode == "existing" and all(
+        ch.ok for ch in checks if ch.name == "cluster")
+    if cluster_usable:
+        checks += check_monitoring(st, clients)
+        checks += check_secrets(st, clients)
+    elif st.settings.cluster.mode == "create" and required_secrets(st.spec):
+        ns = st.settings.namespace
+        checks.append(Check("gateway secrets", False, f"the cluster does not exist yet: once `pulumi up` has created it, "
+                            f"the gateway waits for {sorted(required_secrets(st.spec))} in {ns}",
+                            f"kubectl -n {ns} create secret generic <name> --from-literal=<key>=… (README, Deploying for real)",
+                            blocking=False))
+    checks += check_weights(st, clients)
+    checks += check_modal(st, clients)
+    return checks
+
+
+# --- the real clients ---------------------------------------------------------------------------------
+
+
+class KubectlClient:
+    """kubectl with the ambient kubeconfig (`aws eks update-kubeconfig --name CLUSTER` first); reads only."""
+
+    def _get(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["kubectl", *args], capture_output=True, text=True, timeout=60)
+
+    def crd_names(self) -> set[str]:
+        r = self._get("get", "crd", "-o", "jsonpath={.items[*].metadata.name}")
+        return set(r.stdout.split()) if r.returncode == 0 else set()
+
+    def secret_keys(self, namespace: str, name: str) -> set[str] | None:
+        r = self._get("-n", namespace, "get", "secret", name, "-o", "json")
+        if r.returncode != 0:
+            return None
+        return set((json.loads(r.stdout).get("data") or {}).keys())
+
+    def service_ready(self, namespace: str, service: str, port: int, path: str) -> bool:
+        return self._get("get", "--raw", f"/api/v1/namespaces/{namespace}/services/http:{service}:{port}/proxy{path}").returncode == 0
+
+
+class ModalSdkClient:
+    def environments(self) -> list[str]:
+        import modal
+
+        try:
+            return [e.name for e in modal.Environment.objects.list()]
+        except modal.exception.AuthError as e:
+            raise ModalAuthError(str(e)) from None
+
+    def gpu_snapshots_enabled(self) -> bool | None:
+        return None  # the client has no workspace-feature query; a deploy is the first to know
+
+
+def real_clients() -> Clients:
+    import boto3
+
+    return Clients(aws=lambda service, region: boto3.client(service, region_name=region),
+                   kube=KubectlClient(), modal=ModalSdkClient())
+
+
+def report(checks: Iterable[Check]) -> tuple[str, int]:
+    checks = list(checks)
+    lines = [ch.line() for ch in checks]
+    blocking = [ch for ch in checks if not ch.ok and ch.blocking]
+    lines.append(f"\n{len(checks)} checks, {len(blocking)} blocking failure(s): "
+                 + ("`pulumi up` can proceed" if not blocking else "fix them before `pulumi up`"))
+    return "\n".join(lines), 1 if blocking else 0
+
+
+def cli_main(args, clients: Clients | None = None) -> int:
+    """`python -m topology preflight STACK` (topology/cli.py dispatches here)."""
+    path = Path(args.stack)
+    if not path.exists() and (PROJECT_ROOT / "stacks" / f"Pulumi.{args.stack}.yaml").exists():
+        path = PROJECT_ROOT / "stacks" / f"Pulumi.{args.stack}.yaml"
+    st = load_stack(path)
+    text, status = report(run_checks(st, clients or real_clients()))
+    print(f"preflight {st.name} ({path}):\n{text}")
+    return status
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("stack")
+    sys.exit(cli_main(p.parse_args()))

@@ -1,0 +1,157 @@
+"""Nodes for clock-following floors and for queue scale-up (issue #11 item 2).
+
+- the planner's floor windows become each on-demand pool's minimum on the clock (Auto Scaling scheduled
+  actions on the group), raised the node cold start ahead of the pod window;
+- Cluster Autoscaler (official chart, pinned) finds the groups and, from the node-template tags written on
+  the groups themselves, can tell that an empty pool fits a pending floor pod — whole GPUs and MIG slices.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from components.node_autoscaler import CHART_REPO, CHART_VERSION
+from tests.pulumi_support import by_name, objects, recording
+from topology.loading import load_inputs
+from topology.node_schedule import pool_minimums, weekly_cron
+from topology.plan import plan
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CA = "k8s.io/cluster-autoscaler/"
+
+
+@pytest.fixture(scope="module")
+def prod_spec():
+    return plan(load_inputs(ROOT / "stacks" / "Pulumi.prod.yaml"))
+
+
+def test_guards_weekday_second_node_is_on_the_clock_ahead_of_its_pods(prod_spec):
+    """Hand-worked from the prod stack: guard's weekday window needs 14 replicas of 1g.10gb; the reserved pool
+    (1 node × 1 GPU × 7 slices) carries 7, so the on-demand pool needs 1 node; its minimum rises 6 minutes
+    (node cold start 360 s) before the pods' window and falls back to 0 when the window ends."""
+    guard = prod_spec.endpoint("guard")
+    windows = guard.floor.windows
+    assert len(windows) == 5 and all(w.replicas == 14 for w in windows)
+    minimums = pool_minimums(prod_spec)
+    assert set(minimums) == {"guard-on-demand"}  # assist and autocomplete follow no clock above their reserved nodes
+    got = [(m.minute_of_week, m.min_nodes) for m in minimums["guard-on-demand"]]
+    want = sorted([(w.start_minute_of_week - 6, 1) for w in windows] + [(w.end_minute_of_week, 0) for w in windows])
+    assert got == want
+    assert weekly_cron(windows[0].start_minute_of_week - 6) == "47 7 * * 1"  # Monday 07:47, New York time
+    assert {m.timezone for m in minimums["guard-on-demand"]} == {"America/New_York"}
+
+
+def test_a_window_wrapping_past_sunday_midnight_keeps_its_node_across_the_wrap(prod_spec):
+    guard = prod_spec.endpoint("guard")
+    w = guard.floor.windows[0].model_copy(update={"start_minute_of_week": 10_000, "end_minute_of_week": 60,
+                                                   "replicas": 20})
+    spec = prod_spec.model_copy(update={"endpoints": tuple(
+        e.model_copy(update={"floor": e.floor.model_copy(update={"windows": (w,)})}) if e.name == "guard" else e
+        for e in prod_spec.endpoints)})
+    # 20 replicas − 7 reserved = 13 → 2 on-demand nodes of 7 slices; Sunday 22:34 until Monday 01:00
+    assert [(m.minute_of_week, m.min_nodes) for m in pool_minimums(spec)["guard-on-demand"]] == [(60, 0), (9994, 2)]
+
+
+def test_scheduled_actions_change_only_the_groups_minimum():
+    rec = recording("prod")
+    schedules = rec.of_type("aws:autoscaling/schedule:Schedule")
+    assert len(schedules) == 10
+    groups = {r.inputs["nodeGroupName"]: r for r in rec.of_type("aws:eks/nodeGroup:NodeGroup")}
+    for s in schedules:
+        i = s.inputs
+        # -1 = unchanged; the provider's default is 0, which would empty the group at every action
+        assert i["maxSize"] == -1 and i["desiredCapacity"] == -1
+        assert i["autoscalingGroupName"].startswith("eks-guard-on-demand-")
+        assert 0 <= i["minSize"] <= groups["guard-on-demand"].inputs["scalingConfig"]["maxSize"]
+        assert i["timeZone"] == "America/New_York"
+
+
+def asg_templates(rec) -> dict[str, dict]:
+    """What Cluster Autoscaler reads from each group's tags: discovery, labels, taints, resources."""
+    groups: dict[str, dict] = {}
+    for t in rec.of_type("aws:autoscaling/tag:Tag"):
+        g = groups.setdefault(t.inputs["autoscalingGroupName"], {"tags": {}, "labels": {}, "taints": {}, "resources": {}})
+        key, value = t.inputs["tag"]["key"], t.inputs["tag"]["value"]
+        assert t.inputs["tag"]["propagateAtLaunch"] is False
+        g["tags"][key] = value
+        for kind in ("label", "taint", "resources"):
+            prefix = f"{CA}node-template/{kind}/"
+            if key.startswith(prefix):
+                g["labels" if kind == "label" else "taints" if kind == "taint" else "resources"][key[len(prefix):]] = value
+    return groups
+
+
+def fits(pod: dict, template: dict) -> bool:
+    """The scheduler's predicates CA simulates on a template node: selector, taints, extended resources."""
+    if any(template["labels"].get(k) != v for k, v in pod.get("nodeSelector", {}).items()):
+        return False
+    tolerated = {t["key"] for t in pod.get("tolerations", []) if t.get("operator") == "Exists"}
+    if any(k not in tolerated for k in template["taints"]):
+        return False
+    for c in pod["containers"]:
+        for res, qty in c.get("resources", {}).get("requests", {}).items():
+            if "/" in res and int(template["resources"].get(res, "0")) < int(qty):
+                return False
+    return True
+
+
+@pytest.mark.parametrize("stack", ["prod"])
+def test_every_pool_can_grow_from_zero_for_its_pods_whole_gpus_and_mig_slices(stack):
+    rec = recording(stack)
+    cluster = rec.outputs["clusterName"]
+    templates = asg_templates(rec)
+    node_groups = {r.inputs["nodeGroupName"]: r.inputs for r in rec.of_type("aws:eks/nodeGroup:NodeGroup")}
+    assert len(templates) == len(node_groups)
+    by_pool = {}
+    for asg, t in templates.items():
+        pool = asg.removeprefix("eks-").rsplit("-", 1)[0]
+        by_pool[pool] = t
+        ng = node_groups[pool]
+        # discovery by the chart's default tags
+        assert t["tags"][f"{CA}enabled"] == "true" and t["tags"][f"{CA}{cluster}"] == "owned"
+        # the template says what the group's nodes will really carry
+        assert t["labels"] == ng["labels"]
+        assert t["taints"] == {x["key"]: f"{x['value']}:NoSchedule" for x in ng["taints"] if x["effect"] == "NO_SCHEDULE"}
+    spec = rec.outputs["spec"]
+    pools = {p["name"]: p for p in spec["node_pools"]}
+    for name, p in pools.items():
+        res = by_pool[name]["resources"]
+        if p["mig_layout"]:
+            assert res == {**{f"nvidia.com/mig-{prof}": str(n * p["gpus_per_node"]) for prof, n in p["mig_layout"]["devices"].items()},
+                           "nvidia.com/gpu": "0"}
+        else:
+            assert res == {"nvidia.com/gpu": str(p["gpus_per_node"])}
+
+    deployments = by_name(objects(rec, "Deployment"))
+    for e in spec["endpoints"]:
+        if not e["node_pools"]:
+            continue
+        pod = deployments[f"{e['name']}-vllm"]["spec"]["template"]["spec"]
+        on_demand = [n for n in e["node_pools"] if pools[n]["capacity_type"] == "on_demand"]
+        assert on_demand and all(fits(pod, by_pool[n]) for n in on_demand), e["name"]
+        # and no other endpoint's pool would be chosen for it
+        assert not any(fits(pod, by_pool[n]) for n in pools if n not in e["node_pools"])
+
+
+def test_cluster_autoscaler_from_the_official_chart_with_its_own_pod_identity():
+    rec = recording("prod")
+    [release] = [r for r in rec.of_type("kubernetes:helm.sh/v3:Release") if r.inputs["chart"] == "cluster-autoscaler"]
+    i = release.inputs
+    assert (i["version"], i["repositoryOpts"]["repo"]) == (CHART_VERSION, CHART_REPO) == ("9.59.0", "https://kubernetes.github.io/autoscaler")
+    v = i["values"]
+    assert v["autoDiscovery"]["clusterName"] == rec.outputs["clusterName"]
+    assert v["awsRegion"] == "us-east-1" and v["cloudProvider"] == "aws"
+    assert v["rbac"]["serviceAccount"] == {"create": True, "name": "cluster-autoscaler"}
+    assert v["image"]["tag"].startswith("v1.33.")  # matches the cluster's minor version
+    [assoc] = [a for a in rec.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+               if a.inputs["serviceAccount"] == "cluster-autoscaler"]
+    assert assoc.inputs["namespace"] == "kube-system"
+    assert any(d.rsplit("::", 1)[1] == "node-autoscaler-pod-identity" for d in release.dependencies)
+    [policy] = [p for p in rec.of_type("aws:iam/rolePolicy:RolePolicy") if p.name == "node-autoscaler-policy"]
+    doc = json.loads(policy.inputs["policy"])
+    scale = next(s for s in doc["Statement"] if "autoscaling:SetDesiredCapacity" in s["Action"])
+    assert scale["Condition"] == {"StringEquals": {f"aws:ResourceTag/{CA}{rec.outputs['clusterName']}": "owned"}}

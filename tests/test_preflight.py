@@ -1,0 +1,245 @@
+"""`python -m topology preflight STACK` (issue #11 item 6) against moto (STS, S3, EKS, EC2 on 127.0.0.1) and fakes
+for the Kubernetes and Modal clients.
+
+moto's EKS has clusters but no add-on API: `describe_addon` is answered by a thin layer over moto's EKS
+client that raises the real client's ResourceNotFoundException for an add-on not installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from botocore.exceptions import ClientError
+
+from ops import preflight as P
+from tests.moto_support import aws_env, client, moto_endpoint  # noqa: F401 (fixtures)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class EksWithAddons:
+    def __init__(self, real, addons: dict[str, dict]):
+        self._real, self._addons = real, addons
+
+    def describe_addon(self, clusterName, addonName):  # noqa: N803 (boto3's names)
+        if addonName not in self._addons:
+            raise self._real.exceptions.ResourceNotFoundException(
+                {"Error": {"Code": "ResourceNotFoundException", "Message": f"No addon: {addonName}"}}, "DescribeAddon")
+        return {"addon": {"addonName": addonName, **self._addons[addonName]}}
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+class FakeKube:
+    def __init__(self, crds=(), secrets=None, ready=()):
+        self.crds, self.secrets, self.ready = set(crds), dict(secrets or {}), set(ready)
+
+    def crd_names(self):
+        return self.crds
+
+    def secret_keys(self, namespace, name):
+        return self.secrets.get((namespace, name))
+
+    def service_ready(self, namespace, service, port, path):
+        return (namespace, service, port, path) in self.ready
+
+
+class FakeModal:
+    def __init__(self, envs=("prod",), token_ok=True, snapshots=True):
+        self.envs, self.token_ok, self.snapshots = list(envs), token_ok, snapshots
+
+    def environments(self):
+        if not self.token_ok:
+            raise P.ModalAuthError("Token missing. Could not authenticate client.")
+        return self.envs
+
+    def gpu_snapshots_enabled(self):
+        return self.snapshots
+
+
+def manifest(files):
+    return "".join(f"{hashlib.sha256(d).hexdigest()}  {r}\n" for r, d in sorted(files.items())).encode()
+
+
+@pytest.fixture
+def world(aws_env, moto_endpoint, tmp_path):
+    """An account where prod's `up` can proceed: returns (stack file, clients, kube, modal, addons, s3)."""
+    s3, eks, ec2 = (client(s, moto_endpoint) for s in ("s3", "eks", "ec2"))
+    run = tmp_path.name[-12:].lower().replace("_", "-")
+    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.prod.yaml").read_text())
+    cfg = doc["config"]
+    # names unique per test (one moto server per session)
+    cfg["llm-serving:cluster"]["name"] = f"platform-{run}"
+    cfg["llm-serving:inputs"]["weights_source_bucket"] = source = f"registry-{run}"
+    cfg["llm-serving:inputs"]["project"] = f"llm-{run}"
+    vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+    endpoint = ec2.create_vpc_endpoint(VpcId=vpc, ServiceName="com.amazonaws.us-east-1.s3", VpcEndpointType="Gateway")
+    cfg["llm-serving:inputs"]["regions"][0]["vpc_id"] = vpc
+    cfg["llm-serving:s3GatewayEndpoint"]["existingId"] = endpoint["VpcEndpoint"]["VpcEndpointId"]
+    cfg["llm-serving:weightReplication"]["destinationStacks"] = ["prod"]
+    stack_file = tmp_path / "Pulumi.prod.yaml"
+    stack_file.write_text(yaml.safe_dump(doc))
+    st = P.load_stack(stack_file)
+
+    eks.create_cluster(name=st.settings.cluster.name, version="1.33", roleArn="arn:aws:iam::123456789012:role/eks",
+                       resourcesVpcConfig={"subnetIds": ["subnet-1"]})
+    addons = {"eks-pod-identity-agent": {"status": "ACTIVE", "addonVersion": "v1.3.8-eksbuild.2"}}
+    s3.create_bucket(Bucket=source)
+    s3.put_bucket_versioning(Bucket=source, VersioningConfiguration={"Status": "Enabled"})
+    for e in st.spec.endpoints:
+        files = {"config.json": b"{}"}
+        if e.engine.lora is not None:
+            files[f"{e.engine.lora.adapters_subdir}/acme-support/adapter_model.safetensors"] = b"lora"
+        s3.put_object(Bucket=source, Key=e.engine.weights_uri_suffix + "SHA256SUMS", Body=manifest(files))
+    ns = st.settings.namespace
+    secrets = {(ns, name): set(keys) for name, keys in P.required_secrets(st.spec).items()}
+    kube = FakeKube(crds=P.MONITORING_CRDS, secrets=secrets,
+                    ready={("monitoring", "kube-prometheus-stack-prometheus", 9090, "/-/ready")})
+    modal = FakeModal(envs=["main", "prod"])
+
+    def aws(service, region):
+        c = client(service, moto_endpoint, region or "us-east-1")
+        return EksWithAddons(c, addons) if service == "eks" else c
+
+    return stack_file, P.Clients(aws=aws, kube=kube, modal=modal), kube, modal, addons, s3
+
+
+def run(stack_file, clients):
+    st = P.load_stack(stack_file)
+    checks = P.run_checks(st, clients)
+    text, status = P.report(checks)
+    return {c.name: c for c in checks}, text, status
+
+
+def test_a_ready_account_passes_every_check(world):
+    stack_file, clients, *_ = world
+    checks, text, status = run(stack_file, clients)
+    assert status == 0, text
+    assert all(c.ok for c in checks.values()), text
+    assert {"aws region", "aws credentials", "cluster", "kubernetes version", "pod identity agent",
+            "prometheus operator CRDs", "prometheus url", "source bucket", "weights assist", "adapters assist",
+            "weights autocomplete", "weights guard", "s3 gateway endpoint", "modal token", "modal environment",
+            "gpu snapshots", "secret assist-gateway-tenants", "secret modal-proxy-auth"} <= set(checks)
+    assert "`pulumi up` can proceed" in text
+
+
+def test_each_missing_piece_is_named_with_the_command_that_fixes_it(world):
+    stack_file, clients, kube, modal, addons, s3 = world
+    st = P.load_stack(stack_file)
+    addons.clear()
+    kube.crds.clear()
+    kube.ready.clear()
+    ns = st.settings.namespace
+    kube.secrets[(ns, "assist-gateway-tenants")] = {"acme-api-key"}
+    del kube.secrets[(ns, P.MODAL_AUTH_SECRET)]
+    modal.envs = ["main"]
+    modal.snapshots = False
+    s3.delete_object(Bucket=st.spec.weight_caches[0].source_bucket,
+                     Key=st.spec.endpoint("autocomplete").engine.weights_uri_suffix + "SHA256SUMS")
+
+    checks, text, status = run(stack_file, clients)
+    assert status == 1
+    failed = {n: c for n, c in checks.items() if not c.ok}
+    assert set(failed) == {"pod identity agent", "prometheus operator CRDs", "prometheus url", "weights autocomplete",
+                           "secret assist-gateway-tenants", "secret modal-proxy-auth", "modal environment", "gpu snapshots"}
+    cluster = st.settings.cluster.name
+    assert failed["pod identity agent"].fix == (
+        f"aws eks create-addon --cluster-name {cluster} --addon-name eks-pod-identity-agent --region us-east-1")
+    assert "helm install kube-prometheus-stack" in failed["prometheus operator CRDs"].fix
+    assert "no SHA256SUMS under s3://" in failed["weights autocomplete"].detail
+    assert "aws s3 cp SHA256SUMS" in failed["weights autocomplete"].fix
+    assert "globex-api-key" in failed["secret assist-gateway-tenants"].detail
+    assert failed["secret modal-proxy-auth"].fix.startswith(f"kubectl -n {ns} create secret generic modal-proxy-auth")
+    assert failed["modal environment"].fix == "modal environment create prod"
+    for c in failed.values():
+        assert f"[FAIL] {c.name}: {c.detail}\n       fix: {c.fix}" in text
+
+
+def test_without_credentials_or_token_nothing_else_is_asked(world):
+    stack_file, clients, _kube, modal, *_ = world
+
+    def refused(service, region):
+        if service == "sts":
+            raise ClientError({"Error": {"Code": "InvalidClientTokenId", "Message": "invalid token"}}, "GetCallerIdentity")
+        return clients.aws(service, region)
+
+    checks, text, status = run(stack_file, P.Clients(aws=refused, kube=clients.kube, modal=clients.modal))
+    assert status == 1 and list(checks) == ["aws region", "aws credentials"]
+    assert "InvalidClientTokenId" in checks["aws credentials"].detail and "aws sso login" in checks["aws credentials"].fix
+
+    modal.token_ok = False
+    checks, text, status = run(stack_file, clients)
+    assert status == 1 and not checks["modal token"].ok and "modal token new" in checks["modal token"].fix
+    assert "modal environment" not in checks
+
+
+def test_a_stack_without_a_region_or_with_another_cluster_version_is_told_how_to_fix_it(world):
+    stack_file, clients, *_ = world
+    doc = yaml.safe_load(stack_file.read_text())
+    del doc["config"]["aws:region"]
+    doc["config"]["llm-serving:cluster"]["kubernetesVersion"] = "1.34"
+    stack_file.write_text(yaml.safe_dump(doc))
+    checks, _text, status = run(stack_file, clients)
+    assert status == 1
+    assert checks["aws region"].fix == "pulumi config set aws:region us-east-1 -s prod"
+    assert "cluster runs 1.33" in checks["kubernetes version"].detail
+    assert checks["kubernetes version"].fix == "pulumi config set --path 'cluster.kubernetesVersion' 1.33 -s prod"
+
+
+def test_the_owner_needs_the_other_stacks_caches_to_exist(world):
+    stack_file, clients, *_, s3 = world
+    if "acme-model-registry" not in {b["Name"] for b in s3.list_buckets()["Buckets"]}:
+        s3.create_bucket(Bucket="acme-model-registry")
+    doc = yaml.safe_load(stack_file.read_text())
+    doc["config"]["llm-serving:weightReplication"]["destinationStacks"] = ["dev", "prod"]
+    doc["config"]["llm-serving:inputs"]["weights_source_bucket"] = "acme-model-registry"  # the one dev names
+    stack_file.write_text(yaml.safe_dump(doc))
+    checks, _text, status = run(stack_file, clients)
+    bad = checks["replication destination llm-serving-dev-weights-us-east-1"]
+    assert status == 1 and not bad.ok and "pulumi up on that stack first" in bad.fix
+
+
+def test_the_cli_dispatches_and_a_broken_stack_file_exits_2_without_a_traceback(tmp_path):
+    bad = tmp_path / "Pulumi.x.yaml"
+    bad.write_text("config: {llm-serving:cluster: {mode: existing}}\n")
+    r = subprocess.run([sys.executable, "-m", "topology", "preflight", str(bad)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "inputs" in r.stderr
+
+
+def test_the_real_modal_client_without_a_token_reports_it_as_a_missing_token(tmp_path):
+    """The modal client itself (no fake): with no token it fails at once, before any network call."""
+    code = ("from ops.preflight import ModalSdkClient, ModalAuthError\n"
+            "try:\n    ModalSdkClient().environments()\nexcept ModalAuthError as e:\n    print('auth:', e)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODAL_")}
+    env.update(HOME=str(tmp_path), PYTHONPATH=str(ROOT), MODAL_CONFIG_PATH=str(tmp_path / ".modal.toml"))
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0 and r.stdout.startswith("auth:"), r.stdout + r.stderr
+
+
+def test_a_stack_that_creates_its_cluster_checks_the_name_is_free_and_defers_the_secrets(world, tmp_path):
+    _stack_file, clients, kube, *_ = world
+    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.dev.yaml").read_text())
+    doc["config"]["llm-serving:cluster"]["name"] = f"dev-{tmp_path.name[-10:].lower().replace('_', '-')}"
+    dev = tmp_path / "dev" / "Pulumi.dev.yaml"
+    dev.parent.mkdir()
+    dev.write_text(yaml.safe_dump(doc))
+    checks, _text, _status = run(dev, clients)
+    assert checks["cluster"].ok and "will be created" in checks["cluster"].detail
+    assert "prometheus operator CRDs" not in checks  # dev installs kube-prometheus-stack itself
+    deferred = checks["gateway secrets"]
+    assert not deferred.ok and not deferred.blocking and "modal-proxy-auth" in deferred.detail
+
+    # the same name already taken: `up` would fail creating it
+    clients.aws("eks", "us-east-1").create_cluster(
+        name=doc["config"]["llm-serving:cluster"]["name"], version="1.33",
+        roleArn="arn:aws:iam::123456789012:role/eks", resourcesVpcConfig={"subnetIds": ["subnet-1"]})
+    checks, _text, status = run(dev, clients)
+    assert status == 1 and not checks["cluster"].ok and "already exists" in checks["cluster"].detail
