@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from .mockrun import Recording, RecordedResource, run_stack_file
+from .mockrun import Recording, RecordedResource, read_stack_config, run_stack_file
 from .validate import validate_objects
 
 class _Dumper(yaml.SafeDumper):
@@ -157,6 +157,23 @@ def render(rec: Recording, out: Path) -> list[str]:
     return validate_objects(objs)
 
 
+def policies_allow(rec: Recording, stack_file: str | Path) -> bool:
+    """The policy pack's rules (policies/rules.py) over the recording, as `pulumi preview --policy-pack
+    policies` would run them: advisories are printed, a mandatory violation refuses the render."""
+    from policies.recorded import check_recording, split
+
+    _stack, config = read_stack_config(stack_file)
+    mandatory, advisory = split(check_recording(rec, config))
+    for v in advisory:
+        print(f"advisory [{v.policy}]: {v.message}")
+    for v in mandatory:
+        print(f"error: policy {v.policy} (mandatory): {v.message}", file=sys.stderr)
+    if mandatory:
+        print(f"{stack_file}: render refused: {len(mandatory)} mandatory policy violation(s); nothing written",
+              file=sys.stderr)
+    return not mandatory
+
+
 def cli_main(args: Any) -> int:
     from topology.catalog import MigLayoutError
 
@@ -164,6 +181,8 @@ def cli_main(args: Any) -> int:
         rec = run_stack_file(args.stack)
     except MigLayoutError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not policies_allow(rec, args.stack):
         return 2
     out = Path(args.out)
     errors = render(rec, out)

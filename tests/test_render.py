@@ -7,6 +7,7 @@ import json
 import types
 from pathlib import Path
 
+import pytest
 import yaml
 
 from offline.mockrun import run_program, run_stack_file
@@ -50,6 +51,8 @@ def test_render_is_byte_identical_across_runs(tmp_path):
     assert _files(first) == _files(second)
 
 
+@pytest.mark.xfail(strict=True, reason="the bundled stacks break mandatory policies that the pods/gateway/deploy "
+                   "branches fix; the render refuses them until those merge (tests/test_policies.py PENDING)")
 def test_render_writes_each_object_and_an_inventory_of_every_resource(stack, tmp_path):
     name, _inputs, spec = stack
     rec = recording(name)
@@ -84,6 +87,8 @@ def test_render_of_a_stack_keeps_secrets_out(tmp_path):
     assert not any(b"TOP-SECRET-KUBECONFIG" in data for data in _files(tmp_path).values())
 
 
+@pytest.mark.xfail(strict=True, reason="the bundled stacks break mandatory policies that the pods/gateway/deploy "
+                   "branches fix; the render refuses them until those merge (tests/test_policies.py PENDING)")
 def test_command_line_renders_a_stack_and_reports_bad_settings_clearly(tmp_path):
     import subprocess
     import sys
