@@ -412,3 +412,55 @@ def test_importing_the_pack_never_starts_a_server():
     assert "PolicyPack(" in (ROOT / "policies" / "__main__.py").read_text()
     assert "PolicyPack(" not in (ROOT / "policies" / "pack.py").read_text().replace("`PolicyPack`", "")
 
+
+
+def test_the_pack_runs_as_pulumi_starts_it_and_reports_over_grpc():
+    """`python -m pulumi.policy <engine> .` in policies/ (what pulumi-analyzer-policy-python runs): the pack
+    serves the analyzer protocol; a broken resource gets the policy's message at its level."""
+    import subprocess
+    import sys
+
+    import grpc
+    from google.protobuf import empty_pb2, struct_pb2
+    from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
+
+    env = {"PATH": "/usr/bin:/bin", "PULUMI_CONFIG": json.dumps({"llm-serving:platformProvides": '["monitoring.coreos.com"]'})}
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "pulumi.policy", "127.0.0.1:1", "."], cwd=ROOT / "policies",
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        port = int(proc.stdout.readline().strip())  # the pack prints its port first, as the engine expects
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = analyzer_pb2_grpc.AnalyzerStub(channel)
+            info = stub.GetAnalyzerInfo(empty_pb2.Empty(), timeout=20)
+            assert info.name == "llm-serving-doctrine"
+            levels = {p.name: p.enforcementLevel for p in info.policies}
+            assert set(levels) == {r.name for r in rules.RULES}
+            assert levels["right-size-before-platform"] == analyzer_pb2.ADVISORY
+            assert levels["no-gpu-utilisation-autoscaling"] == analyzer_pb2.MANDATORY
+
+            so = copy.deepcopy(next(r for r in recording("prod").resources if r.name == "floor-assist-scaled-object"))
+            so.inputs["spec"]["triggers"][0]["metadata"]["query"] = "avg(DCGM_FI_DEV_GPU_UTIL)"
+            props = struct_pb2.Struct()
+            props.update(so.inputs)
+            resp = stub.Analyze(analyzer_pb2.AnalyzeRequest(type=so.type, properties=props, urn=so.urn, name=so.name),
+                                timeout=20)
+            (diag,) = resp.diagnostics
+            assert diag.policyName == "no-gpu-utilisation-autoscaling" and diag.enforcementLevel == analyzer_pb2.MANDATORY
+            assert "scales on GPU utilisation" in diag.message
+
+            # a stack check sees the stack config: the PodMonitors pass because the platform provides the operator
+            stack = [analyzer_pb2.AnalyzerResource(type=r.type, urn=r.urn, name=r.name, properties=_struct(r.inputs))
+                     for r in recording("prod").resources if r.type.startswith("kubernetes:monitoring.coreos.com")]
+            resp = stub.AnalyzeStack(analyzer_pb2.AnalyzeStackRequest(resources=stack), timeout=20)
+            assert not [d for d in resp.diagnostics if d.policyName == "custom-resources-have-definitions"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _struct(value: dict[str, Any]):
+    from google.protobuf import struct_pb2
+
+    s = struct_pb2.Struct()
+    s.update(value)
+    return s
