@@ -295,6 +295,21 @@ def check_vllm_containers(resources: Sequence[Resource], ctx: StackContext) -> l
                 found.append((r.urn, f"{where} can reach a model hub at boot ({'; '.join(why)}). Serve weights "
                                      "from the region-local cache (a local path filled from the weight bucket), "
                                      "set HF_HUB_OFFLINE=1 and give the engine no hub token."))
+    # the Modal burst app runs the same engine from its settings (modal_apps/burst.py builds the command)
+    for r in resources:
+        spec = burst_spec(r)
+        if spec is None:
+            continue
+        engine, burst = spec.get("engine") or {}, spec.get("burst") or {}
+        where = f"Modal burst app {burst.get('app_name', r.name)}"
+        if not isinstance(engine.get("max_model_len"), int) or engine["max_model_len"] <= 0:
+            found.append((r.urn, f"{where} runs vLLM with max_model_len={engine.get('max_model_len')!r}: set it to "
+                                 "the product's context limit (--max-model-len)."))
+        if not burst.get("volume_name") or not burst.get("weights_bucket"):
+            found.append((r.urn, f"{where} has no weights volume filled from the region-local bucket "
+                                 f"(volume_name={burst.get('volume_name')!r}, weights_bucket="
+                                 f"{burst.get('weights_bucket')!r}), so it would download from a model hub at "
+                                 "boot. Give it the endpoint's Modal Volume synced from the weight bucket."))
     return found
 
 

@@ -198,6 +198,23 @@ def test_a_readiness_script_that_only_checks_health_is_refused():
     assert found[0][0] == next(r.urn for r in res if r.name == "floor-assist-deployment")
 
 
+@pytest.mark.parametrize("field, value, expected", [
+    ("engine", {"max_model_len": None}, "runs vLLM with max_model_len=None"),
+    ("burst", {"volume_name": None}, "has no weights volume filled from the region-local bucket"),
+])
+def test_a_burst_engine_without_max_model_len_or_local_weights_is_refused(field, value, expected):
+    res = resources("dev")
+
+    def change(i):
+        spec = json.loads(i["environment"]["LLM_SERVING_BURST_SPEC"])
+        spec[field].update(value)
+        i["environment"]["LLM_SERVING_BURST_SPEC"] = json.dumps(spec)
+
+    cmd = edit(res, named("assist-burst-deploy"), change)
+    found = run_policy("vllm-container-safety", res, stack_config("dev"))
+    assert [u for u, _ in found] == [cmd.urn] and expected in found[0][1]
+
+
 def test_a_tenant_without_cache_salt_on_a_shared_prefix_cache_is_refused():
     res = resources("dev")  # dev's assist endpoint serves tenants acme and globex
     cm = edit(res, named("gateway-config"), lambda i: i["data"].update(
