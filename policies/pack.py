@@ -16,7 +16,7 @@ What the engine gives a pack, and how it maps onto a `rules.Resource`:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from pulumi_policy import (
@@ -30,7 +30,7 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import _is_unknown
 
-from .rules import CREDENTIAL_CONFIG_KEYS, MANDATORY, PLATFORM_PROVIDES_KEY, RULES, UNKNOWN, Resource, Rule, StackContext
+from .rules import CREDENTIAL_CONFIG_KEYS, PLATFORM_PROVIDES_KEY, RULES, UNKNOWN, Resource, Rule, StackContext
 
 PACK_NAME = "llm-serving-doctrine"
 LEVELS = {"mandatory": EnforcementLevel.MANDATORY, "advisory": EnforcementLevel.ADVISORY}
@@ -137,4 +137,3 @@ def build_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
 
 
 POLICIES = build_policies()
-MANDATORY_NAMES = tuple(r.name for r in RULES if r.level == MANDATORY)

@@ -841,7 +841,3 @@ RULES: tuple[Rule, ...] = (
 def evaluate(resources: Sequence[Resource], ctx: StackContext, rules: Iterable[Rule] = RULES) -> list[Violation]:
     """Every violation of every rule, in rule order."""
     return [v for rule in rules for v in rule.run(resources, ctx)]
-
-
-def rule(name: str) -> Rule:
-    return next(r for r in RULES if r.name == name)
