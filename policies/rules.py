@@ -229,8 +229,9 @@ def _served_model(argv: list[str]) -> str | None:
 
 
 def _probe_script(spec: Mapping[str, Any], container: Mapping[str, Any], argv: list[str],
-                  configmaps: Mapping[tuple[str, str], Mapping[str, Any]], namespace: str) -> str:
-    """The text an exec probe runs: its own arguments plus any mounted ConfigMap file they name."""
+                  configmaps: Mapping[tuple[str, str], Mapping[str, Any]], namespace: str) -> str | None:
+    """The text an exec probe runs: its own arguments plus any mounted ConfigMap file they name (None when
+    the ConfigMap's name is not known yet)."""
     text = " ".join(argv)
     volumes = {v.get("name"): v for v in spec.get("volumes") or []}
     for arg in argv:
@@ -239,6 +240,8 @@ def _probe_script(spec: Mapping[str, Any], container: Mapping[str, Any], argv: l
             if not mount or not arg.startswith(mount + "/"):
                 continue
             cm = (volumes.get(m.get("name")) or {}).get("configMap") or {}
+            if cm.get("name") == UNKNOWN:
+                return None  # a preview before the ConfigMap's name is known: nothing to judge yet
             data = configmaps.get((namespace, str(cm.get("name"))))
             if data is not None:
                 text += "\n" + str(data.get(arg[len(mount) + 1:], ""))
@@ -277,7 +280,8 @@ def check_vllm_containers(resources: Sequence[Resource], ctx: StackContext) -> l
                                      "succeeds only when a token came back."))
             else:
                 probe_argv = [str(a) for a in (probe["exec"] or {}).get("command") or []]
-                if not GENERATION_PATH.search(_probe_script(spec, c, probe_argv, configmaps, ns)):
+                script = _probe_script(spec, c, probe_argv, configmaps, ns)
+                if script is not None and not GENERATION_PATH.search(script):
                     found.append((r.urn, f"{where} readiness probe ({' '.join(probe_argv)[:100]}) sends no "
                                          "generation request. Make it call /v1/completions (or "
                                          "/v1/chat/completions) and succeed only when a token came back."))
