@@ -21,6 +21,7 @@ from typing import Any
 
 from pulumi_policy import (
     EnforcementLevel,
+    PolicyConfigSchema,
     PolicyResource,
     ReportViolation,
     ResourceValidationArgs,
@@ -34,6 +35,13 @@ from .rules import CREDENTIAL_CONFIG_KEYS, PLATFORM_PROVIDES_KEY, RULES, UNKNOWN
 
 PACK_NAME = "llm-serving-doctrine"
 LEVELS = {"mandatory": EnforcementLevel.MANDATORY, "advisory": EnforcementLevel.ADVISORY}
+# the advisories' thresholds, settable with `--policy-pack-config` (the engine validates against the schema)
+CONFIG_SCHEMAS = {
+    "morning-floor-before-demand-rise": PolicyConfigSchema(
+        properties={"demandRiseLocalHour": {"type": "integer", "minimum": 0, "maximum": 23, "default": 7}}),
+    "right-size-before-platform": PolicyConfigSchema(
+        properties={"rightSizeBelowRequestsPerS": {"type": "number", "exclusiveMinimum": 0, "default": 3.0}}),
+}
 
 
 def _raw(value: Any) -> Any:
@@ -115,7 +123,7 @@ def _resource_policy(rule: Rule) -> ResourceValidationPolicy:
             report_violation(message, None)
 
     return ResourceValidationPolicy(name=rule.name, description=rule.description, validate=validate,
-                                    enforcement_level=LEVELS[rule.level])
+                                    enforcement_level=LEVELS[rule.level], config_schema=CONFIG_SCHEMAS.get(rule.name))
 
 
 def _stack_policy(rule: Rule) -> StackValidationPolicy:
@@ -128,7 +136,7 @@ def _stack_policy(rule: Rule) -> StackValidationPolicy:
             report_violation(message, urn or None)
 
     return StackValidationPolicy(name=rule.name, description=rule.description, validate=validate,
-                                 enforcement_level=LEVELS[rule.level])
+                                 enforcement_level=LEVELS[rule.level], config_schema=CONFIG_SCHEMAS.get(rule.name))
 
 
 def build_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:

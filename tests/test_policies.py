@@ -454,6 +454,9 @@ def test_the_pack_runs_as_pulumi_starts_it_and_reports_over_grpc():
             assert set(levels) == {r.name for r in rules.RULES}
             assert levels["right-size-before-platform"] == analyzer_pb2.ADVISORY
             assert levels["no-gpu-utilisation-autoscaling"] == analyzer_pb2.MANDATORY
+            schemas = {p.name: dict(p.configSchema.properties) for p in info.policies}
+            assert set(schemas["morning-floor-before-demand-rise"]) == {"demandRiseLocalHour"}
+            assert set(schemas["right-size-before-platform"]) == {"rightSizeBelowRequestsPerS"}
 
             so = copy.deepcopy(next(r for r in recording("prod").resources if r.name == "floor-assist-scaled-object"))
             so.inputs["spec"]["triggers"][0]["metadata"]["query"] = "avg(DCGM_FI_DEV_GPU_UTIL)"
