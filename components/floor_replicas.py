@@ -175,6 +175,8 @@ class FloorReplicas(pulumi.ComponentResource):
             metadata={**meta(app), "annotations": {
                 "serving.llm/tier": ep.tier,
                 "serving.llm/cache-isolation": ep.gateway.cache_isolation,
+                # read by the right-size-before-platform policy (policies/rules.py)
+                "serving.llm/mean-requests-per-s": f"{ep.economics.mean_requests_per_s:.4g}",
             }},
             spec=self._deployment_spec(args, app, stable, args.weights_uri, ep.engine.model_revision, ep.floor.base_replicas),
             # KEDA owns the replica count once it runs; Pulumi sets the first value only

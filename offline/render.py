@@ -214,6 +214,22 @@ def render(rec: Recording, out: Path) -> list[str]:
     return validate_objects(objs)
 
 
+def policies_allow(rec: Recording, stack_file: str | Path, config: dict[str, Any]) -> bool:
+    """The policy pack's rules (policies/rules.py) over the recording, as `pulumi preview --policy-pack
+    policies` would run them: advisories are printed, a mandatory violation refuses the render."""
+    from policies.recorded import check_recording, split
+
+    mandatory, advisory = split(check_recording(rec, config))
+    for v in advisory:
+        print(f"advisory [{v.policy}]: {v.message}")
+    for v in mandatory:
+        print(f"error: policy {v.policy} (mandatory): {v.message}", file=sys.stderr)
+    if mandatory:
+        print(f"{stack_file}: render refused: {len(mandatory)} mandatory policy violation(s); nothing written",
+              file=sys.stderr)
+    return not mandatory
+
+
 def read_stack_file(path: str) -> tuple[str, dict[str, Any]]:
     """(stack name, config) of a Pulumi stack file, read like every other input (bounded, one-line errors),
     its inputs validated exactly as `plan` validates them (dated against today)."""
@@ -274,6 +290,8 @@ def cli_main(args: Any) -> int:
         if msg is None:
             raise
         print(f"error: {msg}", file=sys.stderr)
+        return 2
+    if not policies_allow(rec, args.stack, config):
         return 2
     try:
         errors = render(rec, out) + name_errors(rec)

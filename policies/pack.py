@@ -1,0 +1,165 @@
+"""The rules of policies/rules.py as pulumi-policy objects (checked against pulumi-policy 1.21.0).
+
+Importing this module builds the policy objects and nothing else; `policies/__main__.py` hands them to
+`PolicyPack`, whose constructor starts the analyzer's gRPC server and blocks. Tests call each policy's
+`validate(args, report_violation)` directly.
+
+What the engine gives a pack, and how it maps onto a `rules.Resource`:
+- ResourceValidationArgs: resource_type, props (inputs), urn, name, opts (protect, parent, ...), provider
+  (a PolicyProviderResource with the provider's props: the default provider's are the stack's aws:* config);
+- StackValidationArgs.resources: PolicyResource with the same fields plus parent and dependencies;
+- props arrive with secrets already unwrapped, and values not known during preview raise UnknownValueError
+  when read: they are replaced here by `rules.UNKNOWN` so a check sees a value it cannot match;
+- the stack's config is readable (the engine passes it to the pack, and pulumi-policy loads it before each
+  analysis), so the stated platform and the plain-text credential keys come from there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyConfigSchema,
+    PolicyResource,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+from pulumi_policy.proxy import _is_unknown
+
+from .rules import (
+    CLUSTER_KEY, CREDENTIAL_CONFIG_KEYS, MONITORING_KEY, PLATFORM_PROVIDES_KEY, RULES, UNKNOWN, Resource, Rule,
+    StackContext, platform_groups,
+)
+
+PACK_NAME = "llm-serving-doctrine"
+LEVELS = {"mandatory": EnforcementLevel.MANDATORY, "advisory": EnforcementLevel.ADVISORY}
+# the advisories' thresholds, settable with `--policy-pack-config` (the engine validates against the schema)
+CONFIG_SCHEMAS = {
+    "morning-floor-before-demand-rise": PolicyConfigSchema(
+        properties={"demandRiseLocalHour": {"type": "integer", "minimum": 0, "maximum": 23, "default": 7}}),
+    "right-size-before-platform": PolicyConfigSchema(
+        properties={"rightSizeBelowRequestsPerS": {"type": "number", "exclusiveMinimum": 0, "default": 3.0}}),
+}
+
+
+def _raw(value: Any) -> Any:
+    try:
+        return value["__target"]
+    except (TypeError, KeyError, IndexError):
+        return value
+
+
+def unproxy(value: Any) -> Any:
+    """pulumi-policy's unknown-checking proxies → plain dicts and lists, read through their raw target so
+    that nothing raises; values unknown during preview → rules.UNKNOWN."""
+    value = _raw(value)
+    if isinstance(value, Mapping):
+        return {k: unproxy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unproxy(v) for v in value]
+    if isinstance(value, str) and _is_unknown(value):
+        return UNKNOWN
+    return value
+
+
+def _config_value(key: str) -> Any:
+    """A stack config value as the engine passed it (objects arrive as JSON text)."""
+    import json
+
+    import pulumi.runtime
+
+    raw = pulumi.runtime.get_config(key)
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def stack_context_from_config(policy_config: Mapping[str, Any] | None = None) -> StackContext:
+    """The stack's stated platform and credentials, read from the config the engine passed to the pack."""
+    import pulumi.runtime
+
+    raw = pulumi.runtime.get_config(PLATFORM_PROVIDES_KEY)
+    provides: list[str] = []
+    if raw:
+        import json
+
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        provides = [value] if isinstance(value, str) else [str(g) for g in value]
+    plain_keys = tuple(
+        k for k in CREDENTIAL_CONFIG_KEYS
+        if pulumi.runtime.get_config(k) is not None and not pulumi.runtime.is_config_secret(k)
+    )
+    cfg = dict(policy_config or {})
+    return StackContext(
+        platform_provides=platform_groups(provides, _config_value(MONITORING_KEY), _config_value(CLUSTER_KEY)),
+        plain_credential_config_keys=plain_keys,
+        demand_rise_local_hour=int(cfg.get("demandRiseLocalHour", 7)),
+        right_size_below_requests_per_s=float(cfg.get("rightSizeBelowRequestsPerS", 3.0)),
+    )
+
+
+def resource_from_args(args: ResourceValidationArgs) -> Resource:
+    provider = args.provider
+    return Resource(
+        type=args.resource_type, name=args.name, urn=args.urn, props=unproxy(args.props),
+        protect=bool(args.opts.protect) if args.opts is not None else False,
+        parent_urn=(args.opts.parent or "") if args.opts is not None else "",
+        provider_props=unproxy(provider.props) if provider is not None else None,
+        provider_urn=provider.urn if provider is not None else "",
+    )
+
+
+def resource_from_policy_resource(r: PolicyResource) -> Resource:
+    provider = r.provider
+    return Resource(
+        type=r.resource_type, name=r.name, urn=r.urn, props=unproxy(r.props),
+        protect=bool(r.opts.protect) if r.opts is not None else False,
+        parent_type=r.parent.resource_type if r.parent is not None else "",
+        parent_urn=r.parent.urn if r.parent is not None else "",
+        provider_props=unproxy(provider.props) if provider is not None else None,
+        provider_urn=provider.urn if provider is not None else "",
+    )
+
+
+def _resource_policy(rule: Rule) -> ResourceValidationPolicy:
+    check = rule.resource_check
+    assert check is not None
+
+    def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+        for message in check(resource_from_args(args), stack_context_from_config(args.get_config())):
+            report_violation(message, None)
+
+    return ResourceValidationPolicy(name=rule.name, description=rule.description, validate=validate,
+                                    enforcement_level=LEVELS[rule.level], config_schema=CONFIG_SCHEMAS.get(rule.name))
+
+
+def _stack_policy(rule: Rule) -> StackValidationPolicy:
+    check = rule.stack_check
+    assert check is not None
+
+    def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+        resources = [resource_from_policy_resource(r) for r in args.resources]
+        for urn, message in check(resources, stack_context_from_config(args.get_config())):
+            report_violation(message, urn or None)
+
+    return StackValidationPolicy(name=rule.name, description=rule.description, validate=validate,
+                                 enforcement_level=LEVELS[rule.level], config_schema=CONFIG_SCHEMAS.get(rule.name))
+
+
+def build_policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
+    """One pulumi-policy object per rule, in rule order, at the rule's level."""
+    return [_resource_policy(r) if r.resource_check is not None else _stack_policy(r) for r in RULES]
+
+
+POLICIES = build_policies()
