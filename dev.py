@@ -43,13 +43,14 @@ def ensure_venv() -> None:
 
 
 def ensure_haproxy() -> None:
-    """The gateway tests run a real HAProxy on 127.0.0.1; install Debian's package when we are root."""
-    if shutil.which("haproxy"):
+    """The gateway tests run a real HAProxy on 127.0.0.1; install Debian's package when we are root.
+    ca-certificates: the tests verify TLS against the same CAs the gateway image carries."""
+    if shutil.which("haproxy") and Path("/usr/share/ca-certificates/mozilla").is_dir():
         return
     if os.geteuid() == 0 and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         run(["apt-get", "update", "-qq"], env=env)
-        run(["apt-get", "install", "-y", "-qq", "haproxy"], env=env)
+        run(["apt-get", "install", "-y", "-qq", "haproxy", "ca-certificates"], env=env)
         # the package starts a system service listening on :80; the tests start their own processes
         subprocess.run(["service", "haproxy", "stop"], cwd=ROOT, check=False, capture_output=True)
     else:

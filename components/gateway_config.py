@@ -37,6 +37,37 @@ from urllib.parse import urlsplit
 from components.gateway_lua import GATEWAY_LUA
 from topology.spec import EndpointSpec, TopologySpec
 
+@dataclass(frozen=True)
+class HaproxyImage:
+    """The gateway image, stated once: the component deploys `tag`, the tests check that the local
+    haproxy they validate and run the config with has the same major.minor, and build a CA
+    directory from `trust_store_package` holding exactly what the pod's `ca_dir` holds.
+
+    Checked in docker-library/haproxy (2.6/Dockerfile at b2272ec, "Update 2.6 to 2.6.22", 2025-04-22):
+    FROM debian:bookworm-slim; `apt-get install ca-certificates` (added by 71cd019 on 2023-12-21,
+    for @system-ca; the haproxy:2.6.12 image, built on bullseye-slim before that, purged it with the
+    build dependencies and has no CA at all); `useradd --uid 99`, `groupadd --gid 99`;
+    `USER haproxy` (a name, so the kubelet needs runAsUser to prove non-root). The `-bookworm` suffix
+    keeps the tag on the Debian release the host's haproxy 2.6 and ca-certificates come from
+    (the plain 2.6 tags moved to trixie with commit 2ff3f8b).
+    """
+
+    tag: str
+    uid: int
+    gid: int
+    trust_store_package: str | None  # Debian package that fills ca_dir; None: the image has no CA
+    ca_dir: str = "/etc/ssl/certs"
+
+    @property
+    def major_minor(self) -> str:
+        m = re.fullmatch(r"[^:]+:(\d+)\.(\d+)(?:\.\d+)?(?:-.*)?", self.tag)
+        if m is None:
+            raise ValueError(f"image tag {self.tag!r} has no major.minor version")
+        return f"{m.group(1)}.{m.group(2)}"
+
+
+HAPROXY_IMAGE = HaproxyImage(tag="haproxy:2.6.22-bookworm", uid=99, gid=99, trust_store_package="ca-certificates")
+
 GATEWAY_BASE_PORT = 8080  # endpoint i listens on 8080 + i (spec order)
 STATS_PORT = 8404  # /healthz for probes, /metrics (Prometheus exporter built into HAProxy)
 LUA_FILE = "gateway.lua"
@@ -197,6 +228,7 @@ def render_gateway_config(
     log_target: str = "stdout format raw local0",
     max_connections: int = 4000,
     gateway_replicas: int = 1,
+    ca_path: str = HAPROXY_IMAGE.ca_dir,
 ) -> RenderedGateway:
     """haproxy.cfg + gateway.lua for every gated endpoint of `spec`.
 
@@ -208,6 +240,9 @@ def render_gateway_config(
     binds: endpoint -> "addr:port" (default "*:<8080+i>"); stats_bind likewise (default "*:8404").
     gateway_replicas: HAProxy pods sharing the floor. Each pod sees only its own in-flight
     requests, so each enforces its share of the per-replica threshold (`per_pod_threshold`).
+    ca_path: the trust store TLS to Modal is verified against: the image's CA directory (explicit,
+    because haproxy 2.6's `@system-ca` is OpenSSL's compiled-in directory and ignores SSL_CERT_DIR,
+    so tests could not point it elsewhere); tests pass a directory holding exactly the pod's CAs.
     """
     if gateway_replicas < 1:
         raise ValueError(f"gateway_replicas must be >= 1, got {gateway_replicas}")
@@ -226,7 +261,7 @@ def render_gateway_config(
         if e.name not in binds:
             raise ValueError(f"no bind address for endpoint {e.name!r}; given: {sorted(binds)}")
         sections.append(_endpoint_sections(e, burst_urls, floor_servers, canary_servers, binds[e.name],
-                                           health_check_interval_ms, secret_env, gateway_replicas))
+                                           health_check_interval_ms, secret_env, gateway_replicas, ca_path))
 
     head = [
         "# Rendered by components/gateway_config.py from the TopologySpec "
@@ -296,6 +331,7 @@ def _endpoint_sections(
     health_check_interval_ms: int,
     secret_env: dict[str, str],
     gateway_replicas: int,
+    ca_path: str,
 ) -> str:
     g = e.gateway
     threshold = per_pod_threshold(g.overflow_inflight_per_replica, gateway_replicas)
@@ -445,7 +481,7 @@ def _endpoint_sections(
         host, port, tls = _parse_burst_url(e.name, burst_urls[e.name])
         opts = ""  # no health check: probing Modal would keep (or wake) a container for nothing
         if tls:
-            opts += f" ssl verify required ca-file @system-ca sni str({host})"
+            opts += f" ssl verify required ca-file {ca_path} sni str({host})"
         if not _is_ip(host):
             opts += " resolvers cluster init-addr last,libc,none"
         host_header = host if port in (80, 443) else f"{host}:{port}"

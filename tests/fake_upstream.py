@@ -192,10 +192,13 @@ class FakeUpstream:
             if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
                 super().handle_error(request, client_address)
 
-    def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0, tls=None):
+        """tls: an ssl.SSLContext (server side) to serve HTTPS, e.g. a stand-in for Modal's endpoint."""
         self.log = UpstreamLog(name)
         self.release_event = threading.Event()
         self._server = self._Server((host, port), _Handler)
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         self._server.owner = self
         self._thread: threading.Thread | None = None
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-from components.gateway_config import CONFIG_FILE, LUA_FILE, RenderedGateway
+from components.gateway_config import CONFIG_FILE, HAPROXY_IMAGE, LUA_FILE, HaproxyImage, RenderedGateway
 
 
 def haproxy_binary() -> str | None:
@@ -27,6 +28,39 @@ def require_haproxy() -> str:
             pytest.fail(msg)
         pytest.skip(msg)
     return path
+
+
+def local_haproxy_major_minor(binary: str) -> str:
+    """major.minor of `haproxy -v` ("HAProxy version 2.6.12-1+deb12u4 ..." -> "2.6")."""
+    out = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=10).stdout
+    m = re.search(r"version (\d+)\.(\d+)", out)
+    if m is None:
+        raise RuntimeError(f"cannot read a version from `{binary} -v`: {out[:200]!r}")
+    return f"{m.group(1)}.{m.group(2)}"
+
+
+def pod_ca_dir(dest: Path, image: HaproxyImage = HAPROXY_IMAGE) -> Path:
+    """A CA directory holding what the pod's `image.ca_dir` holds, for `ca_path` in tests.
+
+    Empty when the image has no trust store. Otherwise the certificates of the same Debian package
+    on this (bookworm) host, laid out as its update-ca-certificates does: one .pem per CA and the
+    ca-certificates.crt bundle (haproxy loads the .pem/.crt files of a directory, not hash links).
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    if image.trust_store_package is None:
+        return dest
+    listed = subprocess.run(["dpkg", "-L", image.trust_store_package], capture_output=True, text=True, timeout=30)
+    crts = sorted(Path(p) for p in listed.stdout.split() if p.endswith(".crt") and p.startswith("/usr/share/"))
+    if listed.returncode != 0 or not crts:
+        raise RuntimeError(f"Debian package {image.trust_store_package} is not installed here: the tests "
+                           f"need the CAs the image {image.tag} has (apt-get install -y {image.trust_store_package})")
+    bundle = []
+    for crt in crts:
+        text = crt.read_text()
+        (dest / f"{crt.stem}.pem").write_text(text)
+        bundle.append(text if text.endswith("\n") else text + "\n")
+    (dest / "ca-certificates.crt").write_text("".join(bundle))
+    return dest
 
 
 def free_port() -> int:

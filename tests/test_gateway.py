@@ -16,7 +16,7 @@ import pytest
 
 from components.gateway_config import DnsServers, StaticServers, env_name, floor_capacity, render_gateway_config
 from tests.fake_upstream import FakeUpstream
-from tests.gateway_harness import HaproxyProcess, free_port, lua_path, require_haproxy
+from tests.gateway_harness import HaproxyProcess, free_port, lua_path, pod_ca_dir, require_haproxy
 from topology.spec import CanarySpec
 
 SALTS = {"acme": "salt-acme-7f3a", "globex": "salt-globex-19c2", "initech": "salt-initech-d00d"}
@@ -55,6 +55,7 @@ def gw(planned_stacks, tmp_path_factory):
         binds={k: f"127.0.0.1:{p}" for k, p in ports.items()},
         stats_bind=f"127.0.0.1:{free_port()}",
         lua_path=lua_path(workdir),
+        ca_path=str(pod_ca_dir(workdir / "ca")),
         # checks stay out of the way: the refusal tests need the dead server still marked up
         health_check_interval_ms=60000,
         max_connections=2000,
@@ -405,7 +406,7 @@ def test_rendering_for_the_cluster_uses_dns_slots_and_references_secrets(planned
     )
     cfg = r.files["haproxy.cfg"]
     assert "server-template floor 24 assist-floor.serving.svc.cluster.local:8000" in cfg
-    assert "ssl verify required ca-file @system-ca sni str(ws--assist.modal.run)" in cfg
+    assert "ssl verify required ca-file /etc/ssl/certs sni str(ws--assist.modal.run)" in cfg
     for var in r.secret_env:
         assert f"${{{var}}}" in cfg  # referenced, expanded by HAProxy from the pod's Secret env
     assert "maxconn 49" in cfg  # assist's overflow threshold per floor replica (one gateway pod)

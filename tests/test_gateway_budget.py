@@ -8,7 +8,7 @@ import pytest
 
 from components.gateway_config import StaticServers, env_name, render_gateway_config
 from tests.fake_upstream import FakeUpstream
-from tests.gateway_harness import HaproxyProcess, free_port, lua_path, require_haproxy
+from tests.gateway_harness import HaproxyProcess, free_port, lua_path, pod_ca_dir, require_haproxy
 from tests.test_gateway import KEYS, body, post
 
 
@@ -25,6 +25,7 @@ def guard_gateway(planned_stacks, tmp_path):
         binds={k: f"127.0.0.1:{p}" for k, p in ports.items()},
         stats_bind=f"127.0.0.1:{free_port()}",
         lua_path=lua_path(tmp_path),
+        ca_path=str(pod_ca_dir(tmp_path / "ca")),
         health_check_interval_ms=60000,
         max_connections=2000,
     )
