@@ -7,8 +7,7 @@ request *filter*; per-gap stream timeouts are a response filter with `filter.wak
 """
 
 GATEWAY_LUA = r'''
--- Top-level keys of a JSON object, names decoded (so "max\u005ftokens" cannot slip past).
--- Returns {name = {raw = <number text or nil>}} or nil, error.
+-- Member names decoded (so "max\u005ftokens" cannot slip past).
 local function decode_key(s)
   local out = s:gsub("\\u(%x%x%x%x)", function(h)
     local c = tonumber(h, 16)
@@ -22,83 +21,118 @@ local function decode_key(s)
   return out
 end
 
-local function read_string(body, i)
-  -- body:sub(i, i) == '"'; returns index after the closing quote, raw inner text
+-- A validating JSON parser (RFC 8259 grammar, UTF-8 checked up front): the engine must never
+-- receive a body the gateway only half understood ('{...} xyz', '{"stream":tru}', '{...}{...}').
+-- Runs of string content are skipped with string.find, so the cost is per token, not per byte.
+local MAX_DEPTH = 512  -- deeper nesting is refused (Python's json, in the engine, stops near 1000)
+local ESC = { [34] = 2, [92] = 2, [47] = 2, [98] = 2, [102] = 2, [110] = 2, [114] = 2, [116] = 2 }
+
+local function read_string(s, i)
+  -- s:byte(i) == '"'; returns the index after the closing quote and the raw inner text, or nil
   local j = i + 1
-  local n = #body
-  while j <= n do
-    local c = body:byte(j)
-    if c == 92 then j = j + 2          -- backslash: skip the escaped char
-    elseif c == 34 then return j + 1, body:sub(i + 1, j - 1)
-    else j = j + 1 end
+  while true do
+    local k = s:find('[\0-\31"\\]', j)
+    if not k then return nil end
+    local c = s:byte(k)
+    if c == 34 then return k + 1, s:sub(i + 1, k - 1) end
+    if c ~= 92 then return nil end  -- a raw control character inside a string
+    local e = s:byte(k + 1)
+    if e == 117 then
+      if not s:find("^%x%x%x%x", k + 2) then return nil end
+      j = k + 6
+    elseif ESC[e] then
+      j = k + 2
+    else
+      return nil
+    end
   end
-  return nil
 end
 
-local function skip_ws(body, i)
-  local _, e = body:find("^[ \t\r\n]*", i)
+local function skip_ws(s, i)
+  return s:find("[^ \t\n\r]", i) or #s + 1
+end
+
+local function skip_number(s, i)
+  local _, e = s:find("^-?0", i)
+  if not e then _, e = s:find("^-?[1-9]%d*", i) end
+  if not e then return nil end
+  local _, f = s:find("^%.%d+", e + 1)
+  if f then e = f end
+  _, f = s:find("^[eE][+-]?%d+", e + 1)
+  if f then e = f end
   return e + 1
 end
 
-local function skip_value(body, i)
-  local c = body:sub(i, i)
-  if c == '"' then
-    local j = read_string(body, i)
-    return j
-  elseif c == "{" or c == "[" then
-    local depth = 0
-    local n = #body
-    local j = i
-    while j <= n do
-      local b = body:sub(j, j)
-      if b == '"' then
-        j = read_string(body, j)
-        if not j then return nil end
-      else
-        if b == "{" or b == "[" then depth = depth + 1
-        elseif b == "}" or b == "]" then
-          depth = depth - 1
-          if depth == 0 then return j + 1 end
-        end
-        j = j + 1
-      end
+local parse_value
+
+-- Object at s:byte(i) == '{'. With `keys`, records each member: name (decoded) -> { raw = value
+-- text (short values only: numbers, literals, small strings), dup = seen before }.
+local function parse_object(s, i, depth, keys)
+  i = skip_ws(s, i + 1)
+  local count = 0
+  if s:byte(i) == 125 then return i + 1, count end
+  while true do
+    if s:byte(i) ~= 34 then return nil end
+    local j, raw = read_string(s, i)
+    if not j then return nil end
+    i = skip_ws(s, j)
+    if s:byte(i) ~= 58 then return nil end
+    i = skip_ws(s, i + 1)
+    local vstart = i
+    i = parse_value(s, i, depth)
+    if not i then return nil end
+    count = count + 1
+    if keys then
+      local name = decode_key(raw)
+      keys[name] = { raw = (i - vstart <= 64) and s:sub(vstart, i - 1) or "", dup = keys[name] ~= nil }
     end
-    return nil
-  else
-    local _, e = body:find("^[^,}%]%s]+", i)
-    if not e then return nil end
-    return e + 1
+    i = skip_ws(s, i)
+    local c = s:byte(i)
+    if c == 125 then return i + 1, count end
+    if c ~= 44 then return nil end
+    i = skip_ws(s, i + 1)
   end
 end
 
+local function parse_array(s, i, depth)
+  i = skip_ws(s, i + 1)
+  if s:byte(i) == 93 then return i + 1 end
+  while true do
+    i = parse_value(s, i, depth)
+    if not i then return nil end
+    i = skip_ws(s, i)
+    local c = s:byte(i)
+    if c == 93 then return i + 1 end
+    if c ~= 44 then return nil end
+    i = skip_ws(s, i + 1)
+  end
+end
+
+parse_value = function(s, i, depth)
+  local c = s:byte(i)
+  if c == 34 then return (read_string(s, i)) end
+  if c == 123 or c == 91 then
+    if depth >= MAX_DEPTH then return nil end
+    if c == 123 then return (parse_object(s, i, depth + 1)) end
+    return parse_array(s, i, depth + 1)
+  end
+  if c == 116 then return s:find("^true", i) and i + 4 or nil end
+  if c == 102 then return s:find("^false", i) and i + 5 or nil end
+  if c == 110 then return s:find("^null", i) and i + 4 or nil end
+  return skip_number(s, i)
+end
+
+-- The whole body must be one JSON object (and nothing after it). Returns its top-level members
+-- (see parse_object) and their count, or nil and the error to answer with.
 local function top_level_keys(body)
   local i = skip_ws(body, 1)
-  if body:sub(i, i) ~= "{" then return nil, "the request body must be a JSON object" end
-  local open_at = i
+  if body:byte(i) ~= 123 then return nil, "the request body must be a JSON object" end
+  if not utf8.len(body) then return nil, "the request body is not valid UTF-8" end
   local keys = {}
-  local count = 0
-  i = skip_ws(body, i + 1)
-  if body:sub(i, i) == "}" then return keys, nil, open_at, 0 end
-  while true do
-    if body:sub(i, i) ~= '"' then return nil, "malformed JSON body" end
-    local j, raw = read_string(body, i)
-    if not j then return nil, "malformed JSON body" end
-    i = skip_ws(body, j)
-    if body:sub(i, i) ~= ":" then return nil, "malformed JSON body" end
-    i = skip_ws(body, i + 1)
-    local vstart = i
-    local vend = skip_value(body, i)
-    if not vend then return nil, "malformed JSON body" end
-    local name = decode_key(raw)
-    local prev = keys[name]
-    keys[name] = { raw = body:sub(vstart, vend - 1), dup = prev ~= nil }
-    count = count + 1
-    i = skip_ws(body, vend)
-    local c = body:sub(i, i)
-    if c == "}" then return keys, nil, open_at, count end
-    if c ~= "," then return nil, "malformed JSON body" end
-    i = skip_ws(body, i + 1)
-  end
+  local j, count = parse_object(body, i, 1, keys)
+  if not j then return nil, "the request body is not valid JSON" end
+  if skip_ws(body, j) <= #body then return nil, "the request body has data after its JSON object" end
+  return keys, nil, i, count
 end
 
 local salts = {}

@@ -10,7 +10,8 @@ mid-stream. Per-request behaviour comes from headers the test sets (the gateway 
                             at once and the first token after queueing and prefill)
   X-Fake-Gap-After: i       after chunk i, pause X-Fake-Gap-Ms instead of the interval
   X-Fake-Gap-Ms: ms
-  X-Fake-Fail: close-before-response | close-after-first-chunk
+  X-Fake-Fail: close-before-response | close-after-first-chunk | reset-after-first-chunk
+                            (a crash: FIN, or RST as a killed process with unread data sends)
   X-Fake-Hold: 1            stream one chunk then hold until released (see `release`)
 
 Threads, plain sockets, bounded waits: nothing here sleeps longer than the request asked.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import select
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -132,6 +134,11 @@ class _Handler(BaseHTTPRequestHandler):
                 if fail == "close-after-first-chunk":
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if fail == "reset-after-first-chunk":
+                    self.close_connection = True
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.connection.close()
                     return
                 if hold and i == 0:
                     self._wait(rec, owner.release_event, MAX_HOLD_S)

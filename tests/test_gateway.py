@@ -295,9 +295,9 @@ def test_close_before_any_byte_is_retried_once(gw):
     assert len(records(gw, rid)) == 2  # the first attempt and one retry, no more
 
 
-def test_failure_after_first_byte_is_never_retried(gw):
-    status, _, content, rid = post(gw["ports"]["assist"], body(stream=True),
-                                   headers={"X-Fake-Fail": "close-after-first-chunk"})
+@pytest.mark.parametrize("crash", ["close-after-first-chunk", "reset-after-first-chunk"])
+def test_failure_after_first_byte_is_never_retried(gw, crash):
+    status, _, content, rid = post(gw["ports"]["assist"], body(stream=True), headers={"X-Fake-Fail": crash})
     assert status == 200
     assert '"index": 0' in content.decode() and "[DONE]" not in content.decode()
     time.sleep(0.3)  # a retry, if any, would have reached an upstream by now
@@ -357,6 +357,43 @@ def test_body_checks_read_top_level_keys_only(gw):
     for broken in (b'{"model": "m", "messages": [', b'{"a" 1}', b"", b"null"):
         status, _, _, rid = post(port, broken)
         assert status == 400 and records(gw, rid) == [], broken
+
+
+@pytest.mark.parametrize("broken", [
+    b'{"model":"m","messages":[]} xyz',           # trailing garbage after the object
+    b'{"model":"m","stream":tru}',                 # a misspelt literal
+    b'{"model":"m","messages":[]}{"model":"n"}',   # two objects
+    b'{"model":"m","temperature":01}',             # leading zero
+    b'{"model":"m","temperature":1.}',             # a fraction without digits
+    b'{"model":"m","messages":[1,]}',              # trailing comma
+    b'{"model":"m","messages":[{"content":"a\x01b"}]}',  # raw control character in a string
+    b'{"model":"m","stop":"\\q"}',               # unknown escape
+    b'{"model":"m","stop":"\\u12"}',             # short unicode escape
+    b'{"model":"m","user":"\xff\xfe"}',          # not UTF-8
+])
+def test_malformed_json_never_reaches_the_engine(gw, broken):
+    with pytest.raises(ValueError):  # the reference: Python's own parser (the engine's) refuses it too
+        json.loads(broken.decode("utf-8"))
+    status, _, content, rid = post(gw["ports"]["assist"], broken)
+    assert status == 400, content
+    assert json.loads(content)["error"]["type"] == "invalid_request_error"
+    assert records(gw, rid) == []
+
+
+def test_nesting_deeper_than_the_gateway_parses_is_refused_not_forwarded(gw):
+    deep = b'{"model":"m","x":' + b"[" * 600 + b"]" * 600 + b"}"
+    status, _, _, rid = post(gw["ports"]["assist"], deep)
+    assert status == 400 and records(gw, rid) == []
+
+
+def test_valid_json_of_every_shape_is_forwarded_intact(gw):
+    nested = {"a": [1, -0.5, 2e-3, 1E+2, True, False, None, "\u00e9\"\\/\b\f\n\r\t", {"b": []}, {}]}
+    payload = body(metadata=nested, stop=["\u0000", "}"], deep=[[[[[{"x": [[[]]]}]]]]])
+    raw = json.dumps(payload, indent=2).encode()  # whitespace everywhere the grammar allows it
+    status, _, _, rid = post(gw["ports"]["assist"], b"\r\n " + raw + b" \n")
+    assert status == 200
+    (_, rec), = records(gw, rid)
+    assert {k: v for k, v in rec.body.items() if k not in ("max_tokens", "cache_salt")} == payload
 
 
 # 7. tenancy and canary ---------------------------------------------------------------------
