@@ -17,8 +17,11 @@ What each piece enforces:
 - streams: responses are never buffered (`http-no-delay`, `X-Accel-Buffering: no`); a Lua response
   filter enforces the first-byte and inter-chunk gap limits and ends a stalled stream with an SSE
   error event; there is no total request timeout on a stream;
-- retries: `retries` = max_retries, only on connection failure or a close before any response byte,
-  redispatched to another replica, and switched off once the Lua retry budget is spent.
+- retries: `retries` = max_retries, only when the connection failed (refused, reset or TLS failure
+  before the request was sent), redispatched to another replica. Never after the request went out:
+  a request that crashes a replica before it answers ("empty response") would crash the next one.
+  Such retries cost an engine nothing (the kernel refused), so no retry budget guards them; HAProxy
+  2.6 cannot budget them per request anyway (`disable-l7-retry` leaves connection retries alone).
 
 Secrets never appear in the rendered text: HAProxy expands "${VAR}" at start-up, and a `.if`
 guard refuses to start when one is empty (an empty API key would otherwise match "Bearer ").
@@ -401,7 +404,6 @@ def _endpoint_sections(
         fl.append(f"    http-request del-header {h}")
     fl.append("    http-request set-header X-Gateway-Tenant %[var(txn.tenant)]")
 
-    backends_for_budget: list[str] = []
     route: list[str] = []
     if g.canary is not None:
         hdr = g.sticky_hash_header if g.canary.hash_key == "session" else g.canary.user_header
@@ -410,7 +412,6 @@ def _endpoint_sections(
         route.append(f"    acl canary_side req.fhdr({hdr}),xxh32({_canary_seed(g.canary.revision)}),mod(10000) "
                   f"-m int lt {basis_points}")
         route.append(f"    use_backend {be_canary} if canary_key canary_side")
-        backends_for_budget.append(be_canary)
     if has_floor:
         slots = _slot_count(floor_servers[e.name])
         fl.append(f"    http-request set-var(txn.floor_server) lua.llm_pick_floor({be_floor},floor,{slots},"
@@ -427,11 +428,6 @@ def _endpoint_sections(
     fl.append("    http-after-response set-header Cache-Control no-cache if { res.hdr(content-type) -m beg text/event-stream }")
     fl.append("")
 
-    if has_floor:
-        backends_for_budget.append(be_floor)
-    if has_burst:
-        backends_for_budget.append(be_burst)
-    budget = (f"lua.llm_retry_ok({n},{g.retry_budget_fraction},{'+'.join(backends_for_budget)})")
 
     def common(role: str) -> list[str]:
         return [
@@ -442,10 +438,10 @@ def _endpoint_sections(
             f"    http-request set-timeout server {first_ms + STREAM_BACKSTOP_MS} "
             "if { var(txn.stream) -m int eq 1 }",
             f"    retries {g.max_retries}",
-            # only failures before any response byte: the request provably did not run to output
-            "    retry-on conn-failure empty-response",
+            # only failures before the request was sent (see the module docstring); also spares
+            # HAProxy the copy of every request body that other retry-on kinds need
+            "    retry-on conn-failure",
             "    option redispatch 1",
-            f"    http-request disable-l7-retry unless {{ {budget} -m bool }}",
             f"    http-request set-var(txn.route) str({role})",
             f"    http-response set-header X-Served-By {role}",
         ]

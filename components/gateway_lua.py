@@ -1,4 +1,4 @@
-"""The Lua half of the gateway: body gate, body stamping, stream-gap watchdog, retry budget.
+"""The Lua half of the gateway: body gate, body stamping, floor pick, stream-gap watchdog.
 
 Kept as a Python string so the renderer ships it next to haproxy.cfg (one source, no second copy).
 Written for HAProxy 2.6 (Lua 5.3): actions cannot rewrite an HTTP body there, so the rewrite is a
@@ -333,50 +333,5 @@ core.register_filter("llm_stream", Gap, function(f, args)
   f.args_first = tonumber(args[1])
   f.args_inter = tonumber(args[2])
   return f
-end)
-
--- Retry budget: retries allowed only while the retries of the last window stay below
--- fraction x requests of that window (+1 so a quiet endpoint can still retry once).
--- A task samples each backend's cumulative counters (requests `stot`, retries `wretr`) every
--- SAMPLE_MS. Budgets are per gateway pod; every pod enforces the same fraction.
-local budgets = {}   -- key -> { fraction, backends = {...}, ring = {}, ok = true }
-local WINDOW_S = 10
-local SAMPLE_MS = 250  -- short, so a burst of failures exhausts the budget within a quarter second
-local function sample(b)
-  local req, retr = 0, 0
-  for _, name in ipairs(b.backends) do
-    local px = core.backends[name]
-    if px then
-      local st = px:get_stats()
-      req = req + (tonumber(st.stot) or 0)
-      retr = retr + (tonumber(st.wretr) or 0)
-    end
-  end
-  return req, retr
-end
-local function refresh(b)
-  local req, retr = sample(b)
-  table.insert(b.ring, { req = req, retr = retr })
-  if #b.ring > WINDOW_S * 1000 // SAMPLE_MS + 1 then table.remove(b.ring, 1) end
-  local old = b.ring[1]
-  b.ok = (retr - old.retr) < b.fraction * (req - old.req) + 1
-end
--- lua.llm_retry_ok(<key>,<fraction>,<backend>+<backend>...): the budget registers itself on first use.
-core.register_fetches("llm_retry_ok", function(txn, key, fraction, backends)
-  local b = budgets[key]
-  if not b then
-    local names = {}
-    for name in backends:gmatch("[^+]+") do names[#names + 1] = name end
-    b = { fraction = tonumber(fraction), backends = names, ring = {}, ok = true }
-    refresh(b)  -- the window starts now, not at the task's next tick
-    budgets[key] = b
-  end
-  return b.ok
-end)
-core.register_task(function()
-  while true do
-    for _, b in pairs(budgets) do refresh(b) end
-    core.msleep(SAMPLE_MS)
-  end
 end)
 '''
