@@ -38,6 +38,7 @@ from typing import Mapping
 from urllib.parse import urlsplit
 
 from components.gateway_lua import GATEWAY_LUA
+from topology.gateway_timing import GATEWAY_CLIENT_IDLE_S
 from topology.spec import EndpointSpec, TopologySpec
 
 @dataclass(frozen=True)
@@ -300,7 +301,7 @@ def render_gateway_config(
         "    option http-no-delay",  # small SSE chunks leave at once (no Nagle/MSG_MORE batching)
         "    option dontlognull",
         "    timeout connect 3s",
-        "    timeout client 60s",
+        f"    timeout client {GATEWAY_CLIENT_IDLE_S}s",
         f"    timeout http-request {BODY_WAIT_S}s",
         "    timeout http-keep-alive 10s",
         "    timeout client-fin 5s",
@@ -361,9 +362,8 @@ def _endpoint_sections(
     stamp = g.cache_isolation == "cache_salt"
 
     fl = [f"frontend {fe}", f"    bind {bind}"]
-    # every POST body may get "max_tokens" (and the tenant's cache_salt) stamped in
-    fl.append("    filter lua.llm_body")
-    fl.append(f"    filter lua.llm_stream {first_ms} {inter_ms}")
+    # stamps "max_tokens" (and the tenant's cache_salt) into POST bodies; watches stream gaps
+    fl.append(f"    filter lua.llm {first_ms} {inter_ms} {_ms(g.sse_heartbeat_s)}")
     fl.append("    http-request set-var(txn.route) str(rejected)")
     # tenants: API key (from the Secret, via env) -> tenant
     for t in g.tenants:

@@ -153,7 +153,7 @@ local function json_string(s)
 end
 
 -- http-request lua.llm_gate <max_tokens> <salt env var or "-">
--- Validates the buffered body and prepares the prefix the llm_body filter inserts.
+-- Validates the buffered body and prepares the prefix the llm filter inserts.
 core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, salt_env)
   local body = txn.f:req_body() or ""
   local keys, err, _, count = top_level_keys(body)
@@ -203,110 +203,104 @@ end, 2)
 -- until that replica is full; only then does it move, and when every replica is full the fetch
 -- returns "" and the frontend routes to burst. Without a key: the least-loaded replica.
 -- lua.llm_pick_floor(<backend>,<server prefix>,<slots>,<threshold>,<key header>)
+-- Cost: one hash of the key, then per candidate three native fetches; usually the first has room.
 local function mix32(h)
   h = h ~ (h >> 16); h = (h * 0x85ebca6b) & 0xffffffff
   h = h ~ (h >> 13); h = (h * 0xc2b2ae35) & 0xffffffff
   return h ~ (h >> 16)
 end
-local function hrw_score(key, i)
-  local h = 0x811c9dc5 ~ i
+local function key_hash(key)
+  local h = 0x811c9dc5
   for k = 1, #key do h = ((h ~ key:byte(k)) * 0x01000193) & 0xffffffff end
-  return mix32(h)
+  return h
 end
-local floor_servers = {}  -- backend -> { [i] = Server } (this thread's Lua state)
-local function floor_server(backend, name)
-  local per = floor_servers[backend]
-  if not per then per = {} floor_servers[backend] = per end
-  local srv = per[name]
-  if srv == nil then
-    local px = core.backends[backend]
-    srv = (px and px.servers[name]) or false
-    per[name] = srv
-  end
-  return srv
-end
-local function inflight(srv)
-  local st = srv:get_stats()  -- 2.6: srv_conn() cannot be called from Lua; the stats can
-  return (tonumber(st.scur) or 0) + (tonumber(st.qcur) or 0)
+-- In-flight (served + queued) of slot i, nil when it is not up. Each fetch gets a freshly built
+-- "backend/server" string: 2.6 writes a NUL into the string it parses, so one cannot be reused.
+local function load_of(f, sep, i)
+  if not f:srv_is_up(sep .. i) then return nil end
+  return (f:srv_conn(sep .. i) or 0) + (f:srv_queue(sep .. i) or 0)
 end
 core.register_fetches("llm_pick_floor", function(txn, backend, prefix, slots_arg, threshold_arg, header)
   local slots, threshold = tonumber(slots_arg), tonumber(threshold_arg)
-  local key = txn.f:req_fhdr(header)
-  local order = {}
-  for i = 1, slots do
-    local name = prefix .. i
-    if txn.f:srv_is_up(backend .. "/" .. name) then
-      local srv = floor_server(backend, name)
-      if srv then order[#order + 1] = { name = name, srv = srv, score = (key and key ~= "") and hrw_score(key, i) or 0 } end
-    end
-  end
+  local f = txn.f
+  local sep = backend .. "/" .. prefix
+  local key = f:req_fhdr(header)
   if key and key ~= "" then
-    table.sort(order, function(a, b) return a.score > b.score end)
-    for _, c in ipairs(order) do
-      if inflight(c.srv) < threshold then return c.name end
+    local h = key_hash(key)
+    local scores = {}
+    for i = 1, slots do scores[i] = mix32(h ~ ((i * 0x9e3779b1) & 0xffffffff)) end
+    for _ = 1, slots do  -- slots in the key's order, highest score first
+      local best, bi = -1, 1
+      for i = 1, slots do
+        if scores[i] > best then best, bi = scores[i], i end
+      end
+      scores[bi] = -1
+      local load = load_of(f, sep, bi)
+      if load and load < threshold then return prefix .. bi end
     end
     return ""  -- a nil return would still set the variable; "" means "no replica has room"
   end
   local best, best_load = nil, threshold
-  for _, c in ipairs(order) do
-    local load = inflight(c.srv)
-    if load < best_load then best, best_load = c.name, load end
+  for i = 1, slots do
+    local load = load_of(f, sep, i)
+    if load and load < best_load then best, best_load = i, load end
   end
-  return best or ""
+  return best and (prefix .. best) or ""
 end)
 
--- Request filter: inserts txn.gate_prefix right after the body's opening brace.
-local BodyStamp = { id = "llm-body-stamp", flags = filter.FLT_CFG_FL_HTX }
-BodyStamp.__index = BodyStamp
--- HAProxy calls new() on the per-declaration copy that holds the filter's arguments: inherit from it
-function BodyStamp:new() return setmetatable({ done = false }, { __index = self }) end
-function BodyStamp:start_analyze(txn, chn)
-  if not chn:is_resp() then filter.register_data_filter(self, chn) end
-  return filter.CONTINUE
-end
-function BodyStamp:http_payload(txn, msg)
-  local n = msg:input()
-  if self.done or n == 0 then return n end
-  local prefix = txn:get_var("txn.gate_prefix")
-  if not prefix then self.done = true return n end
-  local data = msg:body(0, n)
-  local pos = data:find("{", 1, true)
-  if not pos then return n end -- brace not buffered yet; wait-for-body makes this unreachable
-  msg:insert(prefix, pos)
-  self.done = true
-  return n + #prefix
-end
-core.register_filter("llm_body", BodyStamp, function(f, args) return f end)
-
--- Response filter: per-gap limits on a streamed response. Until the first body byte the
--- limit is first_byte_ms from the request (covers queueing, prefill, a burst cold start);
--- afterwards inter_chunk_ms between chunks. On expiry it ends the stream with an SSE error
--- event; HAProxy then drops the unfinished upstream connection, which aborts the generation.
-local Gap = { id = "llm-stream-gaps", flags = filter.FLT_CFG_FL_HTX }
-Gap.__index = Gap
+-- One filter per stream, both directions (fewer Lua calls per request than two filters).
+-- Request: inserts txn.gate_prefix right after the body's opening brace.
+-- Response: per-gap limits on a streamed response. Until the first body byte the limit is
+-- first_byte_ms from the request (covers queueing, prefill, a burst cold start); afterwards
+-- inter_chunk_ms between chunks. On expiry it ends the stream with an SSE error event; HAProxy then
+-- drops the unfinished upstream connection, which aborts the generation.
+local Llm = { id = "llm", flags = filter.FLT_CFG_FL_HTX }
+Llm.__index = Llm
 local function now_ms()
   local t = core.now()
   return t.sec * 1000 + t.usec // 1000
 end
-function Gap:new()
-  return setmetatable({ started = now_ms(), last = nil, active = false, ended = false }, { __index = self })
+-- HAProxy calls new() on the per-declaration copy that holds the filter's arguments: inherit from it
+function Llm:new()
+  return setmetatable({ started = now_ms(), last = nil, active = false, ended = false, req_done = false },
+    { __index = self })
 end
-function Gap:start_analyze(txn, chn)
-  if chn:is_resp() then filter.register_data_filter(self, chn) end
+function Llm:start_analyze(txn, chn)
+  filter.register_data_filter(self, chn)
   return filter.CONTINUE
 end
-function Gap:http_headers(txn, msg)
-  local streaming = txn:get_var("txn.stream")
-  self.active = streaming == 1
+function Llm:http_headers(txn, msg)
+  if not msg:is_resp() then return filter.CONTINUE end
+  self.req_done = true
+  self.active = txn:get_var("txn.stream") == 1
   if self.active then
     -- engines send headers before the first token: the first-byte clock keeps running, and a
     -- wake-up is needed because no payload callback comes while the upstream stays silent
-    filter.wake_time(math.max(self.started + self.args_first - now_ms(), 0) + 1)
+    local t = now_ms()
+    local wake = math.max(self.started + self.args_first - t, 0)
+    local beat = self.started + self.args_beat - t
+    if beat < wake then wake = beat end
+    filter.wake_time(math.max(wake, 0) + 1)
   end
   return filter.CONTINUE
 end
-function Gap:http_payload(txn, msg)
+local function stamp(txn, msg, n)
+  local prefix = txn:get_var("txn.gate_prefix")
+  if not prefix or n == 0 then return n, prefix == nil end
+  local data = msg:body(0, n)
+  local pos = data:find("{", 1, true)
+  if not pos then return n, false end -- brace not buffered yet; wait-for-body makes this unreachable
+  msg:insert(prefix, pos)
+  return n + #prefix, true
+end
+function Llm:http_payload(txn, msg)
   local n = msg:input()
+  if not self.req_done then
+    local done
+    n, done = stamp(txn, msg, n)
+    self.req_done = done
+    return n
+  end
   if not self.active or self.ended then return n end
   local t = now_ms()
   if n > 0 then self.last = t end
@@ -326,12 +320,26 @@ function Gap:http_payload(txn, msg)
     txn:set_var("txn.gap_expired", 1)
     return msg:input()
   end
+  -- heartbeat: after args_beat ms with nothing sent to the client, an SSE comment line keeps idle
+  -- timeouts on the path from closing the stream. Only after silence, so at an event boundary
+  -- (engines write whole events). Per chunk this is two comparisons, no extra call.
+  local quiet_since = self.last or self.started
+  if self.beat and self.beat > quiet_since then quiet_since = self.beat end
+  local beat_in = quiet_since + self.args_beat - t
+  if beat_in <= 0 then
+    self.beat = t
+    msg:append(": keep-alive\n\n")
+    n = msg:input()
+    beat_in = self.args_beat
+  end
+  if beat_in < left then left = beat_in end
   filter.wake_time(left + 1)
   return n
 end
-core.register_filter("llm_stream", Gap, function(f, args)
+core.register_filter("llm", Llm, function(f, args)
   f.args_first = tonumber(args[1])
   f.args_inter = tonumber(args[2])
+  f.args_beat = tonumber(args[3])
   return f
 end)
 '''

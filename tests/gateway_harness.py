@@ -83,7 +83,9 @@ def wait_for_port(port: int, timeout_s: float = 5.0) -> None:
 class HaproxyProcess:
     """One haproxy process running a rendered config from `workdir`; `stop()` always reaps it."""
 
-    def __init__(self, rendered: RenderedGateway, workdir: Path, env: dict[str, str], wait_ports: list[int]):
+    def __init__(self, rendered: RenderedGateway, workdir: Path, env: dict[str, str], wait_ports: list[int],
+                 prefix: tuple[str, ...] = ()):
+        """prefix: a command to run haproxy under (the benchmark's `taskset -c 0 chrt -f 50`)."""
         self.workdir = workdir
         for name, text in rendered.files.items():
             (workdir / name).write_text(text)
@@ -94,7 +96,7 @@ class HaproxyProcess:
                                env={**os.environ, **env}, capture_output=True, text=True, timeout=30)
         if check.returncode != 0:
             raise RuntimeError(f"haproxy rejected the rendered config:\n{check.stdout}{check.stderr}")
-        self.proc = subprocess.Popen([binary, "-db", "-f", str(workdir / CONFIG_FILE)],
+        self.proc = subprocess.Popen([*prefix, binary, "-db", "-f", str(workdir / CONFIG_FILE)],
                                      env={**os.environ, **env}, stdout=self._log, stderr=subprocess.STDOUT)
         try:
             for p in wait_ports:

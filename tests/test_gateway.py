@@ -28,7 +28,7 @@ def scaled_spec(spec):
     """Prod spec with test-sized gateway figures (same renderer, smaller numbers)."""
     eps = []
     for e in spec.endpoints:
-        update = {"first_byte_timeout_s": 2, "inter_chunk_timeout_s": 1}
+        update = {"first_byte_timeout_s": 2, "inter_chunk_timeout_s": 1, "sse_heartbeat_s": 0.5}
         if e.name == "assist":
             update |= {"overflow_inflight_per_replica": 4,
                        "canary": CanarySpec(percent=30.0, revision="assist-rev-b", hash_key="user",
@@ -259,6 +259,29 @@ def test_no_response_headers_within_limit_is_a_json_504(gw):
     status, _, content, _ = post(gw["ports"]["assist"], body(stream=True), headers={"X-Fake-Ttfb-Ms": "3400"})
     assert status == 504
     assert json.loads(content)["error"]["code"] == 504
+
+
+def test_heartbeats_keep_a_long_prefill_alive(gw):
+    # 1.7 s before the first token (under the 2 s limit), heartbeat every 0.5 s of silence
+    status, _, content, _ = post(gw["ports"]["assist"], body(stream=True),
+                                 headers={"X-Fake-First-Chunk-Ms": "1700", "X-Fake-Chunks": "2"})
+    assert status == 200
+    text = content.decode()
+    before_first = text[:text.index("data: ")]
+    assert before_first.count(": keep-alive\n\n") == 3  # at 0.5, 1.0 and 1.5 s
+    assert "[DONE]" in text and "event: error" not in text
+
+
+def test_heartbeat_in_a_gap_between_chunks_and_none_on_a_busy_stream(gw):
+    status, _, content, _ = post(gw["ports"]["assist"], body(stream=True),
+                                 headers={"X-Fake-Chunks": "2", "X-Fake-Gap-After": "0", "X-Fake-Gap-Ms": "800"})
+    text = content.decode()
+    assert status == 200 and "[DONE]" in text and "event: error" not in text
+    between = text[text.index('"index": 0'):text.index('"index": 1')]
+    assert between.count(": keep-alive") == 1  # 0.5 s into the 0.8 s gap
+    status, _, content, _ = post(gw["ports"]["assist"], body(stream=True),
+                                 headers={"X-Fake-Chunks": "8", "X-Fake-Interval-Ms": "150"})
+    assert status == 200 and ": keep-alive" not in content.decode()
 
 
 # 5. retries only before generation ---------------------------------------------------------
