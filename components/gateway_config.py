@@ -265,7 +265,8 @@ def render_gateway_config(
         if e.name not in binds:
             raise ValueError(f"no bind address for endpoint {e.name!r}; given: {sorted(binds)}")
         sections.append(_endpoint_sections(e, burst_urls, floor_servers, canary_servers, binds[e.name],
-                                           health_check_interval_ms, secret_env, gateway_replicas, ca_path))
+                                           health_check_interval_ms, secret_env, gateway_replicas, ca_path,
+                                           max_connections))
 
     head = [
         "# Rendered by components/gateway_config.py from the TopologySpec "
@@ -336,6 +337,7 @@ def _endpoint_sections(
     secret_env: dict[str, str],
     gateway_replicas: int,
     ca_path: str,
+    max_connections: int,
 ) -> str:
     g = e.gateway
     threshold = per_pod_threshold(g.overflow_inflight_per_replica, gateway_replicas)
@@ -393,11 +395,17 @@ def _endpoint_sections(
                                  "but cache_isolation is 'cache_salt'")
             salt_env = env_name(e.name, t.cache_salt_secret_key)
             secret_env[salt_env] = t.cache_salt_secret_key
-        fl.append(f"    http-request lua.llm_gate {g.max_tokens} {salt_env} "
-                  f"if METH_POST {{ var(txn.tenant) -m str {config_name(t.name)} }}")
+        # Idempotency-Key dedupe: at most max_connections keys per tenant (no more requests can be in
+        # flight), each expiring after the endpoint's longest request plus the body wait
+        fl.append(f"    http-request lua.llm_gate {g.max_tokens} {salt_env} {config_name(t.name)} {max_connections} "
+                  f"{whole_ms + BODY_WAIT_S * 1000} if METH_POST {{ var(txn.tenant) -m str {config_name(t.name)} }}")
     fl.append("    http-request return status 400 content-type application/json "
               "lf-string '{\"error\":{\"message\":\"%[var(txn.gate_error)]\",\"type\":\"invalid_request_error\","
               "\"code\":400}}' if { var(txn.gate_error) -m found }")
+    fl.append("    " + _json_error(409, "a request with this Idempotency-Key is already in flight", "conflict_error")
+              + " if { var(txn.idem_refused) -m str busy }")
+    fl.append("    " + _json_error(429, "too many requests with an Idempotency-Key in flight for this tenant",
+                                   "rate_limit_error") + " if { var(txn.idem_refused) -m str full }")
     fl.append("    http-request set-header Content-Length %[var(txn.gate_len)] if { var(txn.gate_len) -m found }")
     # nothing the client sends may impersonate the gateway or leak its key upstream
     for h in ("Authorization", "Modal-Key", "Modal-Secret", "X-Gateway-Tenant"):

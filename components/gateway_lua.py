@@ -152,9 +152,39 @@ local function json_string(s)
   end) .. '"'
 end
 
--- http-request lua.llm_gate <max_tokens> <salt env var or "-">
+-- Idempotency keys in flight, per tenant: key -> expiry (ms). A request whose key is in flight
+-- is refused (409) instead of starting a second generation; the llm filter releases the key when
+-- its stream ends (end_analyze runs on every path, aborts included), the expiry (the endpoint's
+-- longest request) is the backstop. At most `cap` keys per tenant (the gateway's maxconn: no more
+-- requests can be in flight), so memory stays bounded. HAProxy's own retry (connection refused)
+-- happens inside the same stream, so it keeps the key.
+local idem = {}
+local MAX_IDEM_KEY = 255
+local function idem_claim(tenant, key, cap, ttl_ms, t)
+  local tb = idem[tenant]
+  if not tb then tb = { n = 0, keys = {} } idem[tenant] = tb end
+  local exp = tb.keys[key]
+  if exp and exp > t then return "busy" end
+  if exp then tb.keys[key] = nil; tb.n = tb.n - 1 end
+  if tb.n >= cap then
+    for k, e in pairs(tb.keys) do
+      if e <= t then tb.keys[k] = nil; tb.n = tb.n - 1 end
+    end
+    if tb.n >= cap then return "full" end
+  end
+  tb.keys[key] = t + ttl_ms
+  tb.n = tb.n + 1
+  return nil
+end
+local function idem_release(claim)
+  local tenant, key = claim:match("^([^\n]*)\n(.*)$")
+  local tb = tenant and idem[tenant]
+  if tb and tb.keys[key] then tb.keys[key] = nil; tb.n = tb.n - 1 end
+end
+
+-- http-request lua.llm_gate <max_tokens> <salt env var or "-"> <tenant> <idempotency cap> <ttl ms>
 -- Validates the buffered body and prepares the prefix the llm filter inserts.
-core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, salt_env)
+core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, salt_env, tenant, cap, ttl)
   local body = txn.f:req_body() or ""
   local keys, err, _, count = top_level_keys(body)
   if not keys then txn:set_var("txn.gate_error", err) return end
@@ -182,6 +212,17 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
       end
     end
   end
+  local idem_key = txn.f:req_fhdr("idempotency-key")
+  if idem_key and idem_key ~= "" then
+    if #idem_key > MAX_IDEM_KEY then
+      txn:set_var("txn.gate_error", "Idempotency-Key is longer than " .. MAX_IDEM_KEY .. " characters")
+      return
+    end
+    local t = core.now()
+    local refused = idem_claim(tenant, idem_key, tonumber(cap), tonumber(ttl), t.sec * 1000 + t.usec // 1000)
+    if refused then txn:set_var("txn.idem_refused", refused) return end
+    txn:set_var("txn.idem", tenant .. "\n" .. idem_key)
+  end
   local s = keys["stream"]
   txn:set_var("txn.stream", (s and s.raw == "true") and 1 or 0)
   local parts = {}
@@ -195,7 +236,7 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
   if count > 0 then prefix = prefix .. "," end
   txn:set_var("txn.gate_prefix", prefix)
   txn:set_var("txn.gate_len", #body + #prefix)
-end, 2)
+end, 5)
 
 -- Floor replica choice: rendezvous (highest-random-weight) hashing of the session key over the
 -- floor's server slots, taking the first replica in the key's order whose in-flight (served +
@@ -267,6 +308,13 @@ function Llm:new()
 end
 function Llm:start_analyze(txn, chn)
   filter.register_data_filter(self, chn)
+  return filter.CONTINUE
+end
+function Llm:end_analyze(txn, chn)
+  if chn:is_resp() then
+    local claim = txn:get_var("txn.idem")
+    if claim then idem_release(claim) end
+  end
   return filter.CONTINUE
 end
 function Llm:http_headers(txn, msg)

@@ -422,6 +422,69 @@ def test_valid_json_of_every_shape_is_forwarded_intact(gw):
     assert {k: v for k, v in rec.body.items() if k not in ("max_tokens", "cache_salt")} == payload
 
 
+# idempotency keys ---------------------------------------------------------------------------
+
+def test_idempotency_key_in_flight_is_refused_and_released_when_the_stream_ends(gw):
+    import concurrent.futures as cf
+
+    ups, port = gw["ups"], gw["ports"]["assist"]
+    for u in ups.values():
+        u.release_event.clear()
+    key = {"Idempotency-Key": f"idem-{uuid.uuid4()}"}
+    with cf.ThreadPoolExecutor(max_workers=2) as pool:
+        first = pool.submit(post, port, body(stream=True), headers={**key, "X-Fake-Hold": "1", "X-Fake-Chunks": "2"})
+        assert wait_until(lambda: any(r.headers.get("idempotency-key") == key["Idempotency-Key"]
+                                      for u in ups.values() for r in u.log.completions()))
+        status, _, content, rid = post(port, body(stream=True), headers=key)  # the client's own retry
+        assert status == 409 and json.loads(content)["error"]["type"] == "conflict_error"
+        assert records(gw, rid) == []  # no second generation started
+        # another tenant's identical key is its own
+        status, _, _, _ = post(port, body(), key=KEYS["globex"], headers=key)
+        assert status == 200
+        for u in ups.values():
+            u.release()
+        assert first.result(timeout=10)[0] == 200
+    status, _, _, _ = post(port, body(), headers=key)  # finished: the key is free again
+    assert status == 200
+
+
+def test_idempotency_key_is_released_when_the_client_leaves(gw):
+    port = gw["ports"]["assist"]
+    idem = f"idem-{uuid.uuid4()}"
+    payload = json.dumps(body(stream=True)).encode()
+    req = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEYS['acme']}\r\n"
+           f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nIdempotency-Key: {idem}\r\n"
+           "X-Fake-Chunks: 100\r\nX-Fake-Interval-Ms: 50\r\n\r\n").encode() + payload
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(req)
+    got = b""
+    while b"data: " not in got:
+        chunk = sock.recv(4096)
+        assert chunk
+        got += chunk
+    status, _, _, _ = post(port, body(), headers={"Idempotency-Key": idem})
+    assert status == 409  # still streaming
+    sock.close()
+    assert wait_until(lambda: post(port, body(), headers={"Idempotency-Key": idem})[0] == 200, timeout_s=3)
+
+
+def test_gateway_retry_keeps_the_key_and_frees_it_after(gw):
+    # guard: one dead replica; requests hashed onto it are retried on the live one with their key
+    before = len([ln for ln in gw["proc"].log_lines() if "fe_guard" in ln])
+    for i in range(8):
+        h = {"X-Session-Id": f"guard-idem-{i}", "Idempotency-Key": f"guard-key-{i}"}
+        assert post(gw["ports"]["guard"], body(), key=KEYS["default"], headers=h)[0] == 200
+        assert post(gw["ports"]["guard"], body(), key=KEYS["default"], headers=h)[0] == 200
+    assert wait_until(lambda: len([ln for ln in gw["proc"].log_lines() if "fe_guard" in ln]) >= before + 16)
+    lines = [ln for ln in gw["proc"].log_lines() if "fe_guard" in ln][before:]
+    assert any(ln.split()[8].split("/")[-1].lstrip("+") == "1" for ln in lines)  # some were retried
+
+
+def test_overlong_idempotency_key_is_refused(gw):
+    status, _, _, rid = post(gw["ports"]["assist"], body(), headers={"Idempotency-Key": "k" * 256})
+    assert status == 400 and records(gw, rid) == []
+
+
 # 7. tenancy and canary ---------------------------------------------------------------------
 
 def test_tenants_with_the_same_prompt_get_their_own_cache_salt(gw):
