@@ -11,12 +11,14 @@ What each piece enforces:
   threshold the next in the key's order, and when every replica is at the threshold the request
   goes to burst; decided before any byte goes upstream, so nothing waits in HAProxy's queue;
 - bodies: 413 above max_request_body_bytes from Content-Length alone, before reading the body; the
-  (size-capped) body is then buffered and checked by Lua (`gateway_lua.py`): JSON object, max_tokens
-  within the endpoint cap (stamped when absent), no client-chosen cache_salt; the tenant's salt is
-  stamped into the body, which is where vLLM reads it;
+  (size-capped) body is then buffered and checked by Lua (`gateway_lua.py`): the whole body valid JSON
+  and an object, max_tokens within the endpoint cap (stamped when absent), no client-chosen cache_salt;
+  the tenant's salt is stamped into the body, which is where vLLM reads it; an Idempotency-Key already
+  in flight for the tenant gets 409;
 - streams: responses are never buffered (`http-no-delay`, `X-Accel-Buffering: no`); a Lua response
   filter enforces the first-byte and inter-chunk gap limits and ends a stalled stream with an SSE
-  error event; there is no total request timeout on a stream;
+  error event, and sends an SSE comment after the spec's heartbeat interval of silence; there is no
+  total request timeout on a stream;
 - retries: `retries` = max_retries, only when the connection failed (refused, reset or TLS failure
   before the request was sent), redispatched to another replica. Never after the request went out:
   a request that crashes a replica before it answers ("empty response") would crash the next one.
