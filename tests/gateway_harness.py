@@ -63,10 +63,19 @@ def pod_ca_dir(dest: Path, image: HaproxyImage = HAPROXY_IMAGE) -> Path:
     return dest
 
 
+_GIVEN_PORTS: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port not handed out before in this process (the kernel may offer a just-closed
+    port again: two frontends on one port would then share it through SO_REUSEPORT)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN_PORTS:
+            _GIVEN_PORTS.add(port)
+            return port
 
 
 def wait_for_port(port: int, timeout_s: float = 5.0) -> None:
