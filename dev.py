@@ -42,31 +42,33 @@ def ensure_venv() -> None:
     STAMP.write_text(want)
 
 
-def ensure_debian_package(binary: str, package: str, services: tuple[str, ...], why: str) -> None:
-    """Install Debian's `package` when `binary` is missing and we are root; stop the services it starts
+def ensure_debian_package(present: bool, packages: tuple[str, ...], services: tuple[str, ...], why: str) -> None:
+    """Install Debian's `packages` unless `present` and we are root; stop the services they start
     (the tests start their own processes on 127.0.0.1)."""
-    if shutil.which(binary):
+    if present:
         return
     if os.geteuid() == 0 and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         run(["apt-get", "update", "-qq"], env=env)
-        run(["apt-get", "install", "-y", "-qq", package], env=env)
+        run(["apt-get", "install", "-y", "-qq", *packages], env=env)
         for service in services:
             subprocess.run(["service", service, "stop"], cwd=ROOT, check=False, capture_output=True)
     else:
-        print(f"{binary} is not installed and this is not root: {why} will be skipped "
-              f"(install Debian's '{package}' package to run them)", flush=True)
+        print(f"{' and '.join(packages)} not installed and this is not root: {why} will be skipped "
+              f"(install Debian's {' '.join(packages)} to run them)", flush=True)
 
 
 def ensure_haproxy() -> None:
-    """The gateway tests run a real HAProxy on 127.0.0.1 (the package's service listens on :80)."""
-    ensure_debian_package("haproxy", "haproxy", ("haproxy",), "gateway tests")
+    """The gateway tests run a real HAProxy on 127.0.0.1 (the package's service listens on :80);
+    ca-certificates: the tests verify TLS against the same CAs the gateway image carries."""
+    present = bool(shutil.which("haproxy")) and Path("/usr/share/ca-certificates/mozilla").is_dir()
+    ensure_debian_package(present, ("haproxy", "ca-certificates"), ("haproxy",), "gateway tests")
 
 
 def ensure_prometheus() -> None:
     """The alert, trigger-query and calibrate tests run promtool and a real Prometheus on 127.0.0.1 (the package
     also starts a Prometheus on :9090 and a node exporter)."""
-    ensure_debian_package("promtool", "prometheus", ("prometheus", "prometheus-node-exporter"),
+    ensure_debian_package(bool(shutil.which("promtool")), ("prometheus",), ("prometheus", "prometheus-node-exporter"),
                           "Prometheus tests")
 
 

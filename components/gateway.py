@@ -26,7 +26,9 @@ from .gateway_config import (
     MODAL_KEY_ENV,
     MODAL_SECRET_ENV,
     STATS_PORT,
+    HAPROXY_IMAGE,
     DnsServers,
+    HaproxyImage,
     RenderedGateway,
     endpoint_ports,
     env_name,
@@ -37,8 +39,6 @@ from .gateway_config import (
     render_gateway_config,
 )
 
-# Same release line as Debian bookworm's haproxy 2.6.12, which the tests run the rendered config on.
-HAPROXY_IMAGE = "haproxy:2.6.12"
 CONFIG_DIR = "/usr/local/etc/haproxy"
 
 
@@ -59,7 +59,8 @@ class GatewayArgs:
     # Each pod enforces 1/replicas of the per-replica overflow threshold (it sees only its own
     # in-flight requests); change replicas, not a per-pod figure, to scale the gateway.
     replicas: int = 2
-    image: str = HAPROXY_IMAGE
+    # tag, numeric user and trust store together (gateway_config.HAPROXY_IMAGE, checked upstream)
+    image: HaproxyImage = HAPROXY_IMAGE
     cpu_request: str = "1"  # HAProxy runs one thread (see gateway_config)
     memory_request: str = "512Mi"
     # HAProxy holds up to 2 buffers of tune.bufsize (~208 KiB for prod) per active stream; the
@@ -110,7 +111,7 @@ class Gateway(pulumi.ComponentResource):
             urls = {n: (v or None) for n, v in zip(burst_names, values)}
             return render_gateway_config(spec, burst_urls=urls, floor_servers=floor,
                                          canary_servers=canary, lua_path=f"{CONFIG_DIR}/{LUA_FILE}",
-                                         gateway_replicas=args.replicas)
+                                         gateway_replicas=args.replicas, ca_path=args.image.ca_dir)
 
         rendered = urls.apply(render)
         self.ports = endpoint_ports(spec)
@@ -164,7 +165,7 @@ class Gateway(pulumi.ComponentResource):
                         }],
                         "containers": [{
                             "name": "haproxy",
-                            "image": args.image,
+                            "image": args.image.tag,
                             "args": ["haproxy", "-W", "-db", "-f", f"{CONFIG_DIR}/{CONFIG_FILE}"],
                             "env": env,
                             "ports": ports,
@@ -174,7 +175,10 @@ class Gateway(pulumi.ComponentResource):
                                 "requests": {"cpu": args.cpu_request, "memory": args.memory_request},
                                 "limits": {"memory": args.memory_limit},
                             },
-                            "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
+                            # the image's `USER haproxy` is a name: the kubelet refuses a non-root
+                            # check it cannot verify ("image has non-numeric user"), so state the uid
+                            "securityContext": {"runAsNonRoot": True, "runAsUser": args.image.uid,
+                                                "runAsGroup": args.image.gid, "allowPrivilegeEscalation": False,
                                                 "readOnlyRootFilesystem": True,
                                                 "capabilities": {"drop": ["ALL"]}},
                             "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],

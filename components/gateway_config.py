@@ -11,14 +11,19 @@ What each piece enforces:
   threshold the next in the key's order, and when every replica is at the threshold the request
   goes to burst; decided before any byte goes upstream, so nothing waits in HAProxy's queue;
 - bodies: 413 above max_request_body_bytes from Content-Length alone, before reading the body; the
-  (size-capped) body is then buffered and checked by Lua (`gateway_lua.py`): JSON object, max_tokens
-  within the endpoint cap (stamped when absent), no client-chosen cache_salt; the tenant's salt is
-  stamped into the body, which is where vLLM reads it;
+  (size-capped) body is then buffered and checked by Lua (`gateway_lua.py`): the whole body valid JSON
+  and an object, max_tokens within the endpoint cap (stamped when absent), no client-chosen cache_salt;
+  the tenant's salt is stamped into the body, which is where vLLM reads it; an Idempotency-Key already
+  in flight for the tenant gets 409;
 - streams: responses are never buffered (`http-no-delay`, `X-Accel-Buffering: no`); a Lua response
   filter enforces the first-byte and inter-chunk gap limits and ends a stalled stream with an SSE
-  error event; there is no total request timeout on a stream;
-- retries: `retries` = max_retries, only on connection failure or a close before any response byte,
-  redispatched to another replica, and switched off once the Lua retry budget is spent.
+  error event, and sends an SSE comment after the spec's heartbeat interval of silence; there is no
+  total request timeout on a stream;
+- retries: `retries` = max_retries, only when the connection failed (refused, reset or TLS failure
+  before the request was sent), redispatched to another replica. Never after the request went out:
+  a request that crashes a replica before it answers ("empty response") would crash the next one.
+  Such retries cost an engine nothing (the kernel refused), so no retry budget guards them; HAProxy
+  2.6 cannot budget them per request anyway (`disable-l7-retry` leaves connection retries alone).
 
 Secrets never appear in the rendered text: HAProxy expands "${VAR}" at start-up, and a `.if`
 guard refuses to start when one is empty (an empty API key would otherwise match "Bearer ").
@@ -36,7 +41,39 @@ from urllib.parse import urlsplit
 
 from components.gateway_lua import GATEWAY_LUA
 from components.names import burst_backend_name, config_name
+from topology.gateway_timing import GATEWAY_CLIENT_IDLE_S
 from topology.spec import EndpointSpec, TopologySpec
+
+@dataclass(frozen=True)
+class HaproxyImage:
+    """The gateway image, stated once: the component deploys `tag`, the tests check that the local
+    haproxy they validate and run the config with has the same major.minor, and build a CA
+    directory from `trust_store_package` holding exactly what the pod's `ca_dir` holds.
+
+    Checked in docker-library/haproxy (2.6/Dockerfile at b2272ec, "Update 2.6 to 2.6.22", 2025-04-22):
+    FROM debian:bookworm-slim; `apt-get install ca-certificates` (added by 71cd019 on 2023-12-21,
+    for @system-ca; the haproxy:2.6.12 image, built on bullseye-slim before that, purged it with the
+    build dependencies and has no CA at all); `useradd --uid 99`, `groupadd --gid 99`;
+    `USER haproxy` (a name, so the kubelet needs runAsUser to prove non-root). The `-bookworm` suffix
+    keeps the tag on the Debian release the host's haproxy 2.6 and ca-certificates come from
+    (the plain 2.6 tags moved to trixie with commit 2ff3f8b).
+    """
+
+    tag: str
+    uid: int
+    gid: int
+    trust_store_package: str | None  # Debian package that fills ca_dir; None: the image has no CA
+    ca_dir: str = "/etc/ssl/certs"
+
+    @property
+    def major_minor(self) -> str:
+        m = re.fullmatch(r"[^:]+:(\d+)\.(\d+)(?:\.\d+)?(?:-.*)?", self.tag)
+        if m is None:
+            raise ValueError(f"image tag {self.tag!r} has no major.minor version")
+        return f"{m.group(1)}.{m.group(2)}"
+
+
+HAPROXY_IMAGE = HaproxyImage(tag="haproxy:2.6.22-bookworm", uid=99, gid=99, trust_store_package="ca-certificates")
 
 GATEWAY_BASE_PORT = 8080  # endpoint i listens on 8080 + i (spec order)
 STATS_PORT = 8404  # /healthz for probes, /metrics (Prometheus exporter built into HAProxy)
@@ -188,6 +225,7 @@ def render_gateway_config(
     log_target: str = "stdout format raw local0",
     max_connections: int = 4000,
     gateway_replicas: int = 1,
+    ca_path: str = HAPROXY_IMAGE.ca_dir,
 ) -> RenderedGateway:
     """haproxy.cfg + gateway.lua for every gated endpoint of `spec`.
 
@@ -199,6 +237,9 @@ def render_gateway_config(
     binds: endpoint -> "addr:port" (default "*:<8080+i>"); stats_bind likewise (default "*:8404").
     gateway_replicas: HAProxy pods sharing the floor. Each pod sees only its own in-flight
     requests, so each enforces its share of the per-replica threshold (`per_pod_threshold`).
+    ca_path: the trust store TLS to Modal is verified against: the image's CA directory (explicit,
+    because haproxy 2.6's `@system-ca` is OpenSSL's compiled-in directory and ignores SSL_CERT_DIR,
+    so tests could not point it elsewhere); tests pass a directory holding exactly the pod's CAs.
     """
     if gateway_replicas < 1:
         raise ValueError(f"gateway_replicas must be >= 1, got {gateway_replicas}")
@@ -217,7 +258,8 @@ def render_gateway_config(
         if e.name not in binds:
             raise ValueError(f"no bind address for endpoint {e.name!r}; given: {sorted(binds)}")
         sections.append(_endpoint_sections(e, burst_urls, floor_servers, canary_servers, binds[e.name],
-                                           health_check_interval_ms, secret_env, gateway_replicas))
+                                           health_check_interval_ms, secret_env, gateway_replicas, ca_path,
+                                           max_connections))
 
     head = [
         "# Rendered by components/gateway_config.py from the TopologySpec "
@@ -253,7 +295,7 @@ def render_gateway_config(
         "    option http-no-delay",  # small SSE chunks leave at once (no Nagle/MSG_MORE batching)
         "    option dontlognull",
         "    timeout connect 3s",
-        "    timeout client 60s",
+        f"    timeout client {GATEWAY_CLIENT_IDLE_S}s",
         f"    timeout http-request {BODY_WAIT_S}s",
         "    timeout http-keep-alive 10s",
         "    timeout client-fin 5s",
@@ -287,6 +329,8 @@ def _endpoint_sections(
     health_check_interval_ms: int,
     secret_env: dict[str, str],
     gateway_replicas: int,
+    ca_path: str,
+    max_connections: int,
 ) -> str:
     g = e.gateway
     threshold = per_pod_threshold(g.overflow_inflight_per_replica, gateway_replicas)
@@ -313,9 +357,8 @@ def _endpoint_sections(
     stamp = g.cache_isolation == "cache_salt"
 
     fl = [f"frontend {fe}", f"    bind {bind}"]
-    # every POST body may get "max_tokens" (and the tenant's cache_salt) stamped in
-    fl.append("    filter lua.llm_body")
-    fl.append(f"    filter lua.llm_stream {first_ms} {inter_ms}")
+    # stamps "max_tokens" (and the tenant's cache_salt) into POST bodies; watches stream gaps
+    fl.append(f"    filter lua.llm {first_ms} {inter_ms} {_ms(g.sse_heartbeat_s)}")
     fl.append("    http-request set-var(txn.route) str(rejected)")
     # tenants: API key (from the Secret, via env) -> tenant
     for t in g.tenants:
@@ -345,18 +388,23 @@ def _endpoint_sections(
                                  "but cache_isolation is 'cache_salt'")
             salt_env = env_name(e.name, t.cache_salt_secret_key)
             secret_env[salt_env] = t.cache_salt_secret_key
-        fl.append(f"    http-request lua.llm_gate {g.max_tokens} {salt_env} "
-                  f"if METH_POST {{ var(txn.tenant) -m str {config_name(t.name)} }}")
+        # Idempotency-Key dedupe: at most max_connections keys per tenant (no more requests can be in
+        # flight), each expiring after the endpoint's longest request plus the body wait
+        fl.append(f"    http-request lua.llm_gate {g.max_tokens} {salt_env} {config_name(t.name)} {max_connections} "
+                  f"{whole_ms + BODY_WAIT_S * 1000} if METH_POST {{ var(txn.tenant) -m str {config_name(t.name)} }}")
     fl.append("    http-request return status 400 content-type application/json "
               "lf-string '{\"error\":{\"message\":\"%[var(txn.gate_error)]\",\"type\":\"invalid_request_error\","
               "\"code\":400}}' if { var(txn.gate_error) -m found }")
+    fl.append("    " + _json_error(409, "a request with this Idempotency-Key is already in flight", "conflict_error")
+              + " if { var(txn.idem_refused) -m str busy }")
+    fl.append("    " + _json_error(429, "too many requests with an Idempotency-Key in flight for this tenant",
+                                   "rate_limit_error") + " if { var(txn.idem_refused) -m str full }")
     fl.append("    http-request set-header Content-Length %[var(txn.gate_len)] if { var(txn.gate_len) -m found }")
     # nothing the client sends may impersonate the gateway or leak its key upstream
     for h in ("Authorization", "Modal-Key", "Modal-Secret", "X-Gateway-Tenant"):
         fl.append(f"    http-request del-header {h}")
     fl.append("    http-request set-header X-Gateway-Tenant %[var(txn.tenant)]")
 
-    backends_for_budget: list[str] = []
     route: list[str] = []
     if g.canary is not None:
         hdr = g.sticky_hash_header if g.canary.hash_key == "session" else g.canary.user_header
@@ -365,7 +413,6 @@ def _endpoint_sections(
         route.append(f"    acl canary_side req.fhdr({hdr}),xxh32({_canary_seed(g.canary.revision)}),mod(10000) "
                   f"-m int lt {basis_points}")
         route.append(f"    use_backend {be_canary} if canary_key canary_side")
-        backends_for_budget.append(be_canary)
     if has_floor:
         slots = _slot_count(floor_servers[e.name])
         fl.append(f"    http-request set-var(txn.floor_server) lua.llm_pick_floor({be_floor},floor,{slots},"
@@ -382,11 +429,6 @@ def _endpoint_sections(
     fl.append("    http-after-response set-header Cache-Control no-cache if { res.hdr(content-type) -m beg text/event-stream }")
     fl.append("")
 
-    if has_floor:
-        backends_for_budget.append(be_floor)
-    if has_burst:
-        backends_for_budget.append(be_burst)
-    budget = (f"lua.llm_retry_ok({n},{g.retry_budget_fraction},{'+'.join(backends_for_budget)})")
 
     def common(role: str) -> list[str]:
         return [
@@ -397,10 +439,10 @@ def _endpoint_sections(
             f"    http-request set-timeout server {first_ms + STREAM_BACKSTOP_MS} "
             "if { var(txn.stream) -m int eq 1 }",
             f"    retries {g.max_retries}",
-            # only failures before any response byte: the request provably did not run to output
-            "    retry-on conn-failure empty-response",
+            # only failures before the request was sent (see the module docstring); also spares
+            # HAProxy the copy of every request body that other retry-on kinds need
+            "    retry-on conn-failure",
             "    option redispatch 1",
-            f"    http-request disable-l7-retry unless {{ {budget} -m bool }}",
             f"    http-request set-var(txn.route) str({role})",
             f"    http-response set-header X-Served-By {role}",
         ]
@@ -436,7 +478,7 @@ def _endpoint_sections(
         host, port, tls = _parse_burst_url(e.name, burst_urls[e.name])
         opts = ""  # no health check: probing Modal would keep (or wake) a container for nothing
         if tls:
-            opts += f" ssl verify required ca-file @system-ca sni str({host})"
+            opts += f" ssl verify required ca-file {ca_path} sni str({host})"
         if not _is_ip(host):
             opts += " resolvers cluster init-addr last,libc,none"
         host_header = host if port in (80, 443) else f"{host}:{port}"

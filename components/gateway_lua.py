@@ -1,4 +1,4 @@
-"""The Lua half of the gateway: body gate, body stamping, stream-gap watchdog, retry budget.
+"""The Lua half of the gateway: body gate, body stamping, floor pick, stream-gap watchdog.
 
 Kept as a Python string so the renderer ships it next to haproxy.cfg (one source, no second copy).
 Written for HAProxy 2.6 (Lua 5.3): actions cannot rewrite an HTTP body there, so the rewrite is a
@@ -7,8 +7,7 @@ request *filter*; per-gap stream timeouts are a response filter with `filter.wak
 """
 
 GATEWAY_LUA = r'''
--- Top-level keys of a JSON object, names decoded (so "max\u005ftokens" cannot slip past).
--- Returns {name = {raw = <number text or nil>}} or nil, error.
+-- Member names decoded (so "max\u005ftokens" cannot slip past).
 local function decode_key(s)
   local out = s:gsub("\\u(%x%x%x%x)", function(h)
     local c = tonumber(h, 16)
@@ -22,83 +21,118 @@ local function decode_key(s)
   return out
 end
 
-local function read_string(body, i)
-  -- body:sub(i, i) == '"'; returns index after the closing quote, raw inner text
+-- A validating JSON parser (RFC 8259 grammar, UTF-8 checked up front): the engine must never
+-- receive a body the gateway only half understood ('{...} xyz', '{"stream":tru}', '{...}{...}').
+-- Runs of string content are skipped with string.find, so the cost is per token, not per byte.
+local MAX_DEPTH = 512  -- deeper nesting is refused (Python's json, in the engine, stops near 1000)
+local ESC = { [34] = 2, [92] = 2, [47] = 2, [98] = 2, [102] = 2, [110] = 2, [114] = 2, [116] = 2 }
+
+local function read_string(s, i)
+  -- s:byte(i) == '"'; returns the index after the closing quote and the raw inner text, or nil
   local j = i + 1
-  local n = #body
-  while j <= n do
-    local c = body:byte(j)
-    if c == 92 then j = j + 2          -- backslash: skip the escaped char
-    elseif c == 34 then return j + 1, body:sub(i + 1, j - 1)
-    else j = j + 1 end
+  while true do
+    local k = s:find('[\0-\31"\\]', j)
+    if not k then return nil end
+    local c = s:byte(k)
+    if c == 34 then return k + 1, s:sub(i + 1, k - 1) end
+    if c ~= 92 then return nil end  -- a raw control character inside a string
+    local e = s:byte(k + 1)
+    if e == 117 then
+      if not s:find("^%x%x%x%x", k + 2) then return nil end
+      j = k + 6
+    elseif ESC[e] then
+      j = k + 2
+    else
+      return nil
+    end
   end
-  return nil
 end
 
-local function skip_ws(body, i)
-  local _, e = body:find("^[ \t\r\n]*", i)
+local function skip_ws(s, i)
+  return s:find("[^ \t\n\r]", i) or #s + 1
+end
+
+local function skip_number(s, i)
+  local _, e = s:find("^-?0", i)
+  if not e then _, e = s:find("^-?[1-9]%d*", i) end
+  if not e then return nil end
+  local _, f = s:find("^%.%d+", e + 1)
+  if f then e = f end
+  _, f = s:find("^[eE][+-]?%d+", e + 1)
+  if f then e = f end
   return e + 1
 end
 
-local function skip_value(body, i)
-  local c = body:sub(i, i)
-  if c == '"' then
-    local j = read_string(body, i)
-    return j
-  elseif c == "{" or c == "[" then
-    local depth = 0
-    local n = #body
-    local j = i
-    while j <= n do
-      local b = body:sub(j, j)
-      if b == '"' then
-        j = read_string(body, j)
-        if not j then return nil end
-      else
-        if b == "{" or b == "[" then depth = depth + 1
-        elseif b == "}" or b == "]" then
-          depth = depth - 1
-          if depth == 0 then return j + 1 end
-        end
-        j = j + 1
-      end
+local parse_value
+
+-- Object at s:byte(i) == '{'. With `keys`, records each member: name (decoded) -> { raw = value
+-- text (short values only: numbers, literals, small strings), dup = seen before }.
+local function parse_object(s, i, depth, keys)
+  i = skip_ws(s, i + 1)
+  local count = 0
+  if s:byte(i) == 125 then return i + 1, count end
+  while true do
+    if s:byte(i) ~= 34 then return nil end
+    local j, raw = read_string(s, i)
+    if not j then return nil end
+    i = skip_ws(s, j)
+    if s:byte(i) ~= 58 then return nil end
+    i = skip_ws(s, i + 1)
+    local vstart = i
+    i = parse_value(s, i, depth)
+    if not i then return nil end
+    count = count + 1
+    if keys then
+      local name = decode_key(raw)
+      keys[name] = { raw = (i - vstart <= 64) and s:sub(vstart, i - 1) or "", dup = keys[name] ~= nil }
     end
-    return nil
-  else
-    local _, e = body:find("^[^,}%]%s]+", i)
-    if not e then return nil end
-    return e + 1
+    i = skip_ws(s, i)
+    local c = s:byte(i)
+    if c == 125 then return i + 1, count end
+    if c ~= 44 then return nil end
+    i = skip_ws(s, i + 1)
   end
 end
 
+local function parse_array(s, i, depth)
+  i = skip_ws(s, i + 1)
+  if s:byte(i) == 93 then return i + 1 end
+  while true do
+    i = parse_value(s, i, depth)
+    if not i then return nil end
+    i = skip_ws(s, i)
+    local c = s:byte(i)
+    if c == 93 then return i + 1 end
+    if c ~= 44 then return nil end
+    i = skip_ws(s, i + 1)
+  end
+end
+
+parse_value = function(s, i, depth)
+  local c = s:byte(i)
+  if c == 34 then return (read_string(s, i)) end
+  if c == 123 or c == 91 then
+    if depth >= MAX_DEPTH then return nil end
+    if c == 123 then return (parse_object(s, i, depth + 1)) end
+    return parse_array(s, i, depth + 1)
+  end
+  if c == 116 then return s:find("^true", i) and i + 4 or nil end
+  if c == 102 then return s:find("^false", i) and i + 5 or nil end
+  if c == 110 then return s:find("^null", i) and i + 4 or nil end
+  return skip_number(s, i)
+end
+
+-- The whole body must be one JSON object (and nothing after it). Returns its top-level members
+-- (see parse_object) and their count, or nil and the error to answer with.
 local function top_level_keys(body)
   local i = skip_ws(body, 1)
-  if body:sub(i, i) ~= "{" then return nil, "the request body must be a JSON object" end
-  local open_at = i
+  if body:byte(i) ~= 123 then return nil, "the request body must be a JSON object" end
+  if not utf8.len(body) then return nil, "the request body is not valid UTF-8" end
   local keys = {}
-  local count = 0
-  i = skip_ws(body, i + 1)
-  if body:sub(i, i) == "}" then return keys, nil, open_at, 0 end
-  while true do
-    if body:sub(i, i) ~= '"' then return nil, "malformed JSON body" end
-    local j, raw = read_string(body, i)
-    if not j then return nil, "malformed JSON body" end
-    i = skip_ws(body, j)
-    if body:sub(i, i) ~= ":" then return nil, "malformed JSON body" end
-    i = skip_ws(body, i + 1)
-    local vstart = i
-    local vend = skip_value(body, i)
-    if not vend then return nil, "malformed JSON body" end
-    local name = decode_key(raw)
-    local prev = keys[name]
-    keys[name] = { raw = body:sub(vstart, vend - 1), dup = prev ~= nil }
-    count = count + 1
-    i = skip_ws(body, vend)
-    local c = body:sub(i, i)
-    if c == "}" then return keys, nil, open_at, count end
-    if c ~= "," then return nil, "malformed JSON body" end
-    i = skip_ws(body, i + 1)
-  end
+  local j, count = parse_object(body, i, 1, keys)
+  if not j then return nil, "the request body is not valid JSON" end
+  if skip_ws(body, j) <= #body then return nil, "the request body has data after its JSON object" end
+  return keys, nil, i, count
 end
 
 local salts = {}
@@ -118,9 +152,39 @@ local function json_string(s)
   end) .. '"'
 end
 
--- http-request lua.llm_gate <max_tokens> <salt env var or "-">
--- Validates the buffered body and prepares the prefix the llm_body filter inserts.
-core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, salt_env)
+-- Idempotency keys in flight, per tenant: key -> expiry (ms). A request whose key is in flight
+-- is refused (409) instead of starting a second generation; the llm filter releases the key when
+-- its stream ends (end_analyze runs on every path, aborts included), the expiry (the endpoint's
+-- longest request) is the backstop. At most `cap` keys per tenant (the gateway's maxconn: no more
+-- requests can be in flight), so memory stays bounded. HAProxy's own retry (connection refused)
+-- happens inside the same stream, so it keeps the key.
+local idem = {}
+local MAX_IDEM_KEY = 255
+local function idem_claim(tenant, key, cap, ttl_ms, t)
+  local tb = idem[tenant]
+  if not tb then tb = { n = 0, keys = {} } idem[tenant] = tb end
+  local exp = tb.keys[key]
+  if exp and exp > t then return "busy" end
+  if exp then tb.keys[key] = nil; tb.n = tb.n - 1 end
+  if tb.n >= cap then
+    for k, e in pairs(tb.keys) do
+      if e <= t then tb.keys[k] = nil; tb.n = tb.n - 1 end
+    end
+    if tb.n >= cap then return "full" end
+  end
+  tb.keys[key] = t + ttl_ms
+  tb.n = tb.n + 1
+  return nil
+end
+local function idem_release(claim)
+  local tenant, key = claim:match("^([^\n]*)\n(.*)$")
+  local tb = tenant and idem[tenant]
+  if tb and tb.keys[key] then tb.keys[key] = nil; tb.n = tb.n - 1 end
+end
+
+-- http-request lua.llm_gate <max_tokens> <salt env var or "-"> <tenant> <idempotency cap> <ttl ms>
+-- Validates the buffered body and prepares the prefix the llm filter inserts.
+core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, salt_env, tenant, cap, ttl)
   local body = txn.f:req_body() or ""
   local keys, err, _, count = top_level_keys(body)
   if not keys then txn:set_var("txn.gate_error", err) return end
@@ -148,6 +212,17 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
       end
     end
   end
+  local idem_key = txn.f:req_fhdr("idempotency-key")
+  if idem_key and idem_key ~= "" then
+    if #idem_key > MAX_IDEM_KEY then
+      txn:set_var("txn.gate_error", "Idempotency-Key is longer than " .. MAX_IDEM_KEY .. " characters")
+      return
+    end
+    local t = core.now()
+    local refused = idem_claim(tenant, idem_key, tonumber(cap), tonumber(ttl), t.sec * 1000 + t.usec // 1000)
+    if refused then txn:set_var("txn.idem_refused", refused) return end
+    txn:set_var("txn.idem", tenant .. "\n" .. idem_key)
+  end
   local s = keys["stream"]
   txn:set_var("txn.stream", (s and s.raw == "true") and 1 or 0)
   local parts = {}
@@ -161,7 +236,7 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
   if count > 0 then prefix = prefix .. "," end
   txn:set_var("txn.gate_prefix", prefix)
   txn:set_var("txn.gate_len", #body + #prefix)
-end, 2)
+end, 5)
 
 -- Floor replica choice: rendezvous (highest-random-weight) hashing of the session key over the
 -- floor's server slots, taking the first replica in the key's order whose in-flight (served +
@@ -169,110 +244,111 @@ end, 2)
 -- until that replica is full; only then does it move, and when every replica is full the fetch
 -- returns "" and the frontend routes to burst. Without a key: the least-loaded replica.
 -- lua.llm_pick_floor(<backend>,<server prefix>,<slots>,<threshold>,<key header>)
+-- Cost: one hash of the key, then per candidate three native fetches; usually the first has room.
 local function mix32(h)
   h = h ~ (h >> 16); h = (h * 0x85ebca6b) & 0xffffffff
   h = h ~ (h >> 13); h = (h * 0xc2b2ae35) & 0xffffffff
   return h ~ (h >> 16)
 end
-local function hrw_score(key, i)
-  local h = 0x811c9dc5 ~ i
+local function key_hash(key)
+  local h = 0x811c9dc5
   for k = 1, #key do h = ((h ~ key:byte(k)) * 0x01000193) & 0xffffffff end
-  return mix32(h)
+  return h
 end
-local floor_servers = {}  -- backend -> { [i] = Server } (this thread's Lua state)
-local function floor_server(backend, name)
-  local per = floor_servers[backend]
-  if not per then per = {} floor_servers[backend] = per end
-  local srv = per[name]
-  if srv == nil then
-    local px = core.backends[backend]
-    srv = (px and px.servers[name]) or false
-    per[name] = srv
-  end
-  return srv
-end
-local function inflight(srv)
-  local st = srv:get_stats()  -- 2.6: srv_conn() cannot be called from Lua; the stats can
-  return (tonumber(st.scur) or 0) + (tonumber(st.qcur) or 0)
+-- In-flight (served + queued) of slot i, nil when it is not up. Each fetch gets a freshly built
+-- "backend/server" string: 2.6 writes a NUL into the string it parses, so one cannot be reused.
+local function load_of(f, sep, i)
+  if not f:srv_is_up(sep .. i) then return nil end
+  return (f:srv_conn(sep .. i) or 0) + (f:srv_queue(sep .. i) or 0)
 end
 core.register_fetches("llm_pick_floor", function(txn, backend, prefix, slots_arg, threshold_arg, header)
   local slots, threshold = tonumber(slots_arg), tonumber(threshold_arg)
-  local key = txn.f:req_fhdr(header)
-  local order = {}
-  for i = 1, slots do
-    local name = prefix .. i
-    if txn.f:srv_is_up(backend .. "/" .. name) then
-      local srv = floor_server(backend, name)
-      if srv then order[#order + 1] = { name = name, srv = srv, score = (key and key ~= "") and hrw_score(key, i) or 0 } end
-    end
-  end
+  local f = txn.f
+  local sep = backend .. "/" .. prefix
+  local key = f:req_fhdr(header)
   if key and key ~= "" then
-    table.sort(order, function(a, b) return a.score > b.score end)
-    for _, c in ipairs(order) do
-      if inflight(c.srv) < threshold then return c.name end
+    local h = key_hash(key)
+    local scores = {}
+    for i = 1, slots do scores[i] = mix32(h ~ ((i * 0x9e3779b1) & 0xffffffff)) end
+    for _ = 1, slots do  -- slots in the key's order, highest score first
+      local best, bi = -1, 1
+      for i = 1, slots do
+        if scores[i] > best then best, bi = scores[i], i end
+      end
+      scores[bi] = -1
+      local load = load_of(f, sep, bi)
+      if load and load < threshold then return prefix .. bi end
     end
     return ""  -- a nil return would still set the variable; "" means "no replica has room"
   end
   local best, best_load = nil, threshold
-  for _, c in ipairs(order) do
-    local load = inflight(c.srv)
-    if load < best_load then best, best_load = c.name, load end
+  for i = 1, slots do
+    local load = load_of(f, sep, i)
+    if load and load < best_load then best, best_load = i, load end
   end
-  return best or ""
+  return best and (prefix .. best) or ""
 end)
 
--- Request filter: inserts txn.gate_prefix right after the body's opening brace.
-local BodyStamp = { id = "llm-body-stamp", flags = filter.FLT_CFG_FL_HTX }
-BodyStamp.__index = BodyStamp
--- HAProxy calls new() on the per-declaration copy that holds the filter's arguments: inherit from it
-function BodyStamp:new() return setmetatable({ done = false }, { __index = self }) end
-function BodyStamp:start_analyze(txn, chn)
-  if not chn:is_resp() then filter.register_data_filter(self, chn) end
-  return filter.CONTINUE
-end
-function BodyStamp:http_payload(txn, msg)
-  local n = msg:input()
-  if self.done or n == 0 then return n end
-  local prefix = txn:get_var("txn.gate_prefix")
-  if not prefix then self.done = true return n end
-  local data = msg:body(0, n)
-  local pos = data:find("{", 1, true)
-  if not pos then return n end -- brace not buffered yet; wait-for-body makes this unreachable
-  msg:insert(prefix, pos)
-  self.done = true
-  return n + #prefix
-end
-core.register_filter("llm_body", BodyStamp, function(f, args) return f end)
-
--- Response filter: per-gap limits on a streamed response. Until the first body byte the
--- limit is first_byte_ms from the request (covers queueing, prefill, a burst cold start);
--- afterwards inter_chunk_ms between chunks. On expiry it ends the stream with an SSE error
--- event; HAProxy then drops the unfinished upstream connection, which aborts the generation.
-local Gap = { id = "llm-stream-gaps", flags = filter.FLT_CFG_FL_HTX }
-Gap.__index = Gap
+-- One filter per stream, both directions (fewer Lua calls per request than two filters).
+-- Request: inserts txn.gate_prefix right after the body's opening brace.
+-- Response: per-gap limits on a streamed response. Until the first body byte the limit is
+-- first_byte_ms from the request (covers queueing, prefill, a burst cold start); afterwards
+-- inter_chunk_ms between chunks. On expiry it ends the stream with an SSE error event; HAProxy then
+-- drops the unfinished upstream connection, which aborts the generation.
+local Llm = { id = "llm", flags = filter.FLT_CFG_FL_HTX }
+Llm.__index = Llm
 local function now_ms()
   local t = core.now()
   return t.sec * 1000 + t.usec // 1000
 end
-function Gap:new()
-  return setmetatable({ started = now_ms(), last = nil, active = false, ended = false }, { __index = self })
+-- HAProxy calls new() on the per-declaration copy that holds the filter's arguments: inherit from it
+function Llm:new()
+  return setmetatable({ started = now_ms(), last = nil, active = false, ended = false, req_done = false },
+    { __index = self })
 end
-function Gap:start_analyze(txn, chn)
-  if chn:is_resp() then filter.register_data_filter(self, chn) end
+function Llm:start_analyze(txn, chn)
+  filter.register_data_filter(self, chn)
   return filter.CONTINUE
 end
-function Gap:http_headers(txn, msg)
-  local streaming = txn:get_var("txn.stream")
-  self.active = streaming == 1
-  if self.active then
-    -- engines send headers before the first token: the first-byte clock keeps running, and a
-    -- wake-up is needed because no payload callback comes while the upstream stays silent
-    filter.wake_time(math.max(self.started + self.args_first - now_ms(), 0) + 1)
+function Llm:end_analyze(txn, chn)
+  if chn:is_resp() then
+    local claim = txn:get_var("txn.idem")
+    if claim then idem_release(claim) end
   end
   return filter.CONTINUE
 end
-function Gap:http_payload(txn, msg)
+function Llm:http_headers(txn, msg)
+  if not msg:is_resp() then return filter.CONTINUE end
+  self.req_done = true
+  self.active = txn:get_var("txn.stream") == 1
+  if self.active then
+    -- engines send headers before the first token: the first-byte clock keeps running, and a
+    -- wake-up is needed because no payload callback comes while the upstream stays silent
+    local t = now_ms()
+    local wake = math.max(self.started + self.args_first - t, 0)
+    local beat = self.started + self.args_beat - t
+    if beat < wake then wake = beat end
+    filter.wake_time(math.max(wake, 0) + 1)
+  end
+  return filter.CONTINUE
+end
+local function stamp(txn, msg, n)
+  local prefix = txn:get_var("txn.gate_prefix")
+  if not prefix or n == 0 then return n, prefix == nil end
+  local data = msg:body(0, n)
+  local pos = data:find("{", 1, true)
+  if not pos then return n, false end -- brace not buffered yet; wait-for-body makes this unreachable
+  msg:insert(prefix, pos)
+  return n + #prefix, true
+end
+function Llm:http_payload(txn, msg)
   local n = msg:input()
+  if not self.req_done then
+    local done
+    n, done = stamp(txn, msg, n)
+    self.req_done = done
+    return n
+  end
   if not self.active or self.ended then return n end
   local t = now_ms()
   if n > 0 then self.last = t end
@@ -292,57 +368,26 @@ function Gap:http_payload(txn, msg)
     txn:set_var("txn.gap_expired", 1)
     return msg:input()
   end
+  -- heartbeat: after args_beat ms with nothing sent to the client, an SSE comment line keeps idle
+  -- timeouts on the path from closing the stream. Only after silence, so at an event boundary
+  -- (engines write whole events). Per chunk this is two comparisons, no extra call.
+  local quiet_since = self.last or self.started
+  if self.beat and self.beat > quiet_since then quiet_since = self.beat end
+  local beat_in = quiet_since + self.args_beat - t
+  if beat_in <= 0 then
+    self.beat = t
+    msg:append(": keep-alive\n\n")
+    n = msg:input()
+    beat_in = self.args_beat
+  end
+  if beat_in < left then left = beat_in end
   filter.wake_time(left + 1)
   return n
 end
-core.register_filter("llm_stream", Gap, function(f, args)
+core.register_filter("llm", Llm, function(f, args)
   f.args_first = tonumber(args[1])
   f.args_inter = tonumber(args[2])
+  f.args_beat = tonumber(args[3])
   return f
-end)
-
--- Retry budget: retries allowed only while the retries of the last window stay below
--- fraction x requests of that window (+1 so a quiet endpoint can still retry once).
--- A task samples each backend's cumulative counters (requests `stot`, retries `wretr`) every
--- SAMPLE_MS. Budgets are per gateway pod; every pod enforces the same fraction.
-local budgets = {}   -- key -> { fraction, backends = {...}, ring = {}, ok = true }
-local WINDOW_S = 10
-local SAMPLE_MS = 250  -- short, so a burst of failures exhausts the budget within a quarter second
-local function sample(b)
-  local req, retr = 0, 0
-  for _, name in ipairs(b.backends) do
-    local px = core.backends[name]
-    if px then
-      local st = px:get_stats()
-      req = req + (tonumber(st.stot) or 0)
-      retr = retr + (tonumber(st.wretr) or 0)
-    end
-  end
-  return req, retr
-end
-local function refresh(b)
-  local req, retr = sample(b)
-  table.insert(b.ring, { req = req, retr = retr })
-  if #b.ring > WINDOW_S * 1000 // SAMPLE_MS + 1 then table.remove(b.ring, 1) end
-  local old = b.ring[1]
-  b.ok = (retr - old.retr) < b.fraction * (req - old.req) + 1
-end
--- lua.llm_retry_ok(<key>,<fraction>,<backend>+<backend>...): the budget registers itself on first use.
-core.register_fetches("llm_retry_ok", function(txn, key, fraction, backends)
-  local b = budgets[key]
-  if not b then
-    local names = {}
-    for name in backends:gmatch("[^+]+") do names[#names + 1] = name end
-    b = { fraction = tonumber(fraction), backends = names, ring = {}, ok = true }
-    refresh(b)  -- the window starts now, not at the task's next tick
-    budgets[key] = b
-  end
-  return b.ok
-end)
-core.register_task(function()
-  while true do
-    for _, b in pairs(budgets) do refresh(b) end
-    core.msleep(SAMPLE_MS)
-  end
 end)
 '''

@@ -10,7 +10,8 @@ mid-stream. Per-request behaviour comes from headers the test sets (the gateway 
                             at once and the first token after queueing and prefill)
   X-Fake-Gap-After: i       after chunk i, pause X-Fake-Gap-Ms instead of the interval
   X-Fake-Gap-Ms: ms
-  X-Fake-Fail: close-before-response | close-after-first-chunk
+  X-Fake-Fail: close-before-response | close-after-first-chunk | reset-after-first-chunk
+                            (a crash: FIN, or RST as a killed process with unread data sends)
   X-Fake-Hold: 1            stream one chunk then hold until released (see `release`)
 
 Threads, plain sockets, bounded waits: nothing here sleeps longer than the request asked.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import select
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -133,6 +135,11 @@ class _Handler(BaseHTTPRequestHandler):
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
+                if fail == "reset-after-first-chunk":
+                    self.close_connection = True
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.connection.close()
+                    return
                 if hold and i == 0:
                     self._wait(rec, owner.release_event, MAX_HOLD_S)
                     if rec.aborted_at is not None:
@@ -192,10 +199,13 @@ class FakeUpstream:
             if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
                 super().handle_error(request, client_address)
 
-    def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0, tls=None):
+        """tls: an ssl.SSLContext (server side) to serve HTTPS, e.g. a stand-in for Modal's endpoint."""
         self.log = UpstreamLog(name)
         self.release_event = threading.Event()
         self._server = self._Server((host, port), _Handler)
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         self._server.owner = self
         self._thread: threading.Thread | None = None
 

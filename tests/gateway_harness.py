@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-from components.gateway_config import CONFIG_FILE, LUA_FILE, RenderedGateway
+from components.gateway_config import CONFIG_FILE, HAPROXY_IMAGE, LUA_FILE, HaproxyImage, RenderedGateway
 
 
 def haproxy_binary() -> str | None:
@@ -29,10 +30,52 @@ def require_haproxy() -> str:
     return path
 
 
+def local_haproxy_major_minor(binary: str) -> str:
+    """major.minor of `haproxy -v` ("HAProxy version 2.6.12-1+deb12u4 ..." -> "2.6")."""
+    out = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=10).stdout
+    m = re.search(r"version (\d+)\.(\d+)", out)
+    if m is None:
+        raise RuntimeError(f"cannot read a version from `{binary} -v`: {out[:200]!r}")
+    return f"{m.group(1)}.{m.group(2)}"
+
+
+def pod_ca_dir(dest: Path, image: HaproxyImage = HAPROXY_IMAGE) -> Path:
+    """A CA directory holding what the pod's `image.ca_dir` holds, for `ca_path` in tests.
+
+    Empty when the image has no trust store. Otherwise the certificates of the same Debian package
+    on this (bookworm) host, laid out as its update-ca-certificates does: one .pem per CA and the
+    ca-certificates.crt bundle (haproxy loads the .pem/.crt files of a directory, not hash links).
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    if image.trust_store_package is None:
+        return dest
+    listed = subprocess.run(["dpkg", "-L", image.trust_store_package], capture_output=True, text=True, timeout=30)
+    crts = sorted(Path(p) for p in listed.stdout.split() if p.endswith(".crt") and p.startswith("/usr/share/"))
+    if listed.returncode != 0 or not crts:
+        raise RuntimeError(f"Debian package {image.trust_store_package} is not installed here: the tests "
+                           f"need the CAs the image {image.tag} has (apt-get install -y {image.trust_store_package})")
+    bundle = []
+    for crt in crts:
+        text = crt.read_text()
+        (dest / f"{crt.stem}.pem").write_text(text)
+        bundle.append(text if text.endswith("\n") else text + "\n")
+    (dest / "ca-certificates.crt").write_text("".join(bundle))
+    return dest
+
+
+_GIVEN_PORTS: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port not handed out before in this process (the kernel may offer a just-closed
+    port again: two frontends on one port would then share it through SO_REUSEPORT)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN_PORTS:
+            _GIVEN_PORTS.add(port)
+            return port
 
 
 def wait_for_port(port: int, timeout_s: float = 5.0) -> None:
@@ -49,7 +92,9 @@ def wait_for_port(port: int, timeout_s: float = 5.0) -> None:
 class HaproxyProcess:
     """One haproxy process running a rendered config from `workdir`; `stop()` always reaps it."""
 
-    def __init__(self, rendered: RenderedGateway, workdir: Path, env: dict[str, str], wait_ports: list[int]):
+    def __init__(self, rendered: RenderedGateway, workdir: Path, env: dict[str, str], wait_ports: list[int],
+                 prefix: tuple[str, ...] = ()):
+        """prefix: a command to run haproxy under (the benchmark's `taskset -c 0 chrt -f 50`)."""
         self.workdir = workdir
         for name, text in rendered.files.items():
             (workdir / name).write_text(text)
@@ -60,7 +105,7 @@ class HaproxyProcess:
                                env={**os.environ, **env}, capture_output=True, text=True, timeout=30)
         if check.returncode != 0:
             raise RuntimeError(f"haproxy rejected the rendered config:\n{check.stdout}{check.stderr}")
-        self.proc = subprocess.Popen([binary, "-db", "-f", str(workdir / CONFIG_FILE)],
+        self.proc = subprocess.Popen([*prefix, binary, "-db", "-f", str(workdir / CONFIG_FILE)],
                                      env={**os.environ, **env}, stdout=self._log, stderr=subprocess.STDOUT)
         try:
             for p in wait_ports:

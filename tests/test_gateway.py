@@ -16,7 +16,7 @@ import pytest
 
 from components.gateway_config import DnsServers, StaticServers, env_name, floor_capacity, render_gateway_config
 from tests.fake_upstream import FakeUpstream
-from tests.gateway_harness import HaproxyProcess, free_port, lua_path, require_haproxy
+from tests.gateway_harness import HaproxyProcess, free_port, lua_path, pod_ca_dir, require_haproxy
 from topology.spec import CanarySpec
 
 SALTS = {"acme": "salt-acme-7f3a", "globex": "salt-globex-19c2", "initech": "salt-initech-d00d"}
@@ -28,7 +28,7 @@ def scaled_spec(spec):
     """Prod spec with test-sized gateway figures (same renderer, smaller numbers)."""
     eps = []
     for e in spec.endpoints:
-        update = {"first_byte_timeout_s": 2, "inter_chunk_timeout_s": 1}
+        update = {"first_byte_timeout_s": 2, "inter_chunk_timeout_s": 1, "sse_heartbeat_s": 0.5}
         if e.name == "assist":
             update |= {"overflow_inflight_per_replica": 4,
                        "canary": CanarySpec(percent=30.0, revision="assist-rev-b", hash_key="user",
@@ -55,6 +55,7 @@ def gw(planned_stacks, tmp_path_factory):
         binds={k: f"127.0.0.1:{p}" for k, p in ports.items()},
         stats_bind=f"127.0.0.1:{free_port()}",
         lua_path=lua_path(workdir),
+        ca_path=str(pod_ca_dir(workdir / "ca")),
         # checks stay out of the way: the refusal tests need the dead server still marked up
         health_check_interval_ms=60000,
         max_connections=2000,
@@ -260,6 +261,29 @@ def test_no_response_headers_within_limit_is_a_json_504(gw):
     assert json.loads(content)["error"]["code"] == 504
 
 
+def test_heartbeats_keep_a_long_prefill_alive(gw):
+    # 1.7 s before the first token (under the 2 s limit), heartbeat every 0.5 s of silence
+    status, _, content, _ = post(gw["ports"]["assist"], body(stream=True),
+                                 headers={"X-Fake-First-Chunk-Ms": "1700", "X-Fake-Chunks": "2"})
+    assert status == 200
+    text = content.decode()
+    before_first = text[:text.index("data: ")]
+    assert before_first.count(": keep-alive\n\n") == 3  # at 0.5, 1.0 and 1.5 s
+    assert "[DONE]" in text and "event: error" not in text
+
+
+def test_heartbeat_in_a_gap_between_chunks_and_none_on_a_busy_stream(gw):
+    status, _, content, _ = post(gw["ports"]["assist"], body(stream=True),
+                                 headers={"X-Fake-Chunks": "2", "X-Fake-Gap-After": "0", "X-Fake-Gap-Ms": "800"})
+    text = content.decode()
+    assert status == 200 and "[DONE]" in text and "event: error" not in text
+    between = text[text.index('"index": 0'):text.index('"index": 1')]
+    assert between.count(": keep-alive") == 1  # 0.5 s into the 0.8 s gap
+    status, _, content, _ = post(gw["ports"]["assist"], body(stream=True),
+                                 headers={"X-Fake-Chunks": "8", "X-Fake-Interval-Ms": "150"})
+    assert status == 200 and ": keep-alive" not in content.decode()
+
+
 # 5. retries only before generation ---------------------------------------------------------
 
 def test_refused_connection_is_retried_once_on_another_replica(gw):
@@ -288,15 +312,18 @@ def test_refused_everywhere_is_one_retry_then_json_503(gw):
     assert line.split()[8].split("/")[-1].lstrip("+") == "1"  # exactly one retry
 
 
-def test_close_before_any_byte_is_retried_once(gw):
-    status, _, _, rid = post(gw["ports"]["assist"], body(), headers={"X-Fake-Fail": "close-before-response"})
-    assert status == 502
-    assert len(records(gw, rid)) == 2  # the first attempt and one retry, no more
+def test_request_that_kills_a_replica_before_it_answers_is_not_retried(gw):
+    # the upstream read the request, then closed without a byte (a replica crashing on it): retrying
+    # would send the same poisoned request to the next replica
+    status, _, content, rid = post(gw["ports"]["assist"], body(), headers={"X-Fake-Fail": "close-before-response"})
+    assert status == 502 and json.loads(content)["error"]["code"] == 502
+    time.sleep(0.3)  # a retry, if any, would have reached an upstream by now
+    assert len(records(gw, rid)) == 1
 
 
-def test_failure_after_first_byte_is_never_retried(gw):
-    status, _, content, rid = post(gw["ports"]["assist"], body(stream=True),
-                                   headers={"X-Fake-Fail": "close-after-first-chunk"})
+@pytest.mark.parametrize("crash", ["close-after-first-chunk", "reset-after-first-chunk"])
+def test_failure_after_first_byte_is_never_retried(gw, crash):
+    status, _, content, rid = post(gw["ports"]["assist"], body(stream=True), headers={"X-Fake-Fail": crash})
     assert status == 200
     assert '"index": 0' in content.decode() and "[DONE]" not in content.decode()
     time.sleep(0.3)  # a retry, if any, would have reached an upstream by now
@@ -358,6 +385,106 @@ def test_body_checks_read_top_level_keys_only(gw):
         assert status == 400 and records(gw, rid) == [], broken
 
 
+@pytest.mark.parametrize("broken", [
+    b'{"model":"m","messages":[]} xyz',           # trailing garbage after the object
+    b'{"model":"m","stream":tru}',                 # a misspelt literal
+    b'{"model":"m","messages":[]}{"model":"n"}',   # two objects
+    b'{"model":"m","temperature":01}',             # leading zero
+    b'{"model":"m","temperature":1.}',             # a fraction without digits
+    b'{"model":"m","messages":[1,]}',              # trailing comma
+    b'{"model":"m","messages":[{"content":"a\x01b"}]}',  # raw control character in a string
+    b'{"model":"m","stop":"\\q"}',               # unknown escape
+    b'{"model":"m","stop":"\\u12"}',             # short unicode escape
+    b'{"model":"m","user":"\xff\xfe"}',          # not UTF-8
+])
+def test_malformed_json_never_reaches_the_engine(gw, broken):
+    with pytest.raises(ValueError):  # the reference: Python's own parser (the engine's) refuses it too
+        json.loads(broken.decode("utf-8"))
+    status, _, content, rid = post(gw["ports"]["assist"], broken)
+    assert status == 400, content
+    assert json.loads(content)["error"]["type"] == "invalid_request_error"
+    assert records(gw, rid) == []
+
+
+def test_nesting_deeper_than_the_gateway_parses_is_refused_not_forwarded(gw):
+    deep = b'{"model":"m","x":' + b"[" * 600 + b"]" * 600 + b"}"
+    status, _, _, rid = post(gw["ports"]["assist"], deep)
+    assert status == 400 and records(gw, rid) == []
+
+
+def test_valid_json_of_every_shape_is_forwarded_intact(gw):
+    nested = {"a": [1, -0.5, 2e-3, 1E+2, True, False, None, "\u00e9\"\\/\b\f\n\r\t", {"b": []}, {}]}
+    payload = body(metadata=nested, stop=["\u0000", "}"], deep=[[[[[{"x": [[[]]]}]]]]])
+    raw = json.dumps(payload, indent=2).encode()  # whitespace everywhere the grammar allows it
+    status, _, _, rid = post(gw["ports"]["assist"], b"\r\n " + raw + b" \n")
+    assert status == 200
+    (_, rec), = records(gw, rid)
+    assert {k: v for k, v in rec.body.items() if k not in ("max_tokens", "cache_salt")} == payload
+
+
+# idempotency keys ---------------------------------------------------------------------------
+
+def test_idempotency_key_in_flight_is_refused_and_released_when_the_stream_ends(gw):
+    import concurrent.futures as cf
+
+    ups, port = gw["ups"], gw["ports"]["assist"]
+    for u in ups.values():
+        u.release_event.clear()
+    key = {"Idempotency-Key": f"idem-{uuid.uuid4()}"}
+    with cf.ThreadPoolExecutor(max_workers=2) as pool:
+        first = pool.submit(post, port, body(stream=True), headers={**key, "X-Fake-Hold": "1", "X-Fake-Chunks": "2"})
+        assert wait_until(lambda: any(r.headers.get("idempotency-key") == key["Idempotency-Key"]
+                                      for u in ups.values() for r in u.log.completions()))
+        status, _, content, rid = post(port, body(stream=True), headers=key)  # the client's own retry
+        assert status == 409 and json.loads(content)["error"]["type"] == "conflict_error"
+        assert records(gw, rid) == []  # no second generation started
+        # another tenant's identical key is its own
+        status, _, _, _ = post(port, body(), key=KEYS["globex"], headers=key)
+        assert status == 200
+        for u in ups.values():
+            u.release()
+        assert first.result(timeout=10)[0] == 200
+    status, _, _, _ = post(port, body(), headers=key)  # finished: the key is free again
+    assert status == 200
+
+
+def test_idempotency_key_is_released_when_the_client_leaves(gw):
+    port = gw["ports"]["assist"]
+    idem = f"idem-{uuid.uuid4()}"
+    payload = json.dumps(body(stream=True)).encode()
+    req = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEYS['acme']}\r\n"
+           f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nIdempotency-Key: {idem}\r\n"
+           "X-Fake-Chunks: 100\r\nX-Fake-Interval-Ms: 50\r\n\r\n").encode() + payload
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(req)
+    got = b""
+    while b"data: " not in got:
+        chunk = sock.recv(4096)
+        assert chunk
+        got += chunk
+    status, _, _, _ = post(port, body(), headers={"Idempotency-Key": idem})
+    assert status == 409  # still streaming
+    sock.close()
+    assert wait_until(lambda: post(port, body(), headers={"Idempotency-Key": idem})[0] == 200, timeout_s=3)
+
+
+def test_gateway_retry_keeps_the_key_and_frees_it_after(gw):
+    # guard: one dead replica; requests hashed onto it are retried on the live one with their key
+    before = len([ln for ln in gw["proc"].log_lines() if "fe_guard" in ln])
+    for i in range(8):
+        h = {"X-Session-Id": f"guard-idem-{i}", "Idempotency-Key": f"guard-key-{i}"}
+        assert post(gw["ports"]["guard"], body(), key=KEYS["default"], headers=h)[0] == 200
+        assert post(gw["ports"]["guard"], body(), key=KEYS["default"], headers=h)[0] == 200
+    assert wait_until(lambda: len([ln for ln in gw["proc"].log_lines() if "fe_guard" in ln]) >= before + 16)
+    lines = [ln for ln in gw["proc"].log_lines() if "fe_guard" in ln][before:]
+    assert any(ln.split()[8].split("/")[-1].lstrip("+") == "1" for ln in lines)  # some were retried
+
+
+def test_overlong_idempotency_key_is_refused(gw):
+    status, _, _, rid = post(gw["ports"]["assist"], body(), headers={"Idempotency-Key": "k" * 256})
+    assert status == 400 and records(gw, rid) == []
+
+
 # 7. tenancy and canary ---------------------------------------------------------------------
 
 def test_tenants_with_the_same_prompt_get_their_own_cache_salt(gw):
@@ -405,7 +532,7 @@ def test_rendering_for_the_cluster_uses_dns_slots_and_references_secrets(planned
     )
     cfg = r.files["haproxy.cfg"]
     assert "server-template floor 24 assist-floor.serving.svc.cluster.local:8000" in cfg
-    assert "ssl verify required ca-file @system-ca sni str(ws--assist.modal.run)" in cfg
+    assert "ssl verify required ca-file /etc/ssl/certs sni str(ws--assist.modal.run)" in cfg
     for var in r.secret_env:
         assert f"${{{var}}}" in cfg  # referenced, expanded by HAProxy from the pod's Secret env
     assert "maxconn 49" in cfg  # assist's overflow threshold per floor replica (one gateway pod)

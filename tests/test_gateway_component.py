@@ -11,10 +11,10 @@ import pulumi
 import pytest
 
 from components.gateway import Gateway, GatewayArgs, tenant_secret_name
-from components.gateway_config import DnsServers, LUA_FILE, render_gateway_config
+from components.gateway_config import HAPROXY_IMAGE, DnsServers, LUA_FILE, render_gateway_config
 from offline.mockrun import run_function
 from offline.validate import validate_objects
-from tests.gateway_harness import require_haproxy
+from tests.gateway_harness import pod_ca_dir, require_haproxy
 
 URLS = {"assist": "https://acme-prod--assist.modal.run", "autocomplete": "https://acme-prod--ac.modal.run",
         "guard": "https://acme-prod--guard.modal.run"}
@@ -64,7 +64,7 @@ def test_deployment_replicated_pinned_and_secrets_referenced(prod):
     (dep,) = [o for o in objs if o["kind"] == "Deployment"]
     assert dep["spec"]["replicas"] >= 2
     (container,) = dep["spec"]["template"]["spec"]["containers"]
-    assert container["image"].startswith("haproxy:2.6.")
+    assert container["image"] == HAPROXY_IMAGE.tag
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]}
     assert all("value" not in e for e in container["env"])  # only references, no literal secrets
     assert refs["GW_MODAL_KEY"] == {"name": "modal-proxy-auth", "key": "modal-key"}
@@ -102,12 +102,15 @@ def test_haproxy_accepts_the_cluster_config(prod, tmp_path):
     _, rec = prod
     (cm,) = [o for o in rec.kubernetes_objects() if o["kind"] == "ConfigMap"]
     (dep,) = [o for o in rec.kubernetes_objects() if o["kind"] == "Deployment"]
+    ca = pod_ca_dir(tmp_path / "ca")  # what the image's CA directory holds
     for name, text in cm["data"].items():
-        (tmp_path / name).write_text(text.replace("/usr/local/etc/haproxy/", f"{tmp_path}/"))
+        text = text.replace("/usr/local/etc/haproxy/", f"{tmp_path}/")
+        (tmp_path / name).write_text(text.replace(f"ca-file {HAPROXY_IMAGE.ca_dir} ", f"ca-file {ca} "))
     env = {e["name"]: "test-" + e["name"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
     out = subprocess.run([binary, "-c", "-f", str(tmp_path / "haproxy.cfg")], env={**os.environ, **env},
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
+    assert "0 CA were loaded" not in out.stdout + out.stderr
     # and refuses to start when a secret is missing (an empty key would match "Bearer ")
     env.pop("GW_ASSIST_ACME_API_KEY")
     out = subprocess.run([binary, "-c", "-f", str(tmp_path / "haproxy.cfg")], env={**os.environ, **env},

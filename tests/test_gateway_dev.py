@@ -7,7 +7,7 @@ import pytest
 
 from components.gateway_config import render_gateway_config
 from tests.fake_upstream import FakeUpstream
-from tests.gateway_harness import HaproxyProcess, free_port, lua_path, require_haproxy
+from tests.gateway_harness import HaproxyProcess, free_port, lua_path, pod_ca_dir, require_haproxy
 from tests.test_gateway import body, post
 
 
@@ -21,7 +21,8 @@ def dev_gateway(planned_stacks, tmp_path):
     rendered = render_gateway_config(
         spec, burst_urls={name: f"http://{burst.address}" for name in gated}, floor_servers={},
         binds={k: f"127.0.0.1:{p}" for k, p in ports.items()}, stats_bind=f"127.0.0.1:{free_port()}",
-        lua_path=lua_path(tmp_path), max_connections=500)
+        lua_path=lua_path(tmp_path), max_connections=500,
+        ca_path=str(pod_ca_dir(tmp_path / "ca")))
     env = {var: f"dev-{key}" for var, key in rendered.secret_env.items()}
     proc = HaproxyProcess(rendered, tmp_path, env, list(ports.values()))
     yield spec, rendered, ports, burst, env
@@ -49,7 +50,8 @@ def test_burst_without_url_answers_json_503(planned_stacks, tmp_path):
     rendered = render_gateway_config(
         spec, burst_urls={name: None for name in gated}, floor_servers={},
         binds={k: f"127.0.0.1:{p}" for k, p in ports.items()}, stats_bind=f"127.0.0.1:{free_port()}",
-        lua_path=lua_path(tmp_path), max_connections=500)
+        lua_path=lua_path(tmp_path), max_connections=500,
+        ca_path=str(pod_ca_dir(tmp_path / "ca")))
     env = {var: f"dev-{key}" for var, key in rendered.secret_env.items()}
     proc = HaproxyProcess(rendered, tmp_path, env, list(ports.values()))
     try:

@@ -14,7 +14,7 @@ import pytest
 
 from components.gateway_config import StaticServers, env_name, floor_capacity, render_gateway_config
 from tests.fake_upstream import FakeUpstream
-from tests.gateway_harness import HaproxyProcess, free_port, lua_path, require_haproxy, stream_once
+from tests.gateway_harness import HaproxyProcess, free_port, lua_path, pod_ca_dir, require_haproxy, stream_once
 
 CONCURRENCY = 200
 
@@ -33,6 +33,7 @@ def prod_gateway(planned_stacks, tmp_path):
         binds={k: f"127.0.0.1:{p}" for k, p in ports.items()},
         stats_bind=f"127.0.0.1:{free_port()}",
         lua_path=lua_path(tmp_path),
+        ca_path=str(pod_ca_dir(tmp_path / "ca")),
         max_connections=2000,
     )
     env = {var: f"value-of-{key}" for var, key in rendered.secret_env.items()}

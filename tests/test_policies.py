@@ -37,10 +37,6 @@ from pulumi_support import ROOT, recording
 
 STACKS = sorted(p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in (ROOT / "stacks").glob("Pulumi.*.yaml"))
 POLICY = {p.name: p for p in POLICIES}
-PENDING = {
-    # the bundled stacks still break these; the named branches fix the components (the lead flips them at merge)
-    "run-as-non-root-numeric-user": "fixed by the pods/gateway branches",
-}
 
 
 def stack_config(stack: str) -> dict[str, Any]:
@@ -128,8 +124,7 @@ def k8s(kind: str, name: str, body: dict[str, Any], api: str = "v1", group: str 
 # ── every policy passes on every bundled stack ────────────────────────────────────────────────────
 
 @pytest.mark.parametrize("name", [
-    pytest.param(r.name, marks=pytest.mark.xfail(strict=True, reason=PENDING[r.name])) if r.name in PENDING else r.name
-    for r in rules.RULES
+    r.name for r in rules.RULES
 ])
 def test_policy_passes_on_every_bundled_stack(name):
     for stack in STACKS:

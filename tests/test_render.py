@@ -67,8 +67,6 @@ def test_render_never_deletes_or_writes_next_to_files_it_did_not_write(tmp_path)
         render(recording("dev"), afile)
 
 
-@pytest.mark.xfail(strict=True, reason="the bundled stacks break mandatory policies that the pods/gateway/deploy "
-                   "branches fix; the render refuses them until those merge (tests/test_policies.py PENDING)")
 def test_render_writes_each_object_and_an_inventory_of_every_resource(stack, tmp_path):
     name, _inputs, spec = stack
     rec = recording(name)
@@ -103,8 +101,6 @@ def test_render_of_a_stack_keeps_secrets_out(tmp_path):
     assert not any(b"TOP-SECRET-KUBECONFIG" in data for data in _files(tmp_path).values())
 
 
-@pytest.mark.xfail(strict=True, reason="the bundled stacks break mandatory policies that the pods/gateway/deploy "
-                   "branches fix; the render refuses them until those merge (tests/test_policies.py PENDING)")
 def test_command_line_renders_a_stack_and_reports_bad_settings_clearly(tmp_path):
     import subprocess
     import sys

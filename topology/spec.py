@@ -319,6 +319,8 @@ class GatewaySpec(_Spec):
     first_byte_timeout_s: int = Field(description="Time-to-first-byte limit (TTFT + burst cold start + prefill at max context).")
     max_request_s: int = Field(description="Limit for a non-streamed request, which sends nothing until done (= longest_request_s).")
     inter_chunk_timeout_s: int = Field(description="Idle limit between streamed chunks; never a total request timeout.")
+    sse_heartbeat_s: float = Field(description="Silence after which the gateway sends an SSE comment line "
+                                   "(topology/gateway_timing.py: tightest idle timeout on the path / 4).")
     max_request_body_bytes: int = Field(description="Bodies above this get 413 before reaching a GPU.")
     max_tokens: int
     retry_budget_fraction: float = Field(description="Retries allowed as a share of requests.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from ..gateway_timing import heartbeat_interval_s
 from ..inputs import EndpointInputs
 from ..spec import BurstSpec, CanarySpec, GatewaySpec, TenantSpec
 from .placement import Placement
@@ -38,6 +39,7 @@ def gateway_spec(ep: EndpointInputs, pl: Placement, burst: BurstSpec | None) -> 
     return GatewaySpec(
         overflow_inflight_per_replica=max(1, math.floor(pl.usable_concurrency * pl.planning_utilisation)),
         first_byte_timeout_s=first_byte, max_request_s=longest_request_s(ep, pl), inter_chunk_timeout_s=inter_chunk,
+        sse_heartbeat_s=heartbeat_interval_s(),
         max_request_body_bytes=s.product_max_context_tokens * OVERHEAD_BYTES_PER_TOKEN + BODY_SLACK_BYTES,
         max_tokens=s.max_tokens, retry_budget_fraction=RETRY_BUDGET_FRACTION, max_retries=1,
         sticky_hash_header="X-Session-Id", cache_isolation="cache_salt" if multi else "single_tenant",
