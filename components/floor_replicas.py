@@ -82,6 +82,29 @@ def queue_query(namespace: str, served_model_name: str, waiting_metric: str) -> 
             f'{TRACK_METRIC_LABEL}="{TRACK_STABLE}"}})')
 
 
+def colon_restoring_relabelings(metric_names: Sequence[str]) -> list[dict]:
+    """PodMonitor `metricRelabelings` giving the engine's colon names back when a scrape arrives escaped.
+
+    prometheus_client >= 0.22 negotiates the exposition format; asked for OpenMetrics without an `escaping` term
+    (Prometheus 2.x's Accept header) it answers `escaping=underscores` and writes `vllm:num_requests_waiting` as
+    `vllm_num_requests_waiting` (client_python issue #1177; its open fix #1180 escapes the HELP/TYPE lines too,
+    so the samples stay renamed). vLLM 0.11-0.13's exact `/metrics` route is prometheus-fastapi-instrumentator's
+    plain-text handler, which keeps the colons; its prometheus_client mount (`/metrics/...`) negotiates. The rule
+    makes every query, alert and trigger independent of which handler and which Prometheus version meet:
+    an escaped `vllm_x` becomes `vllm:x` again, and a name that arrives with its colon does not match (the
+    regex is anchored), so the rule is a no-op there. Works on every Prometheus version (`scrapeProtocols`
+    needs >= 2.49). One rule per prefix; a name with two colons could not be restored, so it is refused."""
+    prefixes: list[str] = []
+    for name in metric_names:
+        if name.count(":") > 1:
+            raise ValueError(f"engine metric {name!r} has more than one colon: an escaped scrape could not be mapped back")
+        prefix = name.partition(":")[0] if ":" in name else None
+        if prefix and prefix not in prefixes:
+            prefixes.append(prefix)
+    return [{"sourceLabels": ["__name__"], "regex": f"{prefix}_(.+)", "targetLabel": "__name__",
+             "replacement": f"{prefix}:$1", "action": "replace"} for prefix in prefixes]
+
+
 def burst_backlog_query(namespace: str, endpoint: str) -> str:
     """Requests the gateway pods have in flight to the endpoint's burst backend (HAProxy's own exporter)."""
     return f'sum(haproxy_backend_current_sessions{{namespace="{namespace}",proxy="{burst_backend_name(endpoint)}"}})'
@@ -209,7 +232,10 @@ class FloorReplicas(pulumi.ComponentResource):
             spec={
                 "selector": {"matchLabels": labels},
                 "podTargetLabels": [TRACK_LABEL],
-                "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": f"{ep.autoscaling.polling_interval_s}s"}],
+                "podMetricsEndpoints": [{
+                    "port": "http", "path": "/metrics", "interval": f"{ep.autoscaling.polling_interval_s}s",
+                    "metricRelabelings": colon_restoring_relabelings(tuple(ep.engine.metrics.model_dump().values())),
+                }],
             },
             opts=child(self),
         )
