@@ -83,17 +83,15 @@ def queue_query(namespace: str, served_model_name: str, waiting_metric: str) -> 
 
 
 def colon_restoring_relabelings(metric_names: Sequence[str]) -> list[dict]:
-    """PodMonitor `metricRelabelings` giving the engine's colon names back when a scrape arrives escaped.
+    """PodMonitor `metricRelabelings` that turn an escaped `vllm_x` back into the engine's `vllm:x`.
 
-    prometheus_client >= 0.22 negotiates the exposition format; asked for OpenMetrics without an `escaping` term
-    (Prometheus 2.x's Accept header) it answers `escaping=underscores` and writes `vllm:num_requests_waiting` as
-    `vllm_num_requests_waiting` (client_python issue #1177; its open fix #1180 escapes the HELP/TYPE lines too,
-    so the samples stay renamed). vLLM 0.11-0.13's exact `/metrics` route is prometheus-fastapi-instrumentator's
-    plain-text handler, which keeps the colons; its prometheus_client mount (`/metrics/...`) negotiates. The rule
-    makes every query, alert and trigger independent of which handler and which Prometheus version meet:
-    an escaped `vllm_x` becomes `vllm:x` again, and a name that arrives with its colon does not match (the
-    regex is anchored), so the rule is a no-op there. Works on every Prometheus version (`scrapeProtocols`
-    needs >= 2.49). One rule per prefix; a name with two colons could not be restored, so it is refused."""
+    prometheus_client >= 0.22 answers an OpenMetrics request without an `escaping` term (Prometheus 2.x's Accept
+    header) with `escaping=underscores` and renames `vllm:num_requests_waiting` to `vllm_num_requests_waiting`
+    (client_python #1177). vLLM 0.11-0.13 answer the exact `/metrics` with prometheus-fastapi-instrumentator's
+    plain-text handler (colons kept) but `/metrics/...` with prometheus_client's negotiating app, so the names
+    hang on a route detail; this rule makes every query independent of it on any Prometheus version (a
+    `scrapeProtocols` pin needs >= 2.49). The anchored regex leaves a name that arrives with its colon alone.
+    A name with two colons could not be mapped back, so it is refused."""
     prefixes: list[str] = []
     for name in metric_names:
         if name.count(":") > 1:

@@ -22,7 +22,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from components.floor_replicas import TRACK_METRIC_LABEL, queue_query
+from components.floor_replicas import TRACK_METRIC_LABEL, colon_restoring_relabelings, queue_query
 from components.names import TRACK_STABLE
 from pulumi_support import by_name, objects, recording
 from tests.prometheus_support import PrometheusServer, operator_relabel_configs, require_binary
@@ -159,3 +159,11 @@ def test_relabelled_negotiated_scrape_answers_the_projects_queue_query(scraped):
     # other metrics pass through unchanged
     requests = {s["metric"]["namespace"]: float(s["value"][1]) for s in prom.query("http_requests_total")}
     assert requests == {ns: 11, "llm-bare": 13, "llm-text": 17}
+
+
+def test_one_rule_per_colon_prefix_and_names_that_cannot_be_mapped_back_are_refused():
+    assert [r["regex"] for r in colon_restoring_relabelings(("vllm:a", "vllm:b_total", "up", "sglang:c"))] == [
+        "vllm_(.+)", "sglang_(.+)"]
+    # underscore escaping turns `a:b:c` into `a_b_c`; one rule would restore only `a:b_c`
+    with pytest.raises(ValueError, match="more than one colon"):
+        colon_restoring_relabelings(("vllm:a:b",))
