@@ -82,6 +82,27 @@ def queue_query(namespace: str, served_model_name: str, waiting_metric: str) -> 
             f'{TRACK_METRIC_LABEL}="{TRACK_STABLE}"}})')
 
 
+def colon_restoring_relabelings(metric_names: Sequence[str]) -> list[dict]:
+    """PodMonitor `metricRelabelings` that turn an escaped `vllm_x` back into the engine's `vllm:x`.
+
+    prometheus_client >= 0.22 answers an OpenMetrics request without an `escaping` term (Prometheus 2.x's Accept
+    header) with `escaping=underscores` and renames `vllm:num_requests_waiting` to `vllm_num_requests_waiting`
+    (client_python #1177). vLLM 0.11-0.13 answer the exact `/metrics` with prometheus-fastapi-instrumentator's
+    plain-text handler (colons kept) but `/metrics/...` with prometheus_client's negotiating app, so the names
+    hang on a route detail; this rule makes every query independent of it on any Prometheus version (a
+    `scrapeProtocols` pin needs >= 2.49). The anchored regex leaves a name that arrives with its colon alone.
+    A name with two colons could not be mapped back, so it is refused."""
+    prefixes: list[str] = []
+    for name in metric_names:
+        if name.count(":") > 1:
+            raise ValueError(f"engine metric {name!r} has more than one colon: an escaped scrape could not be mapped back")
+        prefix = name.partition(":")[0] if ":" in name else None
+        if prefix and prefix not in prefixes:
+            prefixes.append(prefix)
+    return [{"sourceLabels": ["__name__"], "regex": f"{prefix}_(.+)", "targetLabel": "__name__",
+             "replacement": f"{prefix}:$1", "action": "replace"} for prefix in prefixes]
+
+
 def burst_backlog_query(namespace: str, endpoint: str) -> str:
     """Requests the gateway pods have in flight to the endpoint's burst backend (HAProxy's own exporter)."""
     return f'sum(haproxy_backend_current_sessions{{namespace="{namespace}",proxy="{burst_backend_name(endpoint)}"}})'
@@ -211,7 +232,10 @@ class FloorReplicas(pulumi.ComponentResource):
             spec={
                 "selector": {"matchLabels": labels},
                 "podTargetLabels": [TRACK_LABEL],
-                "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": f"{ep.autoscaling.polling_interval_s}s"}],
+                "podMetricsEndpoints": [{
+                    "port": "http", "path": "/metrics", "interval": f"{ep.autoscaling.polling_interval_s}s",
+                    "metricRelabelings": colon_restoring_relabelings(tuple(ep.engine.metrics.model_dump().values())),
+                }],
             },
             opts=child(self),
         )

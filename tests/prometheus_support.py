@@ -55,6 +55,24 @@ def rendered_rule_groups(stack_file: Path) -> dict[str, dict]:
     return out
 
 
+def operator_relabel_configs(relabelings: list[dict]) -> list[dict]:
+    """A monitor's `relabelings`/`metricRelabelings` as the Prometheus config the operator writes for them:
+    prometheus-operator v0.93.0 pkg/prometheus/promcfg.go generateRelabelConfig() — camelCase to snake_case,
+    only the fields that are set, in its order, the action lower-cased."""
+    fields = (("sourceLabels", "source_labels"), ("separator", "separator"), ("targetLabel", "target_label"),
+              ("regex", "regex"), ("modulus", "modulus"), ("replacement", "replacement"), ("action", "action"))
+    known = {camel for camel, _ in fields}
+    out = []
+    for rc in relabelings:
+        unknown = set(rc) - known
+        if unknown:
+            raise ValueError(f"relabel config fields the operator does not translate: {sorted(unknown)}")
+        # separator and replacement are pointers there (written when set, even empty); the rest when non-zero
+        out.append({snake: rc[camel].lower() if camel == "action" else rc[camel] for camel, snake in fields
+                    if (rc.get(camel) is not None if camel in ("separator", "replacement") else rc.get(camel))})
+    return out
+
+
 def write_rule_file(path: Path, groups: list[dict]) -> Path:
     """A Prometheus rule file: the PrometheusRule's `spec` is exactly this document (the operator copies it)."""
     path.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False, width=10_000))
@@ -65,10 +83,11 @@ class PrometheusServer:
     """`prometheus` on 127.0.0.1 (free port), temp storage, fixed scrape interval; `stop()` always reaps it.
 
     `scrape_targets`: [(job, "127.0.0.1:port", {label: value})] — the extra labels stand in for what the
-    PodMonitor's relabelling adds in the cluster (namespace, pod, the track label)."""
+    PodMonitor's relabelling adds in the cluster (namespace, pod, the track label). `job_settings`: {job: extra
+    scrape-config fields} (e.g. `metrics_path`, `metric_relabel_configs`) for every target of that job."""
 
     def __init__(self, workdir: Path, scrape_targets: list[tuple[str, str, dict[str, str]]] = (),
-                 storage: Path | None = None, retention: str = "15d"):
+                 storage: Path | None = None, retention: str = "15d", job_settings: dict[str, dict] | None = None):
         binary = require_binary("prometheus")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -77,7 +96,7 @@ class PrometheusServer:
             "scrape_configs": [
                 {"job_name": f"{job}-{i}", "scrape_interval": f"{SCRAPE_INTERVAL_S}s",
                  "scrape_timeout": f"{SCRAPE_INTERVAL_S}s",
-                 "static_configs": [{"targets": [address], "labels": labels}]}
+                 "static_configs": [{"targets": [address], "labels": labels}], **(job_settings or {}).get(job, {})}
                 for i, (job, address, labels) in enumerate(scrape_targets)
             ],
         }

@@ -33,13 +33,12 @@ WAIT_S = 20.0  # longest wait for a scrape to show a change (1 s scrapes)
 
 class FakeEngine:
     """One vLLM pod's /metrics: the waiting-queue gauge with vLLM's label names (model_name, engine), rendered by
-    prometheus_client in the Prometheus text format 0.0.4 whatever the scraper asks for.
+    prometheus_client in the Prometheus text format whatever the scraper asks for — as vLLM 0.11-0.13 answer the
+    exact `/metrics` (prometheus-fastapi-instrumentator's `generate_latest` handler).
 
-    Why not content negotiation: prometheus_client >= 0.22 answers an OpenMetrics request without an `escaping`
-    term (Prometheus 2.x's default Accept header, this 2.42 included) with `escaping=underscores`, and escapes the
-    colon in sample names (`vllm_num_requests_waiting`; client_python issue #1177, open): every `vllm:` query then
-    reads nothing. Prometheus 3 asks for `escaping=allow-utf-8` and keeps the name; a 2.49+ scrape can be pinned
-    to `PrometheusText0.0.4` (PodMonitor `scrapeProtocols`). Both give what is served here."""
+    prometheus_client's negotiating app (vLLM's `/metrics/...`) would answer this Prometheus 2.42 with
+    `escaping=underscores` and `vllm_num_requests_waiting` (client_python issue #1177); the floor PodMonitor's
+    `metricRelabelings` map that back, proven in test_scrape_escaping_live.py."""
 
     def __init__(self, model_name: str, waiting: float):
         import prometheus_client
