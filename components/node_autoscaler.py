@@ -43,6 +43,9 @@ def discovery_tags(cluster_name: str) -> dict[str, str]:
     return {"k8s.io/cluster-autoscaler/enabled": "true", f"k8s.io/cluster-autoscaler/{cluster_name}": "owned"}
 
 
+AUTOSCALER_POLICY_NAME = "cluster-autoscaler"
+
+
 def autoscaler_policy(cluster_name: str) -> str:
     return json.dumps({
         "Version": "2012-10-17",
@@ -94,7 +97,11 @@ class NodeAutoscaler(pulumi.ComponentResource):
         cluster = pulumi.Output.from_input(args.cluster_name)
         role = iam.Role(f"{name}-role", description="Cluster Autoscaler: scale this cluster's node groups",
                         assume_role_policy=_POD_IDENTITY_ASSUME, opts=child(self))
-        iam.RolePolicy(f"{name}-policy", role=role.name, policy=cluster.apply(autoscaler_policy), opts=child(self))
+        iam.RolePolicy(f"{name}-policy", role=role.name, name=AUTOSCALER_POLICY_NAME,
+                       policy=cluster.apply(autoscaler_policy), opts=child(self))
+        # the role holds exactly this inline policy: one added out of band is removed on the next `up`
+        iam.RolePoliciesExclusive(f"{name}-policies", role_name=role.name, policy_names=[AUTOSCALER_POLICY_NAME],
+                                  opts=child(self))
         identity = eks.PodIdentityAssociation(
             f"{name}-pod-identity", cluster_name=cluster, region=args.region, namespace=NAMESPACE,
             service_account=SERVICE_ACCOUNT, role_arn=role.arn, opts=child(self),
