@@ -97,10 +97,10 @@ class NodeAutoscaler(pulumi.ComponentResource):
         cluster = pulumi.Output.from_input(args.cluster_name)
         role = iam.Role(f"{name}-role", description="Cluster Autoscaler: scale this cluster's node groups",
                         assume_role_policy=_POD_IDENTITY_ASSUME, opts=child(self))
-        iam.RolePolicy(f"{name}-policy", role=role.name, name=AUTOSCALER_POLICY_NAME,
+        iam.RolePolicy(f"{name}-role-policy", role=role.name, name=AUTOSCALER_POLICY_NAME,
                        policy=cluster.apply(autoscaler_policy), opts=child(self))
         # the role holds exactly this inline policy: one added out of band is removed on the next `up`
-        iam.RolePoliciesExclusive(f"{name}-policies", role_name=role.name, policy_names=[AUTOSCALER_POLICY_NAME],
+        iam.RolePoliciesExclusive(f"{name}-role-policies", role_name=role.name, policy_names=[AUTOSCALER_POLICY_NAME],
                                   opts=child(self))
         identity = eks.PodIdentityAssociation(
             f"{name}-pod-identity", cluster_name=cluster, region=args.region, namespace=NAMESPACE,

@@ -151,7 +151,7 @@ def test_cluster_autoscaler_from_the_official_chart_with_its_own_pod_identity():
                if a.inputs["serviceAccount"] == "cluster-autoscaler"]
     assert assoc.inputs["namespace"] == "kube-system"
     assert any(d.rsplit("::", 1)[1] == "node-autoscaler-pod-identity" for d in release.dependencies)
-    [policy] = [p for p in rec.of_type("aws:iam/rolePolicy:RolePolicy") if p.name == "node-autoscaler-policy"]
+    [policy] = [p for p in rec.of_type("aws:iam/rolePolicy:RolePolicy") if p.name == "node-autoscaler-role-policy"]
     doc = json.loads(policy.inputs["policy"])
     scale = next(s for s in doc["Statement"] if "autoscaling:SetDesiredCapacity" in s["Action"])
     assert scale["Condition"] == {"StringEquals": {f"aws:ResourceTag/{CA}{rec.outputs['clusterName']}": "owned"}}
