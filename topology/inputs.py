@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .rollout import RolloutInputs
 from .timebase import HOURS_PER_WEEK
 
 GpuKindName = Literal["H100-80GB", "H200-141GB", "A100-80GB", "A100-40GB", "L40S-48GB"]
@@ -277,10 +278,9 @@ class EndpointInputs(_Inputs):
         default=True,
         description="May the endpoint have zero warm replicas when idle (a product decision: cold starts/day vs idle cost)?",
     )
-    canary_percent: float = Field(
-        default=0, ge=0, le=50, description="Share of users (by stable hash of user/session) sent to a candidate."
+    rollout: RolloutInputs | None = Field(
+        default=None, description="A model rollout: eval gate → shadow → canary by user → promote, N−1 kept warm."
     )
-    canary_revision: str | None = Field(default=None, description="Weights revision of the canary candidate.")
 
     @field_validator("tenants")
     @classmethod
@@ -307,8 +307,6 @@ class EndpointInputs(_Inputs):
                 f"serverless.gpu_kind={self.serverless.gpu_kind} has no measured engine capacity; "
                 f"measured kinds: {kinds}"
             )
-        if self.canary_percent > 0 and not self.canary_revision:
-            raise ValueError(f"canary_percent={self.canary_percent:g} needs canary_revision")
         return self
 
 

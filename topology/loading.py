@@ -135,7 +135,9 @@ def inputs_from_document(doc: Any, source: str, base_dir: Path) -> CostInputs:
         inputs = CostInputs.model_validate(body)
     except ValidationError as e:
         raise InputError(format_validation_error(e, source)) from None
-    return resolve_traces(inputs, base_dir)
+    from .rollout_loading import resolve_eval_records  # imports this module's InputError
+
+    return resolve_eval_records(resolve_traces(inputs, base_dir), base_dir)
 
 
 def project_root() -> Path:

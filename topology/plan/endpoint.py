@@ -3,6 +3,7 @@ them (economics, capacity, floor, autoscaling and node pools, engine, burst, gat
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from .gateway import gateway_spec
 from .nodepools import node_pools
 from .options import OptionEval, mig_decision
 from .placement import Placement, capacity_section, replica_capacity
+from .rollout import rollout_section
 from .schedule import floor_section
 from .timing import serverless_cold_start_s
 
@@ -51,7 +53,7 @@ def _alternatives(options: list[OptionEval]) -> tuple[AlternativeCost, ...]:
 def build_endpoint_spec(
     inp: CostInputs, ep: EndpointInputs, demand: Demand, ok: list[Placement], sls: Placement | None,
     herd: HerdSpec, options: list[OptionEval], win: OptionEval, runner: OptionEval | None, why: str,
-    catalog: Mapping[str, GpuKind],
+    catalog: Mapping[str, GpuKind], planning_date: dt.date | None = None,
 ) -> EndpointPlan:
     s, slo = ep.shape, ep.slo
     warnings: list[str] = []
@@ -83,8 +85,15 @@ def build_endpoint_spec(
     if autoscaling is not None and burst is not None and win.tier == "floor_plus_burst":
         autoscaling = take(with_burst_backlog(autoscaling, burst))
     gateway = gateway_spec(ep, pl, burst)
+    rollout = None
+    if ep.rollout is not None:
+        ro = rollout_section(inp, ep, ded_pl, engine, gateway.overflow_inflight_per_replica, planning_date)
+        derivs.extend(ro.derivations)
+        warnings.extend(ro.warnings)
+        rollout, engine = ro.spec, ro.served_engine
+        gateway = gateway.model_copy(update={"canary": ro.canary, "shadow": ro.shadow})
     spec = EndpointSpec(
-        name=ep.name, model_name=ep.model.name, model_revision=ep.model.revision, tier=win.tier,
+        name=ep.name, model_name=ep.model.name, model_revision=engine.model_revision, tier=win.tier,
         runner_up=runner.tier if runner else None, why_runner_up_lost=why, alternatives=_alternatives(options),
         economics=econ, capacity=cap, node_pools=tuple(p.name for p in pools),
         layers=tuple(win.layers) if ded_pl else (), floor=floor, autoscaling=autoscaling, herd=herd,
@@ -98,6 +107,6 @@ def build_endpoint_spec(
         longest_request_s=gateway.max_request_s, drain_grace_s=gateway.max_request_s + 15,
         startup_budget_s=math.ceil(1.5 * ep.cold_starts.pod_on_warm_node_s + herd.start_jitter_s),
         monthly_usd=round(costs.monthly_from_weekly(win.weekly_usd), 2), derivations=tuple(derivs),
-        warnings=tuple(warnings),
+        warnings=tuple(warnings), rollout=rollout,
     )
     return EndpointPlan(spec, pools, dict(win.breakdown_weekly), ded_pl is not None, burst is not None)
