@@ -282,39 +282,3 @@ def test_program_loads_only_the_pulumi_aws_submodules_it_uses():
     assert r.returncode == 0, r.stderr
     service_modules = set(r.stdout.split()) - {"arn_build", "arn_parse", "outputs", "provider", "trim_iam_role_path", "user_agent"}
     assert service_modules == {"ec2", "eks", "iam", "s3"}
-
-
-# ── a canary revision: its own track, same flags, outside the stable autoscaling signal ─────────
-
-
-def test_canary_track_serves_the_candidate_with_the_same_engine_flags():
-    from topology import plan
-    from topology.loading import inputs_from_document
-
-    stack, config = read_stack_config(ROOT / "stacks" / "Pulumi.prod.yaml")
-    inputs = json.loads(json.dumps(config["llm-serving:inputs"]))
-    assist = next(e for e in inputs["endpoints"] if e["name"] == "assist")
-    assist.update(canary_percent=5, canary_revision="0123456789abcdef0123456789abcdef01234567")
-    config = {**config, "llm-serving:inputs": inputs}
-    spec = plan(inputs_from_document(inputs, "test", ROOT))
-    ep = spec.endpoint("assist")
-    rec = run_program(stack, config)
-    objs = {(o["kind"], o["metadata"]["name"]): o for o in rec.kubernetes_objects()}
-
-    stable, canary = objs[("Deployment", "assist-vllm")], objs[("Deployment", "assist-vllm-canary")]
-    assert stable["spec"]["selector"]["matchLabels"]["serving.llm/track"] == "stable"
-    assert canary["spec"]["selector"]["matchLabels"]["serving.llm/track"] == "canary"
-    s_cmd = stable["spec"]["template"]["spec"]["containers"][0]["command"]
-    c_cmd = canary["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert c_cmd[2].endswith("/0123456789abcdef0123456789abcdef01234567") and c_cmd == ep.engine.vllm_args(c_cmd[2])
-    assert [a for a in s_cmd if a != s_cmd[2]] == [a for a in c_cmd if a != c_cmd[2]]  # only the weights differ
-    assert objs[("Service", "assist-vllm-canary-pods")]["spec"]["selector"]["serving.llm/track"] == "canary"
-    assert objs[("Service", "assist-vllm-pods")]["spec"]["selector"]["serving.llm/track"] == "stable"
-    query = next(t for t in objs[("ScaledObject", "assist-vllm")]["spec"]["triggers"] if t["type"] == "prometheus")
-    assert 'serving_llm_track="stable"' in query["metadata"]["query"]
-    assert objs[("PodMonitor", "assist-vllm")]["spec"]["podTargetLabels"] == ["serving.llm/track"]
-    role = next(r for r in rec.of_type("aws:iam/role:Role") if r.name.endswith("-reader-assist"))
-    resources = json.loads(role.inputs["inlinePolicies"][0]["policy"])["Statement"][0]["Resource"]
-    assert any(r.endswith("/0123456789abcdef0123456789abcdef01234567/*") for r in resources) and len(resources) == 2
-    assert rec.outputs["endpoints"]["assist"]["canaryPods"].startswith("assist-vllm-canary-pods.")
-    assert validate_objects(rec.kubernetes_objects()) == []

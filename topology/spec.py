@@ -351,6 +351,7 @@ class PreviousWarmSpec(_Spec):
     """N−1 warm: after promotion the previous version keeps a warm minimum, so a rollback needs no cold start."""
 
     version: ModelVersionSpec
+    engine: EngineSpec = Field(description="The previous version's engine settings (what its warm pods run).")
     replicas: int = Field(description="Warm replicas of the previous version (a fixed Deployment, outside autoscaling).")
     warm_until: dt.date = Field(description="promoted_on + previous_warm_days; the Deployment is removed from this date on.")
     active: bool = Field(description="planning date < warm_until (or no date given): the components declare the warm Deployment.")

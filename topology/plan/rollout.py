@@ -177,17 +177,11 @@ def rollout_section(
 
     previous = None
     if r.promoted_on is not None:  # promoted, or rolled back after a promotion
-        if planning_date is None:
-            # no date from the caller: keep N−1 warm (the safe side for a rollback) and say so
-            warnings.append(
-                f"{ep.name}: rollout promoted on {r.promoted_on}; no planning date was passed, so the previous version "
-                f"is kept warm until {r.promoted_on + dt.timedelta(days=r.previous_warm_days)} regardless of today "
-                "(pass plan(..., planning_date=...), `--planning-date`, or config planningDate)"
-            )
+        # no planning date from the caller: N−1 stays declared (the safe side for a rollback) until a date says otherwise
         until = r.promoted_on + dt.timedelta(days=r.previous_warm_days)
         per_day = round(r.previous_warm_replicas * usd_per_replica_day, 2)
         previous = PreviousWarmSpec(
-            version=inc, replicas=r.previous_warm_replicas, warm_until=until,
+            version=inc, engine=incumbent_engine, replicas=r.previous_warm_replicas, warm_until=until,
             active=planning_date is None or planning_date < until, usd_per_day=per_day, window_usd=round(per_day * r.previous_warm_days, 2),
         )
         derivs.append(Derivation(
