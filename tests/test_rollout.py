@@ -193,6 +193,8 @@ def test_canary_by_user_hash_overflows_to_the_incumbent_and_is_costed():
     assert c.replicas * per >= PEAK * 0.20 > (c.replicas - 1) * per
     assert e.rollout.outcome_metric.name == "draft_acceptance_rate" and e.rollout.outcome_metric.comparison_window_hours == 168
     assert e.rollout.candidate_usd_per_day == pytest.approx(c.replicas * 2 * PRICE * 24, abs=0.01)
+    # N−1's price is known before promotion: 1 replica (default) × 2 GPUs × $2.69 × 24 h = $129.12/day
+    assert (e.rollout.previous_warm_replicas, e.rollout.previous_warm_usd_per_day) == (1, pytest.approx(129.12, abs=0.01))
 
 
 def test_a_new_weights_revision_travels_with_the_weight_caches():
@@ -269,3 +271,28 @@ def test_every_rollout_input_field_is_described():
     for o in models:
         for fname, f in o.model_fields.items():
             assert f.description, f"{o.__name__}.{fname} has no description"
+
+
+# ── the report ────────────────────────────────────────────────────────────────────────────────
+
+
+def _report(e):
+    from topology.report import _endpoint_lines
+
+    return "\n".join(_endpoint_lines(e))
+
+
+def test_the_report_shows_each_stage_with_its_price_and_what_shadow_cannot_do():
+    shadow = _report(planned(rollout(stage="shadow")))
+    assert "rollout — stage shadow; serving chat-v1" in shadow
+    assert "kv_cache_dtype auto→fp8" in shadow and "eval gate: passed — win_rate 0.58 ≥ 0.5 on chat-golden@v3" in shadow
+    assert "shadow validates latency, memory and output distributions; it can never license promotion" in shadow
+    assert "$129/day" in shadow  # N−1 after promotion: 1 × 2 GPUs × $2.69 × 24 h
+    canary = _report(planned(rollout(stage="canary", canary_percent=20)))
+    assert "canary (now): 20% of users by user hash" in canary and "draft_acceptance_rate (higher is better) over 168 h" in canary
+    assert "a full candidate overflows to the incumbent" in canary
+    promoted = _report(planned(rollout(stage="promoted", promoted_on="2026-11-30", previous_warm_replicas=2),
+                               planning_date=dt.date(2026, 12, 1)))
+    assert "serving chat-v2" in promoted and "N−1 warm: chat-v1 × 2 until 2026-12-07 (warm now) — $258/day, $1,808 for the window" in promoted
+    back = _report(planned(rollout(stage="rolled_back", promoted_on="2026-11-30"), planning_date=dt.date(2026, 12, 1)))
+    assert "the floor backend selects chat-v1's pods" in back and "eval gate" not in back

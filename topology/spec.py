@@ -381,6 +381,9 @@ class RolloutSpec(_Spec):
     candidate_replicas: int = Field(description="Candidate pods in shadow or canary (0 in other stages).")
     candidate_usd_per_day: float = Field(description="Candidate pods × GPUs × on-demand $/GPU-h × 24 (0 when none).")
     promoted_on: dt.date | None
+    previous_warm_replicas: int = Field(description="Replicas of the previous version kept warm after promotion (N−1).")
+    previous_warm_days: int = Field(description="Days they are kept warm after promotion.")
+    previous_warm_usd_per_day: float = Field(description="Their price per day, known before promotion so it can be budgeted.")
     previous: PreviousWarmSpec | None = Field(description="The warm previous version after promotion (None before).")
     floor_backend_version: str | None = Field(
         description="When set, the floor's headless Service selects pods of this version (stable and warm previous "

@@ -208,7 +208,9 @@ def rollout_section(
         stage=r.stage, incumbent=inc, candidate=cand, candidate_engine=cand_engine, served_version=served.version,
         eval=evidence, shadow_percent=r.shadow_percent, canary_percent=r.canary_percent, canary_hash_key=r.canary_hash_key,
         outcome_metric=OutcomeMetricSpec(**r.outcome_metric.model_dump()), candidate_replicas=cand_replicas,
-        candidate_usd_per_day=cand_usd_day, promoted_on=r.promoted_on, previous=previous,
+        candidate_usd_per_day=cand_usd_day, promoted_on=r.promoted_on, previous_warm_replicas=r.previous_warm_replicas,
+        previous_warm_days=r.previous_warm_days,
+        previous_warm_usd_per_day=round(r.previous_warm_replicas * usd_per_replica_day, 2), previous=previous,
         floor_backend_version=floor_backend_version, quality_sampling=sampling,
     )
     return RolloutPlan(spec, served_engine, canary, shadow, tuple(derivs), tuple(warnings))
