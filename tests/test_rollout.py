@@ -296,3 +296,11 @@ def test_the_report_shows_each_stage_with_its_price_and_what_shadow_cannot_do():
     assert "serving chat-v2" in promoted and "N−1 warm: chat-v1 × 2 until 2026-12-07 (warm now) — $258/day, $1,808 for the window" in promoted
     back = _report(planned(rollout(stage="rolled_back", promoted_on="2026-11-30"), planning_date=dt.date(2026, 12, 1)))
     assert "the floor backend selects chat-v1's pods" in back and "eval gate" not in back
+
+
+def test_a_spec_with_every_rollout_field_round_trips_through_json(planned_stacks):
+    from topology.spec import TopologySpec
+
+    _, spec = planned_stacks["prod"]
+    assert spec.endpoint("assist").rollout.stage == "shadow" and spec.endpoint("guard").rollout.stage == "promoted"
+    assert TopologySpec.model_validate_json(spec.to_json()) == spec
