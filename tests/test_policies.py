@@ -186,8 +186,10 @@ def test_a_readiness_script_that_only_checks_health_is_refused():
     edit(res, named("floor-assist-scripts"), lambda i: i["data"].update(
         {"warmup_probe.py": "import urllib.request\nurllib.request.urlopen('http://127.0.0.1:8000/health')\n"}))
     found = run_policy("vllm-container-safety", res, stack_config("prod"))
-    assert len(found) == 1 and "sends no generation request" in found[0][1]
-    assert found[0][0] == next(r.urn for r in res if r.name == "floor-assist-deployment")
+    # every assist Deployment mounts that script: the stable floor and the rollout's candidate track
+    assert found and all("sends no generation request" in m for _u, m in found)
+    mounting = {r.urn for r in res if r.name.startswith("floor-assist-") and r.type == "kubernetes:apps/v1:Deployment"}
+    assert {u for u, _m in found} == mounting and next(r.urn for r in res if r.name == "floor-assist-deployment") in mounting
 
 
 @pytest.mark.parametrize("field, value, expected", [
