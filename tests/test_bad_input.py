@@ -215,7 +215,6 @@ def test_a_profile_beyond_every_cap_is_refused_without_sizing_millions_of_replic
     ("endpoints.0.traffic.timezone", "Europe/Berlin\0", "is not an IANA timezone"),
     ("endpoints.0.traffic.timezone", "America/New_Yrok", "did you mean 'America/New_York'"),
     ("endpoints.0.model.revision", "Rev/../x y", "is not a Kubernetes label value"),
-    ("endpoints.0.canary_revision", "a" * 64, "is not a Kubernetes label value"),
     ("cluster_region", "US_EAST 1", "is not an AWS region name"),
     ("regions.0.name", "us-east-1\n", "is not an AWS region name"),
     ("weights_source_bucket", "Acme_Models", "is not an S3 bucket name"),
@@ -382,3 +381,14 @@ def test_render_names_the_input_fields_of_an_impossible_plan():
 
     with pytest.raises(pulumi.RunError, match=r"no GPU or MIG slice .*\[input fields to change: endpoints\.0\.model\.weights_gb"):
         run_program("dev", config)
+
+
+def test_a_rollout_candidate_revision_is_checked_like_the_incumbents():
+    from pydantic import ValidationError
+
+    from topology.rollout import CandidateVersion
+
+    with pytest.raises(ValidationError, match="is not a Kubernetes label value"):
+        CandidateVersion(version="assist-2026-12", weights_revision="a" * 64)
+    with pytest.raises(ValidationError, match=r"'\.\.'"):
+        CandidateVersion(version="assist-2026-12", weights_revision="rev..x")

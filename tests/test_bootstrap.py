@@ -66,7 +66,8 @@ def test_engines_and_modal_deploys_wait_for_the_seeded_weights(stack):
         assert not any(n.startswith("cluster-") for n in waits_for(rec, seed))
 
     deployments = [r for r in rec.of_type("kubernetes:apps/v1:Deployment") if r.name.startswith("floor-")]
-    assert len(deployments) == sum(1 for e in spec["endpoints"] if e["node_pools"])
+    # every engine Deployment: each floor endpoint's stable track, and a rollout's candidate or warm N−1 track
+    assert {f"floor-{e['name']}-deployment" for e in spec["endpoints"] if e["node_pools"]} <= {d.name for d in deployments}
     for d in deployments:
         assert f"weights-{spec['cluster_region']}-seed-copy" in waits_for(rec, d), d.name
 

@@ -130,7 +130,8 @@ def test_a_new_weights_revision_reaches_the_candidate_pods_and_the_reader_role()
     c_cmd = container(objs[("Deployment", "assist-vllm-canary")])["command"]
     assert c_cmd[2].endswith(f"/{rev}")
     role = next(r for r in rec.of_type("aws:iam/role:Role") if r.name.endswith("-reader-assist"))
-    resources = json.loads(role.inputs["inlinePolicies"][0]["policy"])["Statement"][0]["Resource"]
+    (attached,) = [p for p in rec.of_type("aws:iam/rolePolicy:RolePolicy") if p.name == f"{role.name}-policy"]
+    resources = json.loads(attached.inputs["policy"])["Statement"][0]["Resource"]
     assert any(r.endswith(f"/{rev}/*") for r in resources)
 
 

@@ -13,7 +13,9 @@ import hashlib
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .names import check_revision
 
 VERSION_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"  # a Kubernetes label value: it labels the pods of each version
 # Engine settings that can change what a model answers (numerics, tokenisation, parallel reduction order);
@@ -50,6 +52,11 @@ class CandidateVersion(_Inputs):
     quantization: Literal["fp8"] | None = Field(
         default=None, description="Online quantization of bf16 weights (default: the incumbent's, usually none)."
     )
+
+    @field_validator("weights_revision")
+    @classmethod
+    def _revision(cls, v: str) -> str:
+        return check_revision(v)  # a pod label value and an S3 prefix segment, like the incumbent's
 
 
 class OutcomeMetric(_Inputs):
