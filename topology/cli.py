@@ -159,6 +159,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
+    import gc
+
+    # a one-shot process that imports the providers' SDKs: full collections would re-walk their hundreds of
+    # thousands of long-lived objects again and again (see offline.mockrun's _fewer_collections)
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 1000)
     # rendering runs the Pulumi program under mocks: it imports pulumi, so it lives outside topology/
     from offline.render import cli_main
 

@@ -12,7 +12,7 @@ from ..catalog import GPU_KINDS, GpuKind
 from ..inputs import CostInputs
 from ..spec import SPEC_VERSION, TopologySpec
 from .endpoint import EndpointPlan, build_endpoint_spec
-from .options import decide, prepare_endpoint, with_platform_share
+from .options import decide, prepare_endpoints, with_platform_share
 from .weights import weight_caches
 
 
@@ -23,7 +23,7 @@ def plan(
     (passed by the caller, never read from the clock) decides whether a promoted rollout still keeps N−1 warm."""
     weekly_fixed = inputs.prices.platform_fixed_usd_per_month / costs.WEEKS_PER_MONTH
     n = len(inputs.endpoints)
-    prepared = [prepare_endpoint(inputs, ep, catalog) for ep in inputs.endpoints]
+    prepared = prepare_endpoints(inputs, catalog)  # the schedule DP runs once for every endpoint
     sharing = n  # start by assuming every endpoint shares the cluster, then settle the real count
     for _ in range(n + 1):
         share = weekly_fixed / max(1, sharing)

@@ -22,7 +22,17 @@ from ..feasibility import dedicated_cap_shortfall
 from .demand import Demand, demand_of
 from .errors import PlanningError
 from .placement import Placement, placements
-from .schedule import NodeGroups, Prices, choose_floors, node_groups, prices_for, serverless_alive_container_hours
+from .schedule import (
+    FloorChoice,
+    FloorProblem,
+    NodeGroups,
+    Prices,
+    floor_problem,
+    node_groups,
+    prices_for,
+    serverless_alive_container_hours,
+    solve_floor_problems,
+)
 from .timing import herd_limits, lead_time_s, serverless_cold_start_s, ttft_budget_s
 
 
@@ -98,10 +108,12 @@ def evaluate_floor(
 def layers_of(ng: NodeGroups, running: np.ndarray, reserved_nodes: int) -> list[CapacityLayer]:
     """One row per node of the load-duration curve: its duty, the tier it went to, what each tier would cost."""
     out = []
+    hours_by_group = ng.needed.sum(axis=1)
+    rises_by_group = (ng.needed & ~np.roll(ng.needed, 1, axis=1)).sum(axis=1)
     for g in range(ng.groups):
         needed = ng.needed[g]
-        hours = int(needed.sum())
-        rises = int((needed & ~np.roll(needed, 1)).sum()) if hours < HOURS_PER_WEEK else 0
+        hours = int(hours_by_group[g])
+        rises = int(rises_by_group[g]) if hours < HOURS_PER_WEEK else 0
         c = {
             "reserved": ng.reserved_usd_week,
             "scheduled_on_demand": hours * ng.on_demand_node_hour + rises * ng.rise_usd,
@@ -127,11 +139,75 @@ def better(a: OptionEval, b: OptionEval) -> bool:
     return a.placement.gpu_fraction_per_replica < b.placement.gpu_fraction_per_replica
 
 
+@dataclass
+class FloorCandidate:
+    """A dedicated tier at one placement: its node groups and the floor the schedule DP chooses for them
+    (a FloorProblem until `solve_floor_candidates` has run)."""
+
+    tier: Tier
+    pl: Placement
+    burst_pl: Placement
+    pr: Prices
+    ng: NodeGroups | None  # None when the caps refuse it before any sizing
+    choice: FloorProblem | FloorChoice | str
+
+
+def floor_candidates(
+    inp: CostInputs, ep: EndpointInputs, demand: Demand, ded: list[Placement], sls: Placement | None, herd: HerdSpec,
+) -> list[FloorCandidate]:
+    """Every (dedicated tier, placement) whose floor must be chosen, not yet solved: the planner solves the
+    candidates of all endpoints in one schedule DP."""
+    if not inp.floor_replicas_allowed or not ded:
+        return []
+    lead = lead_time_s(ep, herd)
+    cold = serverless_cold_start_s(ep)
+    sls_overhead = cold + ep.serverless.scaledown_window_s
+    burst_pl_of = [sls if sls is not None else pl for pl in ded]
+    prices = [prices_for(inp, ep, pl, bpl) for pl, bpl in zip(ded, burst_pl_of)]
+    tiers = [t for t in ("dedicated_only", "floor_plus_burst") if t == "dedicated_only" or sls is not None]
+
+    def shortfall(tier: str, pl: Placement, bpl: Placement) -> str | None:
+        # refuse from the peak before the O(replicas × 168) work
+        return dedicated_cap_shortfall(
+            demand.peak_rps, pl.planning_rps, pl.replicas_per_node, ep.max_dedicated_replicas,
+            burst_planning_rps=bpl.planning_rps if tier == "floor_plus_burst" else None,
+            burst_cap_containers=ep.serverless.max_containers_cap,
+        )
+
+    short = {(t, i): shortfall(t, pl, bpl) for t in tiers for i, (pl, bpl) in enumerate(zip(ded, burst_pl_of))}
+    # both tiers cut the same demand into the same node groups; only the DP's constraints differ
+    groups = [node_groups(demand, pl, bpl, pr, lead, sls_overhead, warm_container=cold > ttft_budget_s(ep))
+              if any(short[(t, i)] is None for t in tiers) else None
+              for i, (pl, bpl, pr) in enumerate(zip(ded, burst_pl_of, prices))]
+    out: list[FloorCandidate] = []
+    for tier in tiers:
+        for i, (pl, bpl, pr, ng) in enumerate(zip(ded, burst_pl_of, prices, groups)):
+            if short[(tier, i)] is not None:
+                out.append(FloorCandidate(tier, pl, bpl, pr, ng, short[(tier, i)]))
+                continue
+            problem = floor_problem(
+                ng, allow_serverless=tier == "floor_plus_burst", max_replicas=ep.max_dedicated_replicas,
+                min_floor=0 if ep.scale_to_zero_allowed else 1, burst_cap_containers=ep.serverless.max_containers_cap,
+            )
+            out.append(FloorCandidate(tier, pl, bpl, pr, ng, problem))
+    return out
+
+
+def solve_floor_candidates(candidates: list[FloorCandidate]) -> None:
+    """Choose every candidate's floor, the DP run once over all of them."""
+    for c, choice in zip(candidates, solve_floor_problems([c.choice for c in candidates])):
+        c.choice = choice
+
+
 def options_for(
     inp: CostInputs, ep: EndpointInputs, demand: Demand, ded: list[Placement], sls: Placement | None,
-    sls_bad: str, herd: HerdSpec,
+    sls_bad: str, herd: HerdSpec, floors: list[FloorCandidate] | None = None,
 ) -> list[OptionEval]:
-    """Every alternative, each at its cheapest placement and layer split."""
+    """Every alternative, each at its cheapest placement and layer split. `floors`: this endpoint's
+    solved floor candidates (solved here when not given)."""
+    if floors is None:
+        floors = floor_candidates(inp, ep, demand, ded, sls, herd)
+        solve_floor_candidates(floors)
     out: list[OptionEval] = []
     lead = lead_time_s(ep, herd)
     s = ep.shape
@@ -152,8 +228,6 @@ def options_for(
         out.append(OptionEval("managed_api", True, f"{costs.weekly_requests(demand.mean_rps):,.0f} req/week × ${per_req:.6f}",
                               weekly_usd=weekly, breakdown_weekly={"api": weekly}))
     sls_fixed = inp.prices.serverless_fixed_usd_per_month / costs.WEEKS_PER_MONTH
-    cold = serverless_cold_start_s(ep)
-    sls_overhead = cold + ep.serverless.scaledown_window_s
     # serverless only
     if sls is None:
         out.append(OptionEval("serverless_only", False, sls_bad))
@@ -183,27 +257,17 @@ def options_for(
             continue
         burst = tier == "floor_plus_burst"
         best: OptionEval | None = None
+        best_floor: FloorCandidate | None = None
         why_not: list[str] = []
-        for pl in ded:
-            burst_pl = sls if sls is not None else pl
-            pr = prices_for(inp, ep, pl, burst_pl)
-            if (short := dedicated_cap_shortfall(  # refuse from the peak before the O(replicas × 168) work
-                demand.peak_rps, pl.planning_rps, pl.replicas_per_node, ep.max_dedicated_replicas,
-                burst_planning_rps=burst_pl.planning_rps if burst else None,
-                burst_cap_containers=ep.serverless.max_containers_cap,
-            )) is not None:
-                why_not.append(f"{pl.label}: {short}")
+        for c in floors:
+            if c.tier != tier:
                 continue
-            ng = node_groups(demand, pl, burst_pl, pr, lead, sls_overhead, warm_container=cold > ttft_budget_s(ep))
-            choice = choose_floors(
-                ng, allow_serverless=burst, max_replicas=ep.max_dedicated_replicas,
-                min_floor=0 if ep.scale_to_zero_allowed else 1, burst_cap_containers=ep.serverless.max_containers_cap,
-            )
+            pl, burst_pl, pr, choice = c.pl, c.burst_pl, c.pr, c.choice
+            assert not isinstance(choice, FloorProblem), "floor candidates are solved before options_for reads them"
             if isinstance(choice, str):
                 why_not.append(f"{pl.label}: {choice}")
                 continue
-            ev = evaluate_floor(tier, ep, demand, pl, burst_pl, pr, choice.floor, choice.reserved_nodes, lead,
-                                 ng, choice.running)
+            ev = evaluate_floor(tier, ep, demand, pl, burst_pl, pr, choice.floor, choice.reserved_nodes, lead)
             if burst and ev.burst_max_containers == 0:
                 why_not.append(f"{pl.label}: the cheapest floor leaves nothing to burst (that is dedicated_only)")
                 continue
@@ -218,10 +282,13 @@ def options_for(
                                    f"{ep.serverless.max_containers_cap}")
                     continue
             if best is None or better(ev, best):
-                best = ev
+                best, best_floor = ev, c
         if best is None:
             out.append(OptionEval(tier, False, "; ".join(why_not) or "no feasible schedule"))
         else:
+            # the layer table only for the placement that won the tier (the losers' are never read)
+            assert best_floor is not None and isinstance(best_floor.choice, FloorChoice)
+            best.layers = layers_of(best_floor.ng, best_floor.choice.running, best_floor.choice.reserved_nodes)
             rpn = best.placement.replicas_per_node
             reserved_nodes, scheduled_nodes = best.reserved_layers // rpn, best.scheduled_layers // rpn
             best.reason = (
@@ -244,7 +311,31 @@ class Prepared:
     options: list[OptionEval]  # dedicated options without their platform share
 
 
+def prepare_endpoints(inp: CostInputs, catalog: Mapping[str, GpuKind]) -> list[Prepared]:
+    """Every endpoint's options, the floor candidates of all endpoints solved in one schedule DP."""
+    staged = [_stage_endpoint(inp, ep, catalog) for ep in inp.endpoints]
+    solve_floor_candidates([c for st in staged for c in st.floors])
+    return [_options_of(inp, ep, st) for ep, st in zip(inp.endpoints, staged)]
+
+
 def prepare_endpoint(inp: CostInputs, ep: EndpointInputs, catalog: Mapping[str, GpuKind]) -> Prepared:
+    st = _stage_endpoint(inp, ep, catalog)
+    solve_floor_candidates(st.floors)
+    return _options_of(inp, ep, st)
+
+
+@dataclass
+class _Staged:
+    demand: Demand
+    ok: list[Placement]
+    sls: Placement | None
+    sls_bad: str
+    herd: HerdSpec
+    floors: list[FloorCandidate]
+
+
+def _stage_endpoint(inp: CostInputs, ep: EndpointInputs, catalog: Mapping[str, GpuKind]) -> _Staged:
+    """An endpoint up to its schedule DP: demand, placements, the serverless placement, floor candidates."""
     demand = demand_of(ep)
     ok, bad = placements(ep, catalog)
     if not ok:
@@ -257,7 +348,12 @@ def prepare_endpoint(inp: CostInputs, ep: EndpointInputs, catalog: Mapping[str, 
         f"serverless.gpu_kind={ep.serverless.gpu_kind} cannot serve the model",
     )
     herd = herd_limits(ep)
-    return Prepared(demand, ok, sls, herd, options_for(inp, ep, demand, ok, sls, sls_bad, herd))
+    return _Staged(demand, ok, sls, sls_bad, herd, floor_candidates(inp, ep, demand, ok, sls, herd))
+
+
+def _options_of(inp: CostInputs, ep: EndpointInputs, st: _Staged) -> Prepared:
+    return Prepared(st.demand, st.ok, st.sls, st.herd,
+                    options_for(inp, ep, st.demand, st.ok, st.sls, st.sls_bad, st.herd, st.floors))
 
 
 def with_platform_share(options: list[OptionEval], share_weekly: float) -> list[OptionEval]:

@@ -9,6 +9,7 @@ placement and the capacity warnings.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -103,8 +104,12 @@ def p99_wait_s(servers: int, saturated_rps: float, utilisation: float) -> float:
     return math.log(c_wait / (1.0 - P99)) / (saturated_rps * (1.0 - utilisation))
 
 
+@functools.lru_cache(maxsize=4096)
 def slo_utilisation(servers: int, saturated_rps: float, wait_budget_s: float) -> float:
-    """Highest utilisation (≤ 0.98) whose p99 slot wait stays within the budget (bisection)."""
+    """Highest utilisation (≤ 0.98) whose p99 slot wait stays within the budget (bisection).
+
+    Cached: 31 Erlang C evaluations each, and the endpoints of a fleet that share a model, engine and SLO
+    (copies per region or tenant) ask the same question; the answer is a pure function of the arguments."""
     lo, hi = 0.0, 0.98
     if p99_wait_s(servers, saturated_rps, hi) <= wait_budget_s:
         return hi

@@ -94,27 +94,33 @@ def schedule_dp(run_usd: np.ndarray, idle_usd: np.ndarray, rise_usd: np.ndarray)
     A running node costs run_usd that hour; a stopped one costs idle_usd (what serverless pays instead,
     inf where it may not stop); starting costs rise_usd (the cold-start lead billed ahead of the hour).
     Returns (weekly cost per row, running mask). The week is treated as starting stopped, which can only
-    overcount one rise at the wrap."""
+    overcount one rise at the wrap. Rows are independent (each one's arithmetic is elementwise), so rows
+    of many node groups, placements and endpoints stacked into one call give each row's result unchanged:
+    the per-hour loop's cost is paid once instead of once per choice."""
     n = run_usd.shape[0]
+    # hour-major copies: each step of the loop reads one contiguous row
+    run_h = np.ascontiguousarray(run_usd.T)
+    idle_h = np.ascontiguousarray(idle_usd.T)
     on = np.full(n, np.inf)
     off = np.zeros(n)
-    came_on_from_on = np.zeros((HOURS_PER_WEEK, n), bool)
-    came_off_from_on = np.zeros((HOURS_PER_WEEK, n), bool)
+    came_on_from_on = np.empty((HOURS_PER_WEEK, n), bool)
+    came_off_from_on = np.empty((HOURS_PER_WEEK, n), bool)
     for h in range(HOURS_PER_WEEK):
-        stay = on
         start = off + rise_usd
-        came_on_from_on[h] = stay <= start
-        new_on = np.minimum(stay, start) + run_usd[:, h]
-        came_off_from_on[h] = on <= off
-        new_off = np.minimum(on, off) + idle_usd[:, h]
-        on, off = new_on, new_off
+        np.less_equal(on, start, out=came_on_from_on[h])
+        np.less_equal(on, off, out=came_off_from_on[h])
+        new_on = np.minimum(on, start)
+        new_on += run_h[h]
+        off = np.minimum(on, off)
+        off += idle_h[h]
+        on = new_on
     cost = np.minimum(on, off)
     state = on <= off
-    running = np.zeros((n, HOURS_PER_WEEK), bool)
+    running_h = np.empty((HOURS_PER_WEEK, n), bool)
     for h in range(HOURS_PER_WEEK - 1, -1, -1):
-        running[:, h] = state
+        running_h[h] = state
         state = np.where(state, came_on_from_on[h], came_off_from_on[h])
-    return cost, running
+    return cost, np.ascontiguousarray(running_h.T)
 
 
 @dataclass
@@ -124,12 +130,26 @@ class FloorChoice:
     floor: np.ndarray  # (HOURS_PER_WEEK,) replicas ready
 
 
-def choose_floors(
-    ng: NodeGroups, *, allow_serverless: bool, max_replicas: int, min_floor: int, burst_cap_containers: int
-) -> FloorChoice | str:
-    """Reserved nodes at the bottom, then each node group on the clock where it pays, serverless elsewhere.
+@dataclass
+class FloorProblem:
+    """A floor choice up to its schedule DP: the rows `schedule_dp` solves for one placement's node groups.
 
-    Returns the choice, or a reason why none meets the caps."""
+    Kept apart so the rows of every placement and endpoint go through one `schedule_dp` call
+    (`solve_floor_problems`); `finish_floors` then picks the reserved nodes from the solved rows."""
+
+    ng: NodeGroups
+    max_replicas: int
+    max_nodes: int
+    run_usd: np.ndarray  # (G, HOURS_PER_WEEK)
+    idle_usd: np.ndarray  # (G, HOURS_PER_WEEK)
+    rise_usd: np.ndarray  # (G,)
+
+
+def floor_problem(
+    ng: NodeGroups, *, allow_serverless: bool, max_replicas: int, min_floor: int, burst_cap_containers: int
+) -> FloorProblem | FloorChoice | str:
+    """The schedule DP's rows for one placement's node groups, or already the answer: a FloorChoice when there
+    is nothing to schedule, a reason when no floor meets the caps."""
     g_count, rpn = ng.groups, ng.rpn
     max_nodes = max_replicas // rpn
     if g_count == 0:
@@ -152,11 +172,15 @@ def choose_floors(
     idle = np.where(ng.needed, ng.serverless_usd, 0.0)
     idle = np.where(forced, np.inf, idle)
     run = np.where(g_index < max_nodes, ng.on_demand_node_hour, np.inf) * np.ones((1, HOURS_PER_WEEK))
-    dp_cost, running = schedule_dp(run, idle, np.full(g_count, ng.rise_usd))
-    # reserved at the bottom: R nodes all week, the rest as scheduled above
+    return FloorProblem(ng, max_replicas, max_nodes, run, idle, np.full(g_count, ng.rise_usd))
+
+
+def finish_floors(pb: FloorProblem, dp_cost: np.ndarray, running: np.ndarray) -> FloorChoice | str:
+    """Reserved nodes at the bottom (R nodes all week), the rest as the DP scheduled them."""
+    ng, rpn = pb.ng, pb.ng.rpn
     best_r, best = 0, math.inf
     suffix = np.concatenate([np.cumsum(dp_cost[::-1])[::-1], [0.0]])
-    for r in range(0, min(g_count, max_nodes) + 1):
+    for r in range(0, min(ng.groups, pb.max_nodes) + 1):
         total = r * ng.reserved_usd_week + suffix[r]
         if total < best - 1e-9:
             best_r, best = r, total
@@ -164,8 +188,41 @@ def choose_floors(
         return "no schedule meets the caps"
     running = running.copy()
     running[:best_r] = True
-    floor = np.minimum(running.sum(axis=0) * rpn, max_replicas)
+    floor = np.minimum(running.sum(axis=0) * rpn, pb.max_replicas)
     return FloorChoice(best_r, running, floor.astype(int))
+
+
+def solve_floor_problems(problems: list[FloorProblem | FloorChoice | str]) -> list[FloorChoice | str]:
+    """Each problem's floor choice, the DP run once on all their rows stacked (answers pass through)."""
+    todo = [pb for pb in problems if isinstance(pb, FloorProblem)]
+    if not todo:
+        return [pb for pb in problems if not isinstance(pb, FloorProblem)]
+    cost, running = schedule_dp(
+        np.concatenate([pb.run_usd for pb in todo]), np.concatenate([pb.idle_usd for pb in todo]),
+        np.concatenate([pb.rise_usd for pb in todo]),
+    )
+    out: list[FloorChoice | str] = []
+    row = 0
+    for pb in problems:
+        if isinstance(pb, FloorProblem):
+            g = pb.ng.groups
+            out.append(finish_floors(pb, cost[row:row + g], running[row:row + g]))
+            row += g
+        else:
+            out.append(pb)
+    return out
+
+
+def choose_floors(
+    ng: NodeGroups, *, allow_serverless: bool, max_replicas: int, min_floor: int, burst_cap_containers: int
+) -> FloorChoice | str:
+    """Reserved nodes at the bottom, then each node group on the clock where it pays, serverless elsewhere.
+
+    Returns the choice, or a reason why none meets the caps. (The planner solves many at once through
+    `floor_problem` and `solve_floor_problems`; this is the same for one.)"""
+    pb = floor_problem(ng, allow_serverless=allow_serverless, max_replicas=max_replicas, min_floor=min_floor,
+                       burst_cap_containers=burst_cap_containers)
+    return solve_floor_problems([pb])[0]
 
 
 PEAKS_PER_HOUR = 8  # within-hour peaks recur about every 7.5 minutes (bursty arrivals; calibrated against the simulator)

@@ -1,0 +1,106 @@
+"""The offline runner imports only the SDK files a program uses (offline/sdk_imports.py, issue #17). A name
+must resolve to the very object a full import gives, every name of a full import must stay reachable, and a
+program must record the same resources either way. Each check runs in a fresh interpreter: in this test
+session the SDK packages may already be imported in full."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_python(code: str, timeout_s: float = 300) -> str:
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout_s, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_a_name_resolves_to_its_own_file_and_the_rest_of_the_package_stays_unimported():
+    out = run_python("""
+import importlib, json, sys
+from pulumi_aws import ec2 as taken_early  # a component imported before the runner starts holds this
+from offline.sdk_imports import load_on_demand
+load_on_demand()
+import pulumi_aws, pulumi_kubernetes as k8s
+ec2, v1 = pulumi_aws.ec2, k8s.core.v1
+checks = {
+    "same_package_for_early_importers": taken_early is ec2 and taken_early.VpcEndpoint.__name__ == "VpcEndpoint",
+    "launch_template": ec2.LaunchTemplate is importlib.import_module("pulumi_aws.ec2.launch_template").LaunchTemplate,
+    "args": ec2.LaunchTemplateArgs is importlib.import_module("pulumi_aws.ec2.launch_template").LaunchTemplateArgs,
+    "function": callable(ec2.get_route_tables_output) and callable(ec2.get_route_tables),
+    "configmap_is_the_class": isinstance(v1.ConfigMap, type) and v1.ConfigMap.__name__ == "ConfigMap",
+    "outputs_is_the_module": ec2.outputs.__name__ == "pulumi_aws.ec2.outputs",
+    "not_loaded_fully": not ec2.__dict__.get("_loaded_fully"),
+    "ec2_files": sum(m.startswith("pulumi_aws.ec2.") for m in sys.modules),
+}
+print(json.dumps(checks))
+""")
+    checks = json.loads(out)
+    assert checks.pop("ec2_files") < 10  # of the 180 files a full import of pulumi_aws.ec2 runs
+    assert all(checks.values()), checks
+
+
+@pytest.mark.parametrize("package", ["pulumi_aws.eks", "pulumi_kubernetes.policy.v1"])
+def test_every_name_of_a_full_import_is_reachable_and_the_same(package):
+    describe = """
+import importlib, json, types
+def what(v):
+    if isinstance(v, types.ModuleType):
+        return "module " + v.__name__
+    return f"{getattr(v, '__module__', '')}.{getattr(v, '__qualname__', type(v).__name__)}"
+"""
+    full = json.loads(run_python(describe + """
+pkg = importlib.import_module(%r)
+pkg._utilities  # reading a name runs the SDK's lazy import in full
+print(json.dumps({n: what(getattr(pkg, n)) for n in dir(pkg) if not n.startswith("__")}))
+""" % package))
+    on_demand = json.loads(run_python(describe + """
+from offline.sdk_imports import load_on_demand
+load_on_demand()
+pkg = importlib.import_module(%r)
+assert type(pkg).__name__ == "OnDemandPackage"
+own = ("typing", "_builtins", "_utilities")  # what the package's __init__ itself imports
+seen = {n: what(getattr(pkg, n)) for n in %r if n not in own}
+placed = not pkg.__dict__.get("_loaded_fully")  # every file-defined name found by the file naming
+seen.update({n: what(getattr(pkg, n)) for n in own})
+print(json.dumps({"names": seen, "placed_by_file_name": placed}))
+""" % (package, sorted(full))))
+    assert len(full) > 10
+    assert on_demand["placed_by_file_name"]
+    assert on_demand["names"] == full
+
+
+def test_the_program_records_the_same_resources_as_with_full_imports():
+    record = """
+import json, warnings
+warnings.simplefilter("ignore")
+%s
+from offline.mockrun import run_stack_file
+from offline.render import inventory
+rec = run_stack_file("stacks/Pulumi.prod.yaml")
+import sys
+from offline.sdk_imports import PACKAGES, OnDemandPackage
+on_demand = [isinstance(sys.modules[p], OnDemandPackage) for p in PACKAGES]
+assert all(on_demand) or not any(on_demand), on_demand
+print(json.dumps({"inventory": inventory(rec), "objects": rec.kubernetes_objects(), "outputs": rec.outputs,
+                  "on_demand": all(on_demand)}, sort_keys=True))
+"""
+    full_imports = """
+import importlib, sys, types
+import pulumi_aws, pulumi_kubernetes
+from offline.sdk_imports import PACKAGES
+for p in PACKAGES:
+    importlib.import_module(p)._utilities  # reading a name runs the SDK's lazy import in full
+assert all(type(sys.modules[p]) is types.ModuleType for p in PACKAGES)
+"""
+    on_demand = json.loads(run_python(record % ""))
+    full = json.loads(run_python(record % full_imports))
+    assert on_demand.pop("on_demand") and not full.pop("on_demand")
+    assert on_demand == full
