@@ -13,7 +13,7 @@ from pathlib import Path
 import pulumi
 
 from components.cluster import Cluster, ClusterArgs
-from components.floor_replicas import FloorReplicas, FloorReplicasArgs, canary_weights_prefix
+from components.floor_replicas import FloorReplicas, FloorReplicasArgs, canary_weights_prefix, previous_weights_prefix
 from components.gateway import Gateway, GatewayArgs
 from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
 from components.gpu_operator import GpuOperator, GpuOperatorArgs
@@ -42,10 +42,17 @@ config = pulumi.Config()
 source = f"stack {pulumi.get_stack()} config"
 
 # ── inputs → spec ──────────────────────────────────────────────────────────────────────────────
+# the planning date decides whether a promoted rollout still keeps its previous version warm: the clock is read
+# here, in the shell, never in the planner; `pulumi config set planningDate YYYY-MM-DD` pins it (reviews, renders)
+_planning_date = config.get("planningDate")
+try:
+    planning_date = dt.date.fromisoformat(_planning_date) if _planning_date else dt.datetime.now(dt.timezone.utc).date()
+except ValueError:
+    raise StackConfigError(f"{source} {config.name}:planningDate={_planning_date!r}: must be a date, YYYY-MM-DD") from None
 try:
     inputs = inputs_from_document(config.require_object("inputs"), f"{source} {config.name}:inputs", PROJECT_ROOT,
                                   today=dt.date.today())  # prices dated in the future are refused, as by `plan`
-    spec = plan(inputs)
+    spec = plan(inputs, planning_date=planning_date)
     settings = stack_settings(
         {
             "cluster": config.get_object("cluster"),
@@ -122,7 +129,8 @@ for cache in spec.weight_caches:
     readers = [
         WeightReader(
             endpoint=e.name, namespace=settings.namespace, service_account=f"{e.name}-vllm",
-            prefixes=tuple(p for p in (e.engine.weights_uri_suffix, canary_weights_prefix(e, cache)) if p),
+            prefixes=tuple(p for p in (e.engine.weights_uri_suffix, canary_weights_prefix(e, cache),
+                                       previous_weights_prefix(e, cache)) if p),
         )
         for e in floor_endpoints
         if cache.region == spec.cluster_region
@@ -169,6 +177,7 @@ if floor_endpoints:
                 node_pools=pools,
                 weights_uri=cache.uri(e.engine.weights_uri_suffix),
                 canary_weights_uri=cache.uri(canary) if (canary := canary_weights_prefix(e, cache)) else None,
+                previous_weights_uri=cache.uri(prev) if (prev := previous_weights_prefix(e, cache)) else None,
                 namespace=settings.namespace,
                 prometheus_url=settings.prometheus_url,
                 monitor_labels=settings.monitor_labels,
@@ -247,7 +256,8 @@ pulumi.export("endpoints", {
     e.name: {"tier": e.tier, "servedModelName": e.engine.served_model_name,
              "floorService": floors[e.name].service_dns if e.name in floors else None,
              "floorPods": floors[e.name].pods_dns if e.name in floors else None,
-             "canaryPods": floors[e.name].canary_pods_dns if e.name in floors else None}
+             "canaryPods": floors[e.name].canary_pods_dns if e.name in floors else None,
+             "previousPods": floors[e.name].previous_pods_dns if e.name in floors else None}
     for e in spec.endpoints
 })
 pulumi.export("burstUrls", {name: b.url for name, b in bursts.items()})

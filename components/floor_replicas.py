@@ -29,7 +29,9 @@ from topology.timebase import MINUTES_PER_DAY, MINUTES_PER_WEEK
 
 from ._common import CAPACITY_LABEL, ENDPOINT_LABEL, GPU_TAINT_EFFECT_K8S, MIG_CONFIG_LABEL, TYPE_PREFIX, child
 from .gpu_node_pool import NVME_MOUNT, node_labels
-from .names import TRACK_CANARY, TRACK_LABEL, TRACK_METRIC_LABEL, TRACK_STABLE, burst_backend_name
+from .names import (
+    TRACK_CANARY, TRACK_LABEL, TRACK_METRIC_LABEL, TRACK_PREVIOUS, TRACK_STABLE, VERSION_LABEL, burst_backend_name,
+)
 
 WEIGHTS_MOUNT = "/models"  # where the node-local weight copy appears inside the pod
 WARMUP_MOUNT = "/opt/warmup"
@@ -108,17 +110,37 @@ def burst_backlog_query(namespace: str, endpoint: str) -> str:
     return f'sum(haproxy_backend_current_sessions{{namespace="{namespace}",proxy="{burst_backend_name(endpoint)}"}})'
 
 
-def canary_weights_prefix(ep: EndpointSpec, cache: WeightCacheSpec) -> str | None:
-    """The weight-cache prefix of the canary revision, or None when the endpoint has no canary."""
-    canary = ep.gateway.canary
-    if canary is None:
+def candidate_engine(ep: EndpointSpec) -> EngineSpec | None:
+    """The engine of the rollout candidate's pods, which exist in shadow and canary (None otherwise)."""
+    r = ep.rollout
+    return r.candidate_engine if r is not None and r.stage in ("shadow", "canary") else None
+
+
+def previous_engine(ep: EndpointSpec) -> EngineSpec | None:
+    """The engine of the previous version's warm pods, while its N−1 window lasts (None otherwise)."""
+    r = ep.rollout
+    return r.previous.engine if r is not None and r.previous is not None and r.previous.active else None
+
+
+def _cached_prefix(ep: EndpointSpec, cache: WeightCacheSpec, engine: EngineSpec | None, what: str) -> str | None:
+    if engine is None:
         return None
-    if canary.weights_uri_suffix not in cache.model_prefixes:
+    if engine.weights_uri_suffix not in cache.model_prefixes:
         raise ValueError(
-            f"endpoint {ep.name!r}: canary weights {canary.weights_uri_suffix!r} are not among the prefixes of weight "
+            f"endpoint {ep.name!r}: {what} weights {engine.weights_uri_suffix!r} are not among the prefixes of weight "
             f"cache {cache.bucket_name} ({list(cache.model_prefixes)})"
         )
-    return canary.weights_uri_suffix
+    return engine.weights_uri_suffix
+
+
+def canary_weights_prefix(ep: EndpointSpec, cache: WeightCacheSpec) -> str | None:
+    """The weight-cache prefix of the rollout candidate (shadow or canary), or None when it has no pods."""
+    return _cached_prefix(ep, cache, candidate_engine(ep), "candidate")
+
+
+def previous_weights_prefix(ep: EndpointSpec, cache: WeightCacheSpec) -> str | None:
+    """The weight-cache prefix of the warm previous version, or None outside its N−1 window."""
+    return _cached_prefix(ep, cache, previous_engine(ep), "previous version")
 
 
 def lora_dir_env(eng: EngineSpec, local_dir: str) -> list[dict]:
@@ -147,7 +169,9 @@ class FloorReplicasArgs:
     monitor_labels: dict[str, str] = field(default_factory=dict)
     """Labels the Prometheus operator selects PodMonitors by."""
     canary_weights_uri: str | None = None
-    """s3:// URI of the canary revision; required when the spec has a canary (see canary_weights_prefix())."""
+    """s3:// URI of the rollout candidate; required in shadow and canary (see canary_weights_prefix())."""
+    previous_weights_uri: str | None = None
+    """s3:// URI of the previous version; required while it is kept warm (see previous_weights_prefix())."""
     warmup_timeout_s: int = 50
     """Longest the warm-up generation may take before the readiness probe reports not ready."""
     warmup_max_tokens: int = 1
@@ -170,11 +194,14 @@ class FloorReplicas(pulumi.ComponentResource):
             raise ValueError(f"endpoint {ep.name!r} has node pools but no autoscaling settings in the spec")
         if not args.node_pools:
             raise ValueError(f"endpoint {ep.name!r}: floor replicas need at least one node pool")
-        for uri in (args.weights_uri, args.canary_weights_uri):
+        for uri in (args.weights_uri, args.canary_weights_uri, args.previous_weights_uri):
             if uri is not None and not uri.startswith("s3://"):
                 raise ValueError(f"endpoint {ep.name!r}: weight URIs must be s3:// URIs, got {uri!r}")
-        if ep.gateway.canary is not None and args.canary_weights_uri is None:
-            raise ValueError(f"endpoint {ep.name!r} has a canary ({ep.gateway.canary.revision}) but no canary_weights_uri")
+        cand_engine, prev_engine = candidate_engine(ep), previous_engine(ep)
+        if cand_engine is not None and args.canary_weights_uri is None:
+            raise ValueError(f"endpoint {ep.name!r} has a rollout candidate ({cand_engine.model_revision}) but no canary_weights_uri")
+        if prev_engine is not None and args.previous_weights_uri is None:
+            raise ValueError(f"endpoint {ep.name!r} keeps its previous version warm but has no previous_weights_uri")
         super().__init__(f"{TYPE_PREFIX}:FloorReplicas", name, None, opts)
 
         app = f"{ep.name}-vllm"
@@ -199,7 +226,8 @@ class FloorReplicas(pulumi.ComponentResource):
                 # read by the right-size-before-platform policy (policies/rules.py)
                 "serving.llm/mean-requests-per-s": f"{ep.economics.mean_requests_per_s:.4g}",
             }},
-            spec=self._deployment_spec(args, app, stable, args.weights_uri, ep.engine.model_revision, ep.floor.base_replicas),
+            spec=self._deployment_spec(args, app, stable, args.weights_uri, ep.engine.model_revision, ep.floor.base_replicas,
+                                       version=ep.rollout.served_version if ep.rollout else None),
             # KEDA owns the replica count once it runs; Pulumi sets the first value only
             opts=child(self, depends_on=[warmup], ignore_changes=["spec.replicas"]),
         )
@@ -213,7 +241,11 @@ class FloorReplicas(pulumi.ComponentResource):
             },
             opts=child(self),
         )
-        self._headless_service(f"{name}-pods-service", meta(f"{app}-pods"), stable, ep.engine.port)
+        # the gateway's floor backend; after a rollback from a promotion it selects the incumbent's pods by version,
+        # so the warm N−1 pods serve at once while the stable Deployment rolls back a pod at a time
+        back_to = ep.rollout.floor_backend_version if ep.rollout else None
+        self._headless_service(f"{name}-pods-service", meta(f"{app}-pods"),
+                               {**labels, VERSION_LABEL: back_to} if back_to else stable, ep.engine.port)
         k8s.policy.v1.PodDisruptionBudget(
             f"{name}-pdb",
             metadata=meta(app),
@@ -250,25 +282,48 @@ class FloorReplicas(pulumi.ComponentResource):
         self.service_dns = f"{app}.{ns}.svc.cluster.local:{ep.engine.port}"
         self.pods_dns = f"{app}-pods.{ns}.svc.cluster.local"  # headless: resolves to the ready pods
         self.canary_pods_dns: str | None = None
-        if ep.gateway.canary is not None and args.canary_weights_uri is not None:
-            # the candidate revision on the same pools, same engine flags, under the same served name; the
-            # gateway sends it a stable hash of users (never per request), so the stable track stays warm
+        self.previous_pods_dns: str | None = None
+        r = ep.rollout
+        if r is not None and cand_engine is not None and args.canary_weights_uri is not None:
+            # the candidate version on the same pools under the same served name, with its own engine settings; the
+            # gateway mirrors a share of requests to it (shadow) or sends it a stable hash of users (canary)
             canary = {**labels, TRACK_LABEL: TRACK_CANARY}
+            share = r.shadow_percent if r.stage == "shadow" else r.canary_percent
             k8s.apps.v1.Deployment(
                 f"{name}-canary-deployment",
-                metadata={**meta(f"{app}-canary"), "annotations": {"serving.llm/canary-percent": f"{ep.gateway.canary.percent:g}"}},
-                spec=self._deployment_spec(args, app, canary, args.canary_weights_uri, ep.gateway.canary.revision,
-                                           ep.gateway.canary.replicas),
+                metadata={**meta(f"{app}-canary"), "annotations": {
+                    "serving.llm/rollout-stage": r.stage, f"serving.llm/{r.stage}-percent": f"{share:g}",
+                    "serving.llm/identity": r.candidate.identity_sha256,
+                }},
+                spec=self._deployment_spec(args, app, canary, args.canary_weights_uri, cand_engine.model_revision,
+                                           r.candidate_replicas, engine=cand_engine, version=r.candidate.version),
                 opts=child(self, depends_on=[warmup]),
             )
             self._headless_service(f"{name}-canary-pods-service", meta(f"{app}-canary-pods"), canary, ep.engine.port)
             self.canary_pods_dns = f"{app}-canary-pods.{ns}.svc.cluster.local"
+        if r is not None and r.previous is not None and prev_engine is not None and args.previous_weights_uri is not None:
+            # N−1 warm: a fixed warm minimum of the previous version, outside KEDA, until the window ends (then the
+            # planner stops declaring it and `pulumi up` removes it); a rollback flips the floor Service to it
+            prev = {**labels, TRACK_LABEL: TRACK_PREVIOUS}
+            k8s.apps.v1.Deployment(
+                f"{name}-previous-deployment",
+                metadata={**meta(f"{app}-previous"), "annotations": {
+                    "serving.llm/warm-until": r.previous.warm_until.isoformat(),
+                    "serving.llm/identity": r.previous.version.identity_sha256,
+                }},
+                spec=self._deployment_spec(args, app, prev, args.previous_weights_uri, prev_engine.model_revision,
+                                           r.previous.replicas, engine=prev_engine, version=r.previous.version.version),
+                opts=child(self, depends_on=[warmup]),
+            )
+            self._headless_service(f"{name}-previous-pods-service", meta(f"{app}-previous-pods"), prev, ep.engine.port)
+            self.previous_pods_dns = f"{app}-previous-pods.{ns}.svc.cluster.local"
         self.register_outputs({
             "deployment": deployment.metadata.apply(lambda m: m["name"]),
             "service": service.metadata.apply(lambda m: m["name"]),
             "serviceDns": self.service_dns,
             "podsDns": self.pods_dns,
             "canaryPodsDns": self.canary_pods_dns,
+            "previousPodsDns": self.previous_pods_dns,
         })
 
     def _headless_service(self, resource_name: str, metadata: dict, selector: dict[str, str], port: int) -> None:
@@ -288,10 +343,11 @@ class FloorReplicas(pulumi.ComponentResource):
 
     @staticmethod
     def _deployment_spec(
-        args: FloorReplicasArgs, app: str, labels: dict[str, str], weights_uri: str, revision: str, replicas: int
+        args: FloorReplicasArgs, app: str, labels: dict[str, str], weights_uri: str, revision: str, replicas: int,
+        engine: EngineSpec | None = None, version: str | None = None,
     ) -> dict:
         ep = args.endpoint
-        eng = ep.engine
+        eng = engine or ep.engine
         pools = args.node_pools
         layouts = {p.mig_layout.name if p.mig_layout else None for p in pools}
         if len(layouts) != 1:
@@ -395,7 +451,8 @@ class FloorReplicas(pulumi.ComponentResource):
             # a new replica must be ready before an old one goes: capacity never dips during a rollout
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": {
-                "metadata": {"labels": {**labels, "serving.llm/model-revision": revision}},
+                "metadata": {"labels": {**labels, "serving.llm/model-revision": revision,
+                                        **({VERSION_LABEL: version} if version else {})}},
                 "spec": {
                     "serviceAccountName": app,
                     "automountServiceAccountToken": False,

@@ -8,7 +8,9 @@ TRACK_LABEL = "serving.llm/track"  # pod label: the revision track a pod serves 
 # the Prometheus label the PodMonitor copies TRACK_LABEL into (prometheus-operator sanitises the name)
 TRACK_METRIC_LABEL = "serving_llm_track"
 TRACK_STABLE = "stable"
-TRACK_CANARY = "canary"
+TRACK_CANARY = "canary"  # a rollout candidate in shadow or canary
+TRACK_PREVIOUS = "previous"  # the previous version kept warm after a promotion (N−1)
+VERSION_LABEL = "serving.llm/model-version"  # pod label: the model version (weights + engine + settings) a pod runs
 
 
 def config_name(name: str) -> str:

@@ -425,18 +425,22 @@ def disconnect(inputs: CostInputs, spec: TopologySpec, name: str, fraction: floa
 
 def rollback(inputs: CostInputs, spec: TopologySpec, name: str, detect_minutes: float = 10.0, seed: int = 0,
              trace: Trace | None = None) -> DrillResult:
+    """A bad candidate, detected `detect_minutes` after it starts taking traffic, at each stage the endpoint's rollout
+    settings give it (spec.rollout: shadow share, canary share, N−1 warm replicas and days). Without a rollout in the
+    spec there is no warm N−1 to read: the drill says so and compares a whole previous pool kept warm with none."""
     ep, ep_in = spec.endpoint(name), _ep_in(inputs, name)
     if not ep.gated:
         return _not_applicable("rollback", name, "the API's model version is the provider's")
+    ro_spec = ep.rollout
     p = peak_hour(ep_in)
     at = p * SECONDS_PER_HOUR - 1800.0
     start_h, end_h = max(0.0, p - 1.0), p + 1.5
     focus = (at, end_h * SECONDS_PER_HOUR)
     run = _Focused(inputs, spec, name, seed, start_h, end_h, trace)
+    # after promotion: everything serves the bad version until detection, then the warm N−1 takes over (or not)
     ro_a, ro_b = Rollout(at, detect_minutes * 60, warm=True), Rollout(at, detect_minutes * 60, warm=False)
-    ov_a, ov_b = Overrides(focus=focus, rollout=ro_a), Overrides(focus=focus, rollout=ro_b)
     base = run(Overrides(focus=focus))
-    ra, rb = run(ov_a), run(ov_b)
+    ra, rb = run(Overrides(focus=focus, rollout=ro_a)), run(Overrides(focus=focus, rollout=ro_b))
     detected = at + detect_minutes * 60
     rec_a, rec_b = minutes_to_recover(ra, base, detected), minutes_to_recover(rb, base, detected)
     vals = {
@@ -450,16 +454,47 @@ def rollback(inputs: CostInputs, spec: TopologySpec, name: str, detect_minutes: 
         "container cold starts": (float(ra.container_cold_starts), float(rb.container_cold_starts)),
     }
     units = {"goodput (from rollout)": "%"}
-    # what warmth costs: a second pool the size of the first, held from the rollout to the window's end
-    held = (end_h * SECONDS_PER_HOUR - at) / ((end_h - start_h) * SECONDS_PER_HOUR)
-    vals["cost of the warm N−1 pool (window)"] = (base.cost_total_usd * held, 0.0)
-    units["cost of the warm N−1 pool (window)"] = "$"
-    rows = [(k, _fmt(x, units.get(k, "")), _fmt(y, units.get(k, ""))) for k, (x, y) in vals.items()]
+    # requests in the detection window at the drill's hour (the half hour before the peak hour), from the inputs
+    rate = float(_profile(ep_in)[(p - 1) % HOURS_PER_WEEK])
+    window_requests = rate * detect_minutes * 60
+    if ro_spec is None:
+        # no rollout settings: the warm variant stands for a whole previous pool, priced as a second pool
+        held = (end_h * SECONDS_PER_HOUR - at) / ((end_h - start_h) * SECONDS_PER_HOUR)
+        vals["cost of the warm N−1 pool (window)"] = (base.cost_total_usd * held, 0.0)
+        units["cost of the warm N−1 pool (window)"] = "$"
+        variants = ("N−1 kept warm (whole pool: no rollout configured)", "cold redeploy")
+        coverage = ""
+    else:
+        warm = ro_spec.previous.replicas if ro_spec.previous is not None else ro_spec.previous_warm_replicas
+        days = ro_spec.previous_warm_days
+        serving = max(1, math.ceil(float(_profile(ep_in)[p]) * ep_in.traffic.within_hour_peak_factor
+                                   / ep.capacity.planning_requests_per_s - 1e-9))
+        # what a bad candidate reaches at each stage before it is caught
+        vals["bad answers to users if caught in shadow"] = (0.0, 0.0)  # mirrored answers are discarded
+        vals["requests mirrored to it in shadow"] = (round(window_requests * ro_spec.shadow_percent / 100),) * 2
+        vals["bad answers to users if caught in canary"] = (round(window_requests * ro_spec.canary_percent / 100),) * 2
+        vals["N−1 replicas warm / serving at the drill hour"] = (float(warm), float(serving))
+        vals["N−1 warm price per day / for the window"] = (ro_spec.previous_warm_usd_per_day,
+                                                          ro_spec.previous_warm_usd_per_day * days)
+        units["N−1 warm price per day / for the window"] = "$"
+        partial = warm < serving
+        variants = (f"N−1 warm ×{warm} for {days} d" + (" (bound: fewer than serving)" if partial else ""), "cold redeploy")
+        coverage = (f"; stages: shadow shows users 0 bad answers ({ro_spec.shadow_percent:g}% mirrored), canary "
+                    f"{ro_spec.canary_percent:g}% of users ≈ {window_requests * ro_spec.canary_percent / 100:,.0f} bad answers "
+                    f"before detection, promotion {ro_a.bad_requests:,}")
+        if partial:
+            coverage += (f"; the configured warm minimum ({warm}) is below the {serving} replicas serving at this hour: "
+                         f"the warm column is a bound — the other {serving - warm} come back cold")
+    same = {"bad answers to users if caught in shadow", "requests mirrored to it in shadow",
+            "bad answers to users if caught in canary"}  # the same in both variants: N−1 matters after promotion only
+    pair = {"N−1 replicas warm / serving at the drill hour", "N−1 warm price per day / for the window"}
+    rows = [(k, f"{_fmt(x, units.get(k, ''))} / {_fmt(y, units.get(k, ''))}", "") if k in pair else
+            (k, _fmt(x, units.get(k, "")), "same" if k in same else _fmt(y, units.get(k, ""))) for k, (x, y) in vals.items()]
     shows = rec_b > rec_a and ro_b.bad_requests >= ro_a.bad_requests
-    finding = (f"{name}: bad revision at {_how(p)}−30 min, detected after {detect_minutes:g} min: goodput back to baseline "
+    finding = (f"{name}: bad version at {_how(p)}−30 min, detected after {detect_minutes:g} min: goodput back to baseline "
                f"{rec_a:.1f} min after detection with N−1 warm vs {rec_b:.1f} min cold; "
-               f"{ro_a.bad_requests:,} vs {ro_b.bad_requests:,} bad responses")
-    return DrillResult("rollback", name, ("N−1 kept warm", "cold redeploy"), tuple(rows), vals, finding, shows)
+               f"{ro_a.bad_requests:,} vs {ro_b.bad_requests:,} bad responses after promotion{coverage}")
+    return DrillResult("rollback", name, variants, tuple(rows), vals, finding, shows)
 
 
 # --------------------------------------------------------------------------------------------------

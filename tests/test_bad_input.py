@@ -215,7 +215,6 @@ def test_a_profile_beyond_every_cap_is_refused_without_sizing_millions_of_replic
     ("endpoints.0.traffic.timezone", "Europe/Berlin\0", "is not an IANA timezone"),
     ("endpoints.0.traffic.timezone", "America/New_Yrok", "did you mean 'America/New_York'"),
     ("endpoints.0.model.revision", "Rev/../x y", "is not a Kubernetes label value"),
-    ("endpoints.0.canary_revision", "a" * 64, "is not a Kubernetes label value"),
     ("cluster_region", "US_EAST 1", "is not an AWS region name"),
     ("regions.0.name", "us-east-1\n", "is not an AWS region name"),
     ("weights_source_bucket", "Acme_Models", "is not an S3 bucket name"),

@@ -41,10 +41,22 @@ def vllm_deployments(rec) -> list[dict]:
     return [d for d in objects(rec, "Deployment") if d["metadata"]["labels"].get("app.kubernetes.io/name") == "vllm"]
 
 
+def track_engine(ep, deployment):
+    """The spec's engine for a Deployment's track: the served engine, a rollout candidate's, or the warm previous one's."""
+    track = deployment["spec"]["selector"]["matchLabels"]["serving.llm/track"]
+    if track == "stable":
+        return ep.engine
+    return ep.rollout.candidate_engine if track == "canary" else ep.rollout.previous.engine
+
+
 def floor_deployments(rec, spec) -> list[dict]:
-    """The vLLM Deployments — exactly one per endpoint with dedicated pools (none in dev)."""
+    """The vLLM Deployments — one stable track per endpoint with dedicated pools (none in dev), plus a rollout's
+    candidate (shadow, canary) and warm previous version; every track is held to the same pod checks."""
     deployments = vllm_deployments(rec)
-    assert sorted(d["metadata"]["name"] for d in deployments) == sorted(f"{e.name}-vllm" for e in floor_endpoints(spec))
+    stable = [d for d in deployments if d["spec"]["selector"]["matchLabels"]["serving.llm/track"] == "stable"]
+    assert sorted(d["metadata"]["name"] for d in stable) == sorted(f"{e.name}-vllm" for e in floor_endpoints(spec))
+    tracks = {f"{e.name}-vllm-{t}" for e in floor_endpoints(spec) for t in ("canary", "previous")}
+    assert {d["metadata"]["name"] for d in deployments if d not in stable} <= tracks
     return deployments
 
 
@@ -204,11 +216,11 @@ def test_no_container_can_reach_a_model_hub_at_boot(stack):
         engine = vllm_container(d)
         model_path = engine["command"][2]
         assert model_path.startswith(WEIGHTS_MOUNT + "/"), model_path
-        assert engine["command"] == ep.engine.vllm_args(model_path)  # the spec is the single source of flags
+        assert engine["command"] == track_engine(ep, d).vllm_args(model_path)  # the spec is the single source of flags
         fetch = next(c for c in pod["initContainers"] if c["name"] == "fetch-weights")
         uri = env_of(fetch)["WEIGHTS_URI"]
         assert uri.startswith("s3://") and uri.split("/")[2] in caches
-        assert uri.endswith(ep.engine.weights_uri_suffix)
+        assert uri.endswith(track_engine(ep, d).weights_uri_suffix)
         assert int(env_of(fetch)["START_JITTER_S"]) == ep.herd.start_jitter_s
 
 
@@ -230,6 +242,8 @@ def test_floor_replicas_spread_across_zones_with_a_pdb_and_a_service(stack):
         n = d["metadata"]["name"]
         pod = d["spec"]["template"]["spec"]
         assert any(t["topologyKey"] == "topology.kubernetes.io/zone" for t in pod["topologySpreadConstraints"])
+        if d["spec"]["selector"]["matchLabels"]["serving.llm/track"] != "stable":
+            continue  # a rollout's candidate or warm previous version: no PDB, ClusterIP Service or autoscaler of its own
         assert pdbs[n]["spec"]["selector"]["matchLabels"] == d["spec"]["selector"]["matchLabels"]
         assert services[n]["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
         headless = services[f"{n}-pods"]["spec"]  # the gateway's per-replica backends

@@ -219,16 +219,3 @@ def test_bundled_stacks_plan_with_only_expected_warnings(stack):
         assert tiers["assist"] == "floor_plus_burst"
         guard = spec.endpoint("guard")
         assert guard.capacity.mig_profile is not None and guard.floor.windows
-
-
-def test_canary_gets_its_share_of_users_at_peak_and_its_weights_travel_with_the_caches():
-    d = inputs_dict(managed_api=None, traffic={"hourly_mean_requests_per_s": office_profile(20, 1, 2)},
-                    canary_percent=10, canary_revision="rev2")
-    d["weights_source_region"] = "us-west-2"
-    spec = planned(d)
-    c = spec.endpoints[0].gateway.canary
-    assert c is not None and c.revision == "rev2" and c.hash_key == "user" and c.user_header == "X-User-Id"
-    peak = 20 * 1.5
-    assert c.replicas == max(1, -(-peak * 0.10 // spec.endpoints[0].capacity.planning_requests_per_s))
-    for cache in spec.weight_caches:
-        assert c.weights_uri_suffix in cache.model_prefixes and cache.source_region == "us-west-2"

@@ -23,6 +23,7 @@ from .names import (
 )
 
 from .engines import DEFAULT_ENGINE_IMAGE
+from .rollout import RolloutInputs
 from .timebase import HOURS_PER_WEEK
 PRICES_MAX_AGE_DAYS = 183  # list prices older than about six months have usually moved: warn, do not refuse
 
@@ -328,20 +329,14 @@ class EndpointInputs(_Inputs):
         default=True,
         description="May the endpoint have zero warm replicas when idle (a product decision: cold starts/day vs idle cost)?",
     )
-    canary_percent: float = Field(
-        default=0, ge=0, le=50, description="Share of users (by stable hash of user/session) sent to a candidate."
+    rollout: RolloutInputs | None = Field(
+        default=None, description="A model rollout: eval gate → shadow → canary by user → promote, N−1 kept warm."
     )
-    canary_revision: str | None = Field(default=None, description="Weights revision of the canary candidate.")
     engine_image: str = Field(
         default=DEFAULT_ENGINE_IMAGE, min_length=1, max_length=300,
         description="Pinned vLLM OpenAI server image, tagged with its version (vX.Y.Z); the version picks the engine "
         "flags and metric names (topology/engines.py lists the supported series).",
     )
-
-    @field_validator("canary_revision")
-    @classmethod
-    def _canary_revision(cls, v: str | None) -> str | None:
-        return None if v is None else check_revision(v)
 
     @field_validator("tenants")
     @classmethod
@@ -368,8 +363,6 @@ class EndpointInputs(_Inputs):
                 f"serverless.gpu_kind={self.serverless.gpu_kind} has no measured engine capacity; "
                 f"measured kinds: {kinds}"
             )
-        if self.canary_percent > 0 and not self.canary_revision:
-            raise FieldsError(("canary_percent", "canary_revision"),f"canary_percent={self.canary_percent:g} needs canary_revision")
         return self
 
 

@@ -212,7 +212,9 @@ def inputs_from_document(doc: Any, source: str, base_dir: Path, today: dt.date |
         inputs = CostInputs.model_validate(body, context={"today": today} if today else None)
     except ValidationError as e:
         raise InputError(format_validation_error(e, source, CostInputs)) from None
-    return resolve_traces(inputs, base_dir, source)
+    from .rollout_loading import resolve_eval_records  # imports this module's InputError
+
+    return resolve_eval_records(resolve_traces(inputs, base_dir, source), base_dir)
 
 
 def project_root() -> Path:

@@ -119,8 +119,57 @@ def _endpoint_lines(e: EndpointSpec) -> list[str]:
              f"-tp {en.tensor_parallel_size} prefix caching {'on' if en.enable_prefix_caching else 'off'}"
              + (f", LoRA max {en.lora.max_loras} rank {en.lora.max_lora_rank}" if en.lora else ""))
     L.append(f"  MIG: {e.mig_decision}")
+    L += _rollout_lines(e)
     for w in e.warnings:
         L.append(f"  ! {w}")
+    return L
+
+
+def _rollout_lines(e: EndpointSpec) -> list[str]:
+    """A model rollout: both identities, the eval gate, each stage with its price, N−1 warm and quality sampling."""
+    r = e.rollout
+    if r is None:
+        return []
+    inc, cand = r.incumbent, r.candidate
+    changed = [f"{k} {inc.engine_settings[k] or '—'}→{v or '—'}" for k, v in cand.engine_settings.items() if inc.engine_settings[k] != v]
+    if cand.weights_revision != inc.weights_revision:
+        changed.insert(0, f"weights {inc.weights_revision[:12]}→{cand.weights_revision[:12]}")
+    if cand.engine_image != inc.engine_image:
+        changed.insert(0, f"image {inc.engine_image}→{cand.engine_image}")
+    L = [f"  rollout — stage {r.stage.replace('_', ' ')}; serving {r.served_version}",
+         f"    incumbent {inc.version} identity {inc.identity_sha256} (weights {inc.weights_revision[:12]}, {inc.engine_image}, "
+         f"settings {inc.engine_settings_sha256})",
+         f"    candidate {cand.version} identity {cand.identity_sha256} (settings {cand.engine_settings_sha256}): "
+         + ", ".join(changed)]
+    if r.eval is not None:
+        ev = r.eval
+        L.append(f"    eval gate: passed — {ev.metric} {ev.value:g} {'≥' if ev.higher_is_better else '≤'} {ev.threshold:g} on "
+                 f"{ev.dataset} ({ev.evaluated_on}, {ev.source})")
+    now = {"shadow": "now", "canary": "next" if r.stage == "shadow" else "now"}
+    if r.stage in ("shadow",):
+        L.append(f"    shadow ({now['shadow']}): {r.shadow_percent:g}% of requests mirrored to {r.candidate_replicas} candidate "
+                 f"replica(s), {usd(r.candidate_usd_per_day)}/day; answers discarded, the user never waits for them")
+    if r.stage in ("shadow", "canary"):
+        L.append("    shadow validates latency, memory and output distributions; it can never license promotion "
+                 "(no user acted on a shadow answer)")
+        n = f"{r.candidate_replicas} candidate replica(s), {usd(r.candidate_usd_per_day)}/day" if r.stage == "canary" else "sized when it starts"
+        L.append(f"    canary ({now['canary']}): {r.canary_percent:g}% of users by {r.canary_hash_key} hash, {n}; judged on "
+                 f"{r.outcome_metric.name} ({'higher' if r.outcome_metric.higher_is_better else 'lower'} is better) over "
+                 f"{r.outcome_metric.comparison_window_hours} h against the incumbent; a full candidate overflows to the incumbent")
+    if r.stage in ("shadow", "canary"):
+        L.append(f"    N−1 warm after promotion: {inc.version} × {r.previous_warm_replicas} for {r.previous_warm_days} days — "
+                 f"{usd(r.previous_warm_usd_per_day)}/day, {usd(r.previous_warm_usd_per_day * r.previous_warm_days)} for the window")
+    if r.previous is not None:
+        p = r.previous
+        state = "warm now" if p.active else "window over, removed"
+        L.append(f"    N−1 warm: {p.version.version} × {p.replicas} until {p.warm_until} ({state}) — {usd(p.usd_per_day)}/day, "
+                 f"{usd(p.window_usd)} for the window")
+    if r.floor_backend_version:
+        L.append(f"    rolled back: the floor backend selects {r.floor_backend_version}'s pods (the warm ones serve at once)")
+    if r.quality_sampling is not None:
+        q = r.quality_sampling
+        L.append(f"    quality sampling: {q.sample_fraction:.2%} of requests and responses per version → "
+                 + ", ".join(f"{v}: {u}" for v, u in q.prefixes.items()))
     return L
 
 
@@ -164,6 +213,8 @@ def markdown(spec: TopologySpec) -> str:
             L.append(f"| {d.figure} | {d.value:g} {d.unit} | `{d.formula}` |")
         if any(e.floor.replicas_by_hour):
             L += ["", "Floor (replicas ready per hour, " + e.floor.timezone + "):", "```"] + floor_grid(e.floor.replicas_by_hour, "") + ["```"]
+        if e.rollout is not None:
+            L += ["", "Rollout:", "```"] + [x.strip() for x in _rollout_lines(e)] + ["```"]
         for w in e.warnings:
             L.append(f"> ⚠️ {w}")
         L += ["", "</details>"]

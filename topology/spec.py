@@ -304,12 +304,115 @@ class TenantSpec(_Spec):
 
 
 class CanarySpec(_Spec):
-    percent: float
-    revision: str
+    """Canary by user or session (never per request): a stable hash of the id picks the candidate's users."""
+
+    percent: float = Field(description="Share of users (hash buckets) sent to the candidate.")
+    revision: str = Field(description="Candidate weights revision; a new revision reshuffles who is in the canary.")
     hash_key: Literal["user", "session"] = "user"
     user_header: str = Field(default="X-User-Id", description="Header carrying the user id the canary hash reads.")
     weights_uri_suffix: str = Field(description="Path of the candidate revision's weights under each weight cache.")
     replicas: int = Field(description="Candidate replicas: its share of users at peak, at the planning rate (≥ 1).")
+    version: str | None = Field(default=None, description="Candidate model-version name (None: a bare revision canary).")
+    full_at_inflight_per_replica: int = Field(
+        default=0, ge=0, description="The candidate is full when every candidate replica has this many requests in flight "
+        "(the floor's overflow threshold); 0 = no limit given.",
+    )
+    overflow_to_incumbent: bool = Field(
+        default=True, description="A canary user's request arriving when the candidate is full (or has no ready replica) goes "
+        "to the incumbent (floor, then burst), never to an error and never queued behind the candidate.",
+    )
+
+
+class ShadowSpec(_Spec):
+    """Shadow mirroring for the gateway: a copy of a bounded share of requests goes to the candidate and its answer is
+    discarded. The user's request is served by the incumbent exactly as without shadow: it never waits for the
+    mirror, its response never depends on it, and a slow or dead candidate costs the user nothing."""
+
+    percent: float = Field(description="Share of requests mirrored (chosen per request: no user sees the candidate's output).")
+    version: str = Field(description="Candidate model-version name.")
+    candidate_backend: Literal["canary_pods"] = Field(
+        default="canary_pods", description="Where mirrors go: the candidate track's headless Service (the gateway's canary servers)."
+    )
+    max_inflight: int = Field(description="Mirrors in flight above this are skipped, never queued (candidate replicas × overflow threshold).")
+    replicas: int = Field(description="Candidate replicas sized for the mirrored share at peak.")
+    responses_discarded: Literal[True] = Field(default=True, description="Always true: shadow output reaches no user.")
+
+
+class ModelVersionSpec(_Spec):
+    """A model version's identity: weights revision + engine image + the engine settings that can change outputs."""
+
+    version: str = Field(description="Version name; labels its pods (serving.llm/model-version).")
+    weights_revision: str
+    engine_image: str
+    engine_settings: dict[str, str] = Field(description="The output-changing engine settings (topology.rollout.OUTPUT_SETTINGS).")
+    engine_settings_sha256: str = Field(description="16 hex digits over engine_settings (what an evaluation record names).")
+    identity_sha256: str = Field(description="16 hex digits over weights, image and settings.")
+
+
+class EvalEvidenceSpec(_Spec):
+    """The offline evaluation that let the candidate out of the eval gate."""
+
+    source: str = Field(description="The evaluation-record file it was read from.")
+    metric: str
+    value: float
+    threshold: float
+    higher_is_better: bool
+    dataset: str
+    evaluated_on: dt.date
+
+
+class OutcomeMetricSpec(_Spec):
+    name: str = Field(description="The canary's outcome metric (what users act on), compared candidate vs incumbent.")
+    higher_is_better: bool
+    comparison_window_hours: int
+
+
+class PreviousWarmSpec(_Spec):
+    """N−1 warm: after promotion the previous version keeps a warm minimum, so a rollback needs no cold start."""
+
+    version: ModelVersionSpec
+    engine: EngineSpec = Field(description="The previous version's engine settings (what its warm pods run).")
+    replicas: int = Field(description="Warm replicas of the previous version (a fixed Deployment, outside autoscaling).")
+    warm_until: dt.date = Field(description="promoted_on + previous_warm_days; the Deployment is removed from this date on.")
+    active: bool = Field(description="planning date < warm_until (or no date given): the components declare the warm Deployment.")
+    usd_per_day: float = Field(description="Warm replicas × GPUs per replica × on-demand $/GPU-h × 24.")
+    window_usd: float = Field(description="usd_per_day × previous_warm_days: the whole window's price.")
+
+
+class QualitySamplingSpec(_Spec):
+    sample_fraction: float = Field(description="Share of production requests and responses sampled, per model version.")
+    sink_uri: str = Field(description="s3://bucket/prefix/ of the evaluation sink.")
+    prefixes: dict[str, str] = Field(description="Version name -> s3:// prefix its samples are written under.")
+
+
+class RolloutSpec(_Spec):
+    """One endpoint's rollout: who serves, who is candidate, what the gate saw, and what each stage costs."""
+
+    stage: Literal["shadow", "canary", "promoted", "rolled_back"]
+    incumbent: ModelVersionSpec
+    candidate: ModelVersionSpec
+    candidate_engine: EngineSpec = Field(description="Engine settings of the candidate's pods (the incumbent's, with its changes).")
+    served_version: str = Field(description="The version the stable track serves (the candidate once promoted).")
+    eval: EvalEvidenceSpec | None = Field(description="The passing evaluation (None only when rolled back).")
+    shadow_percent: float
+    canary_percent: float
+    canary_hash_key: Literal["user", "session"]
+    outcome_metric: OutcomeMetricSpec
+    candidate_replicas: int = Field(description="Candidate pods in shadow or canary (0 in other stages).")
+    candidate_usd_per_day: float = Field(description="Candidate pods × GPUs × on-demand $/GPU-h × 24 (0 when none).")
+    promoted_on: dt.date | None
+    previous_warm_replicas: int = Field(description="Replicas of the previous version kept warm after promotion (N−1).")
+    previous_warm_days: int = Field(description="Days they are kept warm after promotion.")
+    previous_warm_usd_per_day: float = Field(description="Their price per day, known before promotion so it can be budgeted.")
+    previous: PreviousWarmSpec | None = Field(description="The warm previous version after promotion (None before).")
+    floor_backend_version: str | None = Field(
+        description="When set, the floor's headless Service selects pods of this version (stable and warm previous "
+        "tracks alike): a rollback after promotion reaches the warm N−1 pods at once, not after a rolling redeploy."
+    )
+    quality_sampling: QualitySamplingSpec | None
+    shadow_licenses_promotion: Literal[False] = Field(
+        default=False, description="Always false: shadow checks latency, memory and output distributions; no user acted on its output."
+    )
 
 
 class GatewaySpec(_Spec):
@@ -329,6 +432,7 @@ class GatewaySpec(_Spec):
     cache_isolation: Literal["single_tenant", "cache_salt", "separate_pools"]
     tenants: tuple[TenantSpec, ...]
     canary: CanarySpec | None
+    shadow: ShadowSpec | None = Field(default=None, description="Shadow mirroring to the candidate (rollout stage shadow).")
 
 
 class PodResourcesSpec(_Spec):
@@ -392,6 +496,7 @@ class EndpointSpec(_Spec):
     monthly_usd: float
     derivations: tuple[Derivation, ...]
     warnings: tuple[str, ...]
+    rollout: RolloutSpec | None = Field(default=None, description="A model rollout in progress (None: none).")
 
     @property
     def has_floor(self) -> bool:

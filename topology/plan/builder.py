@@ -3,6 +3,7 @@ that use it, and the fleet's totals."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 from collections.abc import Mapping
 
@@ -15,8 +16,11 @@ from .options import decide, prepare_endpoint, with_platform_share
 from .weights import weight_caches
 
 
-def plan(inputs: CostInputs, catalog: Mapping[str, GpuKind] = GPU_KINDS) -> TopologySpec:
-    """Plan every endpoint; the fixed platform cost is shared by the endpoints that use the cluster."""
+def plan(
+    inputs: CostInputs, catalog: Mapping[str, GpuKind] = GPU_KINDS, planning_date: dt.date | None = None
+) -> TopologySpec:
+    """Plan every endpoint; the fixed platform cost is shared by the endpoints that use the cluster. `planning_date`
+    (passed by the caller, never read from the clock) decides whether a promoted rollout still keeps N−1 warm."""
     weekly_fixed = inputs.prices.platform_fixed_usd_per_month / costs.WEEKS_PER_MONTH
     n = len(inputs.endpoints)
     prepared = [prepare_endpoint(inputs, ep, catalog) for ep in inputs.endpoints]
@@ -31,7 +35,8 @@ def plan(inputs: CostInputs, catalog: Mapping[str, GpuKind] = GPU_KINDS) -> Topo
     plans: list[EndpointPlan] = []
     for ep, p, (win, runner, why) in zip(inputs.endpoints, prepared, decided):
         options = with_platform_share(p.options, share)
-        plans.append(build_endpoint_spec(inputs, ep, p.demand, p.ok, p.sls, p.herd, options, win, runner, why, catalog))
+        plans.append(build_endpoint_spec(inputs, ep, p.demand, p.ok, p.sls, p.herd, options, win, runner, why, catalog,
+                                         planning_date))
     warnings: list[str] = []
     by_tier: dict[str, float] = {"reserved": 0.0, "on_demand": 0.0, "serverless": 0.0, "api": 0.0,
                                  "platform_fixed": 0.0, "serverless_fixed": 0.0}

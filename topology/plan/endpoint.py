@@ -3,6 +3,7 @@ them (economics, capacity, floor, autoscaling and node pools, engine, burst, gat
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from .gateway import gateway_spec
 from .nodepools import node_pools
 from .options import OptionEval, mig_decision
 from .placement import Placement, capacity_section, replica_capacity
+from .rollout import rollout_section
 from .schedule import floor_section
 from .section import Section
 from .timing import serverless_cold_start_s
@@ -60,7 +62,7 @@ def _pod_resources_section(pl: Placement, catalog: Mapping[str, GpuKind]) -> Sec
 def build_endpoint_spec(
     inp: CostInputs, ep: EndpointInputs, demand: Demand, ok: list[Placement], sls: Placement | None,
     herd: HerdSpec, options: list[OptionEval], win: OptionEval, runner: OptionEval | None, why: str,
-    catalog: Mapping[str, GpuKind],
+    catalog: Mapping[str, GpuKind], planning_date: dt.date | None = None,
 ) -> EndpointPlan:
     s, slo = ep.shape, ep.slo
     warnings: list[str] = []
@@ -95,8 +97,15 @@ def build_endpoint_spec(
     pod_res = None
     if ded_pl is not None:
         pod_res = take(_pod_resources_section(ded_pl, catalog))
+    rollout = None
+    if ep.rollout is not None:
+        ro = rollout_section(inp, ep, ded_pl, engine, gateway.overflow_inflight_per_replica, planning_date)
+        derivs.extend(ro.derivations)
+        warnings.extend(ro.warnings)
+        rollout, engine = ro.spec, ro.served_engine
+        gateway = gateway.model_copy(update={"canary": ro.canary, "shadow": ro.shadow})
     spec = EndpointSpec(
-        name=ep.name, model_name=ep.model.name, model_revision=ep.model.revision, tier=win.tier,
+        name=ep.name, model_name=ep.model.name, model_revision=engine.model_revision, tier=win.tier,
         runner_up=runner.tier if runner else None, why_runner_up_lost=why, alternatives=_alternatives(options),
         economics=econ, capacity=cap, node_pools=tuple(p.name for p in pools),
         layers=tuple(win.layers) if ded_pl else (), floor=floor, autoscaling=autoscaling, herd=herd,
@@ -110,6 +119,6 @@ def build_endpoint_spec(
         longest_request_s=gateway.max_request_s, drain_grace_s=gateway.max_request_s + 15,
         startup_budget_s=math.ceil(1.5 * ep.cold_starts.pod_on_warm_node_s + herd.start_jitter_s), pod_resources=pod_res,
         monthly_usd=round(costs.monthly_from_weekly(win.weekly_usd), 2), derivations=tuple(derivs),
-        warnings=tuple(warnings),
+        warnings=tuple(warnings), rollout=rollout,
     )
     return EndpointPlan(spec, pools, dict(win.breakdown_weekly), ded_pl is not None, burst is not None)

@@ -1,5 +1,5 @@
 """What the HAProxy gateway enforces for one endpoint: timeouts from the SLO and the longest request, the body
-limit, retries, overflow to burst, tenants and the canary."""
+limit, retries, overflow to burst and tenants (the canary and shadow come from topology/plan/rollout.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import math
 
 from ..gateway_timing import heartbeat_interval_s
 from ..inputs import EndpointInputs
-from ..spec import BurstSpec, CanarySpec, GatewaySpec, TenantSpec
+from ..spec import BurstSpec, GatewaySpec, TenantSpec
 from .placement import Placement
 from .timing import longest_request_s, serverless_cold_start_s
-from .weights import weights_prefix
 
 RETRY_BUDGET_FRACTION = 0.10
 OVERHEAD_BYTES_PER_TOKEN = 8  # JSON-escaped text: ~4 chars/token, escapes up to 2×
@@ -28,14 +27,6 @@ def gateway_spec(ep: EndpointInputs, pl: Placement, burst: BurstSpec | None) -> 
         TenantSpec(name=t, api_key_secret_key=f"{t}-api-key", cache_salt_secret_key=f"{t}-cache-salt" if multi else None)
         for t in ep.tenants
     )
-    canary = None
-    if ep.canary_percent > 0 and ep.canary_revision:
-        peak = max(ep.traffic.hourly_mean_requests_per_s or [0.0]) * ep.traffic.within_hour_peak_factor
-        canary = CanarySpec(
-            percent=ep.canary_percent, revision=ep.canary_revision,
-            weights_uri_suffix=weights_prefix(ep.model.name, ep.canary_revision),
-            replicas=max(1, math.ceil(peak * ep.canary_percent / 100.0 / pl.planning_rps - 1e-9)),
-        )
     return GatewaySpec(
         overflow_inflight_per_replica=max(1, math.floor(pl.usable_concurrency * pl.planning_utilisation)),
         first_byte_timeout_s=first_byte, max_request_s=longest_request_s(ep, pl), inter_chunk_timeout_s=inter_chunk,
@@ -43,5 +34,5 @@ def gateway_spec(ep: EndpointInputs, pl: Placement, burst: BurstSpec | None) -> 
         max_request_body_bytes=s.product_max_context_tokens * OVERHEAD_BYTES_PER_TOKEN + BODY_SLACK_BYTES,
         max_tokens=s.max_tokens, retry_budget_fraction=RETRY_BUDGET_FRACTION, max_retries=1,
         sticky_hash_header="X-Session-Id", cache_isolation="cache_salt" if multi else "single_tenant",
-        tenants=tenants, canary=canary,
+        tenants=tenants, canary=None,  # canary and shadow: set by the rollout section
     )

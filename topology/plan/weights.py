@@ -1,4 +1,5 @@
-"""The weight caches: one protected bucket per region, holding every served (and canary) model revision."""
+"""The weight caches: one protected bucket per region, holding every served model revision and a
+rollout candidate's (both stay while a rollout is declared: either may serve after one config change)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def weights_prefix(model_name: str, revision: str) -> str:
 
 def weight_caches(inputs: CostInputs) -> tuple[WeightCacheSpec, ...]:
     prefixes = sorted({weights_prefix(e.model.name, e.model.revision) for e in inputs.endpoints}
-                      | {weights_prefix(e.model.name, e.canary_revision) for e in inputs.endpoints if e.canary_revision})
+                      | {weights_prefix(e.model.name, e.rollout.candidate.weights_revision)
+                         for e in inputs.endpoints if e.rollout is not None})
     return tuple(
         WeightCacheSpec(
             region=r.name, bucket_name=bucket_name(inputs, r.name), source_bucket=inputs.weights_source_bucket,

@@ -1,0 +1,57 @@
+"""Reading a rollout's evaluation-record file (I/O, outside the planner): bounded, validated, then passed in.
+
+`resolve_eval_records` puts each endpoint's parsed records into `rollout.eval_records`, the way rate traces are
+resolved into hourly profiles, so `plan()` stays a pure function of its arguments.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from .inputs import CostInputs
+from .rollout import EvalRecord, EvalRecordsFile
+
+MAX_EVAL_RECORDS_BYTES = 1_000_000  # a file of 1,000 records is ~300 kB; anything larger is not a record file
+
+
+def read_eval_records(path: Path, field: str) -> tuple[EvalRecord, ...]:
+    """The records of one evaluation-record file; every problem is an InputError naming `field` and the path."""
+    from .loading import InputError, format_validation_error  # loading imports this module lazily
+
+    where = f"{field}={str(path)!r}"
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_EVAL_RECORDS_BYTES + 1)
+    except OSError as e:
+        raise InputError(f"{where}: cannot read ({e.strerror})") from None
+    if len(raw) > MAX_EVAL_RECORDS_BYTES:
+        raise InputError(f"{where}: larger than {MAX_EVAL_RECORDS_BYTES:,} bytes; an evaluation-record file is small")
+    try:
+        text = raw.decode("utf-8")
+        doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as e:
+        raise InputError(f"{where}: not valid UTF-8 {'JSON' if path.suffix == '.json' else 'YAML'}: {e}") from None
+    try:
+        return tuple(EvalRecordsFile.model_validate(doc).records)
+    except ValidationError as e:
+        raise InputError(format_validation_error(e, where)) from None
+
+
+def resolve_eval_records(inputs: CostInputs, base_dir: Path) -> CostInputs:
+    """Fill `rollout.eval_records` of every endpoint with a rollout from its `eval_records_path` (relative: base_dir)."""
+    endpoints, changed = [], False
+    for i, ep in enumerate(inputs.endpoints):
+        r = ep.rollout
+        if r is None or r.eval_records is not None:
+            endpoints.append(ep)
+            continue
+        path = Path(r.eval_records_path)
+        records = read_eval_records(path if path.is_absolute() else base_dir / path,
+                                    f"endpoints[{i}].rollout.eval_records_path")
+        endpoints.append(ep.model_copy(update={"rollout": r.model_copy(update={"eval_records": records})}))
+        changed = True
+    return inputs.model_copy(update={"endpoints": endpoints}) if changed else inputs
