@@ -4,7 +4,9 @@ One frontend per endpoint (its own port), each with a floor backend (session-sti
 hashing in Lua, `maxconn` = this pod's share of the spec's overflow threshold per replica), a
 burst backend (Modal, proxy-auth headers injected from environment variables that Kubernetes fills
 from a Secret) and, when the spec has a canary, a candidate backend chosen by a stable hash of the
-user or session.
+user or session; a canary user is sent to the incumbent when every candidate replica is full or none
+is up. In the rollout's shadow stage a share of requests is mirrored to the candidate by a Lua task
+through a loopback-only frontend: the user's request never waits for it (see `llm_shadow`).
 
 What each piece enforces:
 - overflow: the session key picks its replica (rendezvous hashing); if that one is at the
@@ -76,6 +78,7 @@ class HaproxyImage:
 HAPROXY_IMAGE = HaproxyImage(tag="haproxy:2.6.22-bookworm", uid=99, gid=99, trust_store_package="ca-certificates")
 
 GATEWAY_BASE_PORT = 8080  # endpoint i listens on 8080 + i (spec order)
+SHADOW_BASE_PORT = 9080  # endpoint i's shadow mirrors enter on 127.0.0.1:9080 + i (inside the pod only)
 STATS_PORT = 8404  # /healthz for probes, /metrics (Prometheus exporter built into HAProxy)
 LUA_FILE = "gateway.lua"
 CONFIG_FILE = "haproxy.cfg"
@@ -226,6 +229,7 @@ def render_gateway_config(
     max_connections: int = 4000,
     gateway_replicas: int = 1,
     ca_path: str = HAPROXY_IMAGE.ca_dir,
+    shadow_binds: Mapping[str, str] | None = None,
 ) -> RenderedGateway:
     """haproxy.cfg + gateway.lua for every gated endpoint of `spec`.
 
@@ -237,6 +241,8 @@ def render_gateway_config(
     binds: endpoint -> "addr:port" (default "*:<8080+i>"); stats_bind likewise (default "*:8404").
     gateway_replicas: HAProxy pods sharing the floor. Each pod sees only its own in-flight
     requests, so each enforces its share of the per-replica threshold (`per_pod_threshold`).
+    shadow_binds: endpoint -> loopback "127.0.0.1:port" where its shadow mirrors enter (default
+    127.0.0.1:<9080+i>); only endpoints whose spec has a shadow use it.
     ca_path: the trust store TLS to Modal is verified against: the image's CA directory (explicit,
     because haproxy 2.6's `@system-ca` is OpenSSL's compiled-in directory and ignores SSL_CERT_DIR,
     so tests could not point it elsewhere); tests pass a directory holding exactly the pod's CAs.
@@ -246,6 +252,8 @@ def render_gateway_config(
     canary_servers = canary_servers or {}
     ports = endpoint_ports(spec)
     binds = dict(binds or {e: f"*:{p}" for e, p in ports.items()})
+    shadow_binds = dict(shadow_binds or {e: f"127.0.0.1:{p - GATEWAY_BASE_PORT + SHADOW_BASE_PORT}"
+                                         for e, p in ports.items()})
     secret_env: dict[str, str] = {}
     endpoints = gated_endpoints(spec)
     if not endpoints:
@@ -259,7 +267,7 @@ def render_gateway_config(
             raise ValueError(f"no bind address for endpoint {e.name!r}; given: {sorted(binds)}")
         sections.append(_endpoint_sections(e, burst_urls, floor_servers, canary_servers, binds[e.name],
                                            health_check_interval_ms, secret_env, gateway_replicas, ca_path,
-                                           max_connections))
+                                           max_connections, shadow_binds.get(e.name)))
 
     head = [
         "# Rendered by components/gateway_config.py from the TopologySpec "
@@ -331,6 +339,7 @@ def _endpoint_sections(
     gateway_replicas: int,
     ca_path: str,
     max_connections: int,
+    shadow_bind: str | None,
 ) -> str:
     g = e.gateway
     threshold = per_pod_threshold(g.overflow_inflight_per_replica, gateway_replicas)
@@ -349,6 +358,12 @@ def _endpoint_sections(
         )
     if g.canary is not None and e.name not in canary_servers:
         raise ValueError(f"endpoint {e.name!r} has a canary ({g.canary.revision}); no canary servers given")
+    if g.shadow is not None and e.name not in canary_servers:
+        raise ValueError(f"endpoint {e.name!r} has a shadow ({g.shadow.version}); no canary servers given "
+                         "(the candidate's pods the mirrors go to)")
+    if g.shadow is not None and not shadow_bind:
+        raise ValueError(f"endpoint {e.name!r} has a shadow; no shadow bind address given")
+    has_candidate = g.canary is not None or g.shadow is not None
     if g.max_retries < 0 or not 0 <= g.retry_budget_fraction <= 1:
         raise ValueError(f"endpoint {e.name!r}: max_retries must be >= 0 and retry_budget_fraction in [0, 1]")
 
@@ -404,19 +419,40 @@ def _endpoint_sections(
     for h in ("Authorization", "Modal-Key", "Modal-Secret", "X-Gateway-Tenant"):
         fl.append(f"    http-request del-header {h}")
     fl.append("    http-request set-header X-Gateway-Tenant %[var(txn.tenant)]")
+    shadow_cap = 0
+    if g.shadow is not None:
+        # a validated request is mirrored (chosen per request) by a Lua task: this action only copies the
+        # stamped body and returns; the user's request goes on at once and never waits for the mirror.
+        # At most shadow_cap mirrors in flight from this pod; above that a mirror is skipped, never queued.
+        shadow_cap = per_pod_threshold(g.shadow.max_inflight, gateway_replicas)
+        fl.append(f"    http-request lua.llm_shadow {n} {shadow_bind} {int(round(g.shadow.percent * 100))} "
+                  f"{shadow_cap} {whole_ms} if METH_POST")
 
     route: list[str] = []
+    canary_threshold = threshold
     if g.canary is not None:
         hdr = g.sticky_hash_header if g.canary.hash_key == "session" else g.canary.user_header
         basis_points = int(round(g.canary.percent * 100))
-        route.append(f"    acl canary_key req.fhdr({hdr}) -m found")
-        route.append(f"    acl canary_side req.fhdr({hdr}),xxh32({_canary_seed(g.canary.revision)}),mod(10000) "
+        fl.append(f"    acl canary_key req.fhdr({hdr}) -m found")
+        fl.append(f"    acl canary_side req.fhdr({hdr}),xxh32({_canary_seed(g.canary.revision)}),mod(10000) "
                   f"-m int lt {basis_points}")
-        route.append(f"    use_backend {be_canary} if canary_key canary_side")
+        if g.canary.overflow_to_incumbent:
+            # the candidate replica is picked like a floor replica (session-sticky, below its full mark);
+            # when every candidate replica is full or none is up the pick is empty and the canary user's
+            # request takes the incumbent's route below (floor, then burst): never an error, never queued
+            full = g.canary.full_at_inflight_per_replica or max_connections  # 0: no mark given, only "none up"
+            canary_threshold = per_pod_threshold(full, gateway_replicas)
+            c_slots = _slot_count(canary_servers[e.name])
+            fl.append(f"    http-request set-var(txn.canary_server) lua.llm_pick_floor({be_canary},canary,{c_slots},"
+                      f"{canary_threshold},{g.sticky_hash_header}) if canary_key canary_side")
+            route.append(f"    use_backend {be_canary} if {{ var(txn.canary_server) -m beg canary }}")
+        else:
+            route.append(f"    use_backend {be_canary} if canary_key canary_side")
     if has_floor:
         slots = _slot_count(floor_servers[e.name])
         fl.append(f"    http-request set-var(txn.floor_server) lua.llm_pick_floor({be_floor},floor,{slots},"
-                  f"{threshold},{g.sticky_hash_header})")
+                  f"{threshold},{g.sticky_hash_header})"
+                  + (" unless { var(txn.canary_server) -m beg canary }" if g.canary is not None else ""))
     if has_floor and has_burst:
         route.append(f"    use_backend {be_floor} if {{ var(txn.floor_server) -m beg floor }}")
         route.append(f"    default_backend {be_burst}")
@@ -461,15 +497,32 @@ def _endpoint_sections(
                "    http-check expect status 200",
                *common("floor"),
                *_server_lines("floor", floor_servers[e.name], floor_opts), ""]
-    if g.canary is not None:
+    if has_candidate:
+        c_slots = _slot_count(canary_servers[e.name])
+        picked = g.canary is not None and g.canary.overflow_to_incumbent
+        c_cap = canary_threshold if g.canary is not None else shadow_cap
         bl += [f"backend {be_canary}",
-               # canary users never spill to another side, so plain consistent hashing suffices
-               f"    balance hdr({g.sticky_hash_header})",
-               "    hash-type consistent",
+               *([# the candidate replica chosen in the frontend (below its full mark)
+                  "    balance leastconn",
+                  *[f"    use-server canary{i} if {{ var(txn.canary_server) -m str canary{i} }}"
+                    for i in range(1, c_slots + 1)]] if picked else
+                 [# canary users stay on the candidate, by consistent hashing (no full mark given)
+                  f"    balance hdr({g.sticky_hash_header})",
+                  "    hash-type consistent"]),
                "    option httpchk GET /health",
                "    http-check expect status 200",
                *common("canary"),
-               *_server_lines("canary", canary_servers[e.name], floor_opts), ""]
+               *_server_lines("canary", canary_servers[e.name],
+                              f"check inter {health_check_interval_ms} fall 2 rise 2 maxconn {c_cap} maxqueue {c_cap}"),
+               ""]
+    if g.shadow is not None:
+        # mirrors from the Lua task enter here, on loopback only; same candidate backend and limits as users'
+        bl += [f"frontend {fe}_shadow",
+               f"    bind {shadow_bind}",
+               f"    maxconn {shadow_cap}",
+               # a streamed mirror gets the same first-byte backstop as a user's stream (frees its slot sooner)
+               "    http-request set-var(txn.stream) int(1) if { req.hdr(x-gateway-shadow) -m str stream }",
+               f"    default_backend {be_canary}", ""]
     if has_burst and burst_urls[e.name] is None:
         bl += [f"backend {be_burst}",
                f"    # no Modal URL for {e.name} yet (app not deployed): requests here get a JSON 503",

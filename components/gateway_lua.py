@@ -1,4 +1,4 @@
-"""The Lua half of the gateway: body gate, body stamping, floor pick, stream-gap watchdog.
+"""The Lua half of the gateway: body gate, body stamping, floor pick, shadow mirror, stream-gap watchdog.
 
 Kept as a Python string so the renderer ships it next to haproxy.cfg (one source, no second copy).
 Written for HAProxy 2.6 (Lua 5.3): actions cannot rewrite an HTTP body there, so the rewrite is a
@@ -238,6 +238,48 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
   txn:set_var("txn.gate_len", #body + #prefix)
 end, 5)
 
+-- Shadow: http-request lua.llm_shadow <endpoint> <dst> <basis points> <cap> <timeout ms>
+-- Chosen per request (basis points of 10,000). The action copies the request as the incumbent will
+-- receive it (stamped body, the gateway's headers) and starts a Lua task that posts it to the
+-- loopback shadow frontend with HAProxy's own HTTP client; the answer is read and dropped. The
+-- action returns at once: the user's request never waits for the mirror and its response never
+-- passes through it. At most <cap> mirrors per endpoint in flight (this thread's Lua state; the
+-- gateway runs one thread); above that a mirror is skipped, never queued.
+local shadow_inflight = {}
+local SHADOW_SKIP = { ["content-length"] = true, ["host"] = true, ["connection"] = true,
+  ["transfer-encoding"] = true, ["expect"] = true, ["idempotency-key"] = true }
+math.randomseed(os.time())
+core.register_action("llm_shadow", { "http-req" }, function(txn, name, dst, bp, cap, timeout_ms)
+  if math.random(10000) > tonumber(bp) then return end
+  local n = shadow_inflight[name] or 0
+  if n >= tonumber(cap) then return end
+  local body = txn.f:req_body() or ""
+  local prefix = txn:get_var("txn.gate_prefix")
+  if prefix then
+    local pos = body:find("{", 1, true)
+    if pos then body = body:sub(1, pos) .. prefix .. body:sub(pos + 1) end
+  end
+  local hdrs = {}
+  for k, v in pairs(txn.http:req_get_headers()) do
+    if not SHADOW_SKIP[k] then
+      local t = {}
+      for i = 0, #v do t[#t + 1] = v[i] end
+      hdrs[k] = t
+    end
+  end
+  hdrs["x-gateway-shadow"] = { txn:get_var("txn.stream") == 1 and "stream" or "1" }
+  hdrs["content-length"] = { tostring(#body) }  -- else 2.6's client sends the body chunked
+  local url = "http://shadow" .. (txn.f:path() or "/")
+  local timeout = tonumber(timeout_ms)
+  shadow_inflight[name] = n + 1
+  core.register_task(function()
+    pcall(function()
+      core.httpclient():post{ url = url, dst = dst, body = body, headers = hdrs, timeout = timeout }
+    end)
+    shadow_inflight[name] = shadow_inflight[name] - 1
+  end)
+end, 5)
+
 -- Floor replica choice: rendezvous (highest-random-weight) hashing of the session key over the
 -- floor's server slots, taking the first replica in the key's order whose in-flight (served +
 -- queued) is below the threshold. A session therefore stays on its replica (warm prefix cache)
@@ -257,8 +299,10 @@ local function key_hash(key)
 end
 -- In-flight (served + queued) of slot i, nil when it is not up. Each fetch gets a freshly built
 -- "backend/server" string: 2.6 writes a NUL into the string it parses, so one cannot be reused.
+-- srv_is_up reaches Lua as the integer 0 or 1 (hlua_smp2lua pushes SMP_T_BOOL as an integer), and 0
+-- is true in Lua: compare with 1, or a replica marked down by its health check would still be picked.
 local function load_of(f, sep, i)
-  if not f:srv_is_up(sep .. i) then return nil end
+  if f:srv_is_up(sep .. i) ~= 1 then return nil end
   return (f:srv_conn(sep .. i) or 0) + (f:srv_queue(sep .. i) or 0)
 end
 core.register_fetches("llm_pick_floor", function(txn, backend, prefix, slots_arg, threshold_arg, header)
