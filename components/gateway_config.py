@@ -208,6 +208,15 @@ def _canary_seed(revision: str) -> int:
     return int.from_bytes(hashlib.sha256(revision.encode()).digest()[:4], "big")
 
 
+def _ns_cap_lines(ns_cap: int) -> list[str]:
+    """Burst backend: a non-streamed request gets the stamp with max_tokens lowered to ns_cap (llm_gate
+    prepared it; the llm filter applies it when txn.ns_capped is set) and its new Content-Length."""
+    if ns_cap <= 0:
+        return []
+    return ["    http-request set-var(txn.ns_capped) int(1) if { var(txn.gate_len_b) -m found }",
+            "    http-request set-header Content-Length %[var(txn.gate_len_b)] if { var(txn.ns_capped) -m found }"]
+
+
 def _secret_guards(secret_env: Mapping[str, str]) -> list[str]:
     lines = []
     for var, key in secret_env.items():
@@ -343,6 +352,28 @@ def _endpoint_sections(
 ) -> str:
     g = e.gateway
     threshold = per_pod_threshold(g.overflow_inflight_per_replica, gateway_replicas)
+    # admission control (spec: admission_*; None = today's behaviour): a replica holds up to floor_cap (its
+    # sequence slots), the burst tier burst_cap; the floor pick still overflows at the threshold, so a request
+    # waits in HAProxy's queue only when the floor and the burst are both full, then gets 429 + Retry-After
+    admission = g.admission_queue_timeout_s is not None
+    floor_cap = threshold
+    if admission and g.admission_inflight_per_floor_replica > 0:
+        floor_cap = per_pod_threshold(g.admission_inflight_per_floor_replica, gateway_replicas)
+    pick_threshold = min(threshold, floor_cap)  # the pick never sends a replica past its maxconn (no queue)
+    burst_cap = (per_pod_threshold(g.admission_burst_inflight, gateway_replicas)
+                 if admission and g.admission_burst_inflight > 0 else None)
+    queue_ms = _ms(g.admission_queue_timeout_s) if admission else None
+    # Modal's web-request cap for non-streamed requests on burst (spec: burst.non_streamed_rule)
+    ns_rule = e.burst.non_streamed_rule if (e.burst is not None and needs_burst(e)) else "fits"
+    ns_cap = 0
+    if ns_rule == "cap_max_tokens":
+        ns_cap = e.burst.non_streamed_max_tokens or 0
+        if ns_cap < 1:
+            raise ValueError(f"endpoint {e.name!r}: burst.non_streamed_rule 'cap_max_tokens' needs "
+                             f"burst.non_streamed_max_tokens >= 1, got {e.burst.non_streamed_max_tokens!r}")
+    if ns_rule == "floor_only" and not needs_floor(e):
+        raise ValueError(f"endpoint {e.name!r} ({e.tier}): burst.non_streamed_rule 'floor_only' needs a floor; "
+                         "use 'require_streaming' or 'cap_max_tokens'")
     n = config_name(e.name)
     fe, be_floor, be_burst, be_canary = f"fe_{n}", f"be_{n}_floor", burst_backend_name(e.name), f"be_{n}_canary"
     has_floor, has_burst = needs_floor(e), needs_burst(e)
@@ -406,7 +437,7 @@ def _endpoint_sections(
         # Idempotency-Key dedupe: at most max_connections keys per tenant (no more requests can be in
         # flight), each expiring after the endpoint's longest request plus the body wait
         fl.append(f"    http-request lua.llm_gate {g.max_tokens} {salt_env} {config_name(t.name)} {max_connections} "
-                  f"{whole_ms + BODY_WAIT_S * 1000} if METH_POST {{ var(txn.tenant) -m str {config_name(t.name)} }}")
+                  f"{whole_ms + BODY_WAIT_S * 1000} {ns_cap} if METH_POST {{ var(txn.tenant) -m str {config_name(t.name)} }}")
     fl.append("    http-request return status 400 content-type application/json "
               "lf-string '{\"error\":{\"message\":\"%[var(txn.gate_error)]\",\"type\":\"invalid_request_error\","
               "\"code\":400}}' if { var(txn.gate_error) -m found }")
@@ -451,16 +482,42 @@ def _endpoint_sections(
     if has_floor:
         slots = _slot_count(floor_servers[e.name])
         fl.append(f"    http-request set-var(txn.floor_server) lua.llm_pick_floor({be_floor},floor,{slots},"
-                  f"{threshold},{g.sticky_hash_header})"
+                  f"{pick_threshold},{g.sticky_hash_header})"
                   + (" unless { var(txn.canary_server) -m beg canary }" if g.canary is not None else ""))
+    # where the request goes unless the floor or the candidate took it (both tiers checked natively)
+    fl.append("    acl on_floor var(txn.floor_server) -m beg floor")
+    fl.append("    acl on_canary var(txn.canary_server) -m beg canary")
+    fl.append("    acl nonstream var(txn.stream) -m int eq 0")  # set by llm_gate for every accepted POST
+    off_floor = "!on_floor !on_canary" if has_floor else "!on_canary"
+    if ns_rule == "require_streaming":
+        fl.append("    " + _json_error(400, f"non-streamed requests are not served while this endpoint overflows to "
+                                           f"its burst tier, which ends a web request after "
+                                           f"{e.burst.web_request_cap_s} s: send stream true",
+                                       "invalid_request_error") + f" if nonstream {off_floor}")
+    if burst_cap is not None and has_burst:
+        fl.append(f"    acl burst_full be_conn({be_burst}) ge {burst_cap}")
+        fl.append(f"    http-request set-var(txn.admit) int(1) if {off_floor} burst_full")
+    if admission and has_floor and not has_burst:
+        fl.append(f"    http-request set-var(txn.admit) int(1) if {off_floor}")
+    if admission and ns_rule == "floor_only":
+        fl.append(f"    http-request set-var(txn.admit) int(1) if nonstream {off_floor}")
     if has_floor and has_burst:
-        route.append(f"    use_backend {be_floor} if {{ var(txn.floor_server) -m beg floor }}")
+        route.append(f"    use_backend {be_floor} if on_floor")
+        if ns_rule == "floor_only":  # never to burst: wait on the floor (HAProxy's queue) instead
+            route.append(f"    use_backend {be_floor} if nonstream !on_canary")
+        if burst_cap is not None:  # floor and burst full: wait for a floor slot, bounded, then 429
+            route.append(f"    use_backend {be_floor} if {{ var(txn.admit) -m found }} !on_canary")
         route.append(f"    default_backend {be_burst}")
     elif has_floor:
         route.append(f"    default_backend {be_floor}")
     else:
         route.append(f"    default_backend {be_burst}")
     fl += route
+    if admission:
+        # a wait past admission_queue_timeout_s ends in HAProxy's own 503: to the client it is a 429
+        fl.append("    http-after-response set-status 429 if { status 503 } { var(txn.admit) -m found }")
+        fl.append(f"    http-after-response set-header Retry-After {max(1, g.retry_after_s)} "
+                  "if { status 429 } { var(txn.admit) -m found }")
     fl.append("    http-after-response set-header X-Accel-Buffering no")
     fl.append("    http-after-response set-header Cache-Control no-cache if { res.hdr(content-type) -m beg text/event-stream }")
     fl.append("")
@@ -469,7 +526,7 @@ def _endpoint_sections(
     def common(role: str) -> list[str]:
         return [
             f"    timeout server {whole_ms}",
-            f"    timeout queue {first_ms}",
+            f"    timeout queue {queue_ms if queue_ms is not None and role in ('floor', 'burst') else first_ms}",
             # streams: the Lua gap filter enforces the exact limits once headers are in; this idle
             # timeout is the backstop for an upstream that sends no headers at all (-> JSON 504)
             f"    http-request set-timeout server {first_ms + STREAM_BACKSTOP_MS} "
@@ -485,7 +542,13 @@ def _endpoint_sections(
 
     bl: list[str] = []
     floor_opts = (f"check inter {health_check_interval_ms} fall 2 rise 2 "
-                  f"maxconn {threshold} maxqueue {threshold}")
+                  f"maxconn {floor_cap} maxqueue {floor_cap}")
+    # with admission control a full floor and burst end in HAProxy's 503 (the frontend makes it a 429):
+    # its body must not read as an outage
+    overloaded = ([
+        "    http-error status 503 content-type application/json string "
+        "'{\"error\":{\"message\":\"no capacity: every replica is busy or unavailable; retry later\","
+        "\"type\":\"overloaded_error\"}}'"] if admission else [])
     if has_floor:
         slots = _slot_count(floor_servers[e.name])
         bl += [f"backend {be_floor}",
@@ -496,6 +559,7 @@ def _endpoint_sections(
                "    option httpchk GET /health",
                "    http-check expect status 200",
                *common("floor"),
+               *overloaded,
                *_server_lines("floor", floor_servers[e.name], floor_opts), ""]
     if has_candidate:
         c_slots = _slot_count(canary_servers[e.name])
@@ -526,7 +590,7 @@ def _endpoint_sections(
     if has_burst and burst_urls[e.name] is None:
         bl += [f"backend {be_burst}",
                f"    # no Modal URL for {e.name} yet (app not deployed): requests here get a JSON 503",
-               *common("burst"), ""]
+               *common("burst"), *_ns_cap_lines(ns_cap), ""]
     elif has_burst:
         host, port, tls = _parse_burst_url(e.name, burst_urls[e.name])
         opts = ""  # no health check: probing Modal would keep (or wake) a container for nothing
@@ -541,8 +605,12 @@ def _endpoint_sections(
             secret_env[MODAL_SECRET_ENV] = "modal-secret"
             auth = [f'    http-request set-header Modal-Key "${{{MODAL_KEY_ENV}}}"',
                     f'    http-request set-header Modal-Secret "${{{MODAL_SECRET_ENV}}}"']
+        if burst_cap is not None:
+            opts += f" maxconn {burst_cap}"
         bl += [f"backend {be_burst}",
                *common("burst"),
+               *overloaded,
+               *_ns_cap_lines(ns_cap),
                f"    http-request set-header Host {host_header}",
                *auth,
                f"    server burst {host}:{port}{opts}", ""]

@@ -84,7 +84,8 @@ local function parse_object(s, i, depth, keys)
     count = count + 1
     if keys then
       local name = decode_key(raw)
-      keys[name] = { raw = (i - vstart <= 64) and s:sub(vstart, i - 1) or "", dup = keys[name] ~= nil }
+      keys[name] = { raw = (i - vstart <= 64) and s:sub(vstart, i - 1) or "", dup = keys[name] ~= nil,
+                     pos = vstart, len = i - vstart }
     end
     i = skip_ws(s, i)
     local c = s:byte(i)
@@ -183,8 +184,12 @@ local function idem_release(claim)
 end
 
 -- http-request lua.llm_gate <max_tokens> <salt env var or "-"> <tenant> <idempotency cap> <ttl ms>
--- Validates the buffered body and prepares the prefix the llm filter inserts.
-core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, salt_env, tenant, cap, ttl)
+--   <non-streamed burst max_tokens, 0 = none>
+-- Validates the buffered body and prepares the prefix the llm filter inserts. With a non-streamed
+-- cap it also prepares a second stamp for a non-streamed request that ends up on burst (Modal's web
+-- request cap): max_tokens lowered to the cap, by replacing the value in place (txn.gate_*_b); the
+-- burst backend marks such a request and the filter then applies that stamp instead.
+core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, salt_env, tenant, cap, ttl, ns_cap_arg)
   local body = txn.f:req_body() or ""
   local keys, err, _, count = top_level_keys(body)
   if not keys then txn:set_var("txn.gate_error", err) return end
@@ -224,19 +229,42 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
     txn:set_var("txn.idem", tenant .. "\n" .. idem_key)
   end
   local s = keys["stream"]
-  txn:set_var("txn.stream", (s and s.raw == "true") and 1 or 0)
-  local parts = {}
-  if stamp_salt then
-    local salt = salt_from_env(salt_env)
-    parts[#parts + 1] = '"cache_salt":' .. json_string(salt)
+  local streamed = s and s.raw == "true"
+  txn:set_var("txn.stream", streamed and 1 or 0)
+  local salt_part
+  if stamp_salt then salt_part = '"cache_salt":' .. json_string(salt_from_env(salt_env)) end
+  local prefix = salt_part
+  if not has_limit then
+    prefix = (prefix and prefix .. "," or "") .. '"max_tokens":' .. max_tokens_arg
   end
-  if not has_limit then parts[#parts + 1] = '"max_tokens":' .. max_tokens_arg end
-  if #parts == 0 then return end
-  local prefix = table.concat(parts, ",")
-  if count > 0 then prefix = prefix .. "," end
-  txn:set_var("txn.gate_prefix", prefix)
-  txn:set_var("txn.gate_len", #body + #prefix)
-end, 5)
+  if prefix then
+    if count > 0 then prefix = prefix .. "," end
+    txn:set_var("txn.gate_prefix", prefix)
+    txn:set_var("txn.gate_len", #body + #prefix)
+  end
+  local ns_cap = tonumber(ns_cap_arg) or 0
+  if ns_cap <= 0 or streamed then return end
+  -- the burst stamp: every limit above the cap (or null) rewritten to it, or the cap stamped when absent
+  local edits, grow, limited = {}, 0, false
+  local cap_text = tostring(ns_cap)
+  for _, field in ipairs({ "max_tokens", "max_completion_tokens" }) do
+    local k = keys[field]
+    if k then
+      if k.raw ~= "null" then limited = true end
+      if k.raw == "null" or tonumber(k.raw) > ns_cap then
+        edits[#edits + 1] = k.pos .. ":" .. k.len
+        grow = grow + #cap_text - k.len
+      end
+    end
+  end
+  local prefix_b = salt_part
+  if not limited then prefix_b = (prefix_b and prefix_b .. "," or "") .. '"max_tokens":' .. cap_text end
+  if prefix_b and count > 0 then prefix_b = prefix_b .. "," end
+  txn:set_var("txn.gate_prefix_b", prefix_b or "")
+  txn:set_var("txn.gate_edits_b", table.concat(edits, ","))
+  txn:set_var("txn.gate_cap_b", cap_text)
+  txn:set_var("txn.gate_len_b", #body + #(prefix_b or "") + grow)
+end, 6)
 
 -- Shadow: http-request lua.llm_shadow <endpoint> <dst> <basis points> <cap> <timeout ms>
 -- Chosen per request (basis points of 10,000). The action copies the request as the incumbent will
@@ -377,13 +405,34 @@ function Llm:http_headers(txn, msg)
   return filter.CONTINUE
 end
 local function stamp(txn, msg, n)
-  local prefix = txn:get_var("txn.gate_prefix")
-  if not prefix or n == 0 then return n, prefix == nil end
-  local data = msg:body(0, n)
-  local pos = data:find("{", 1, true)
-  if not pos then return n, false end -- brace not buffered yet; wait-for-body makes this unreachable
-  msg:insert(prefix, pos)
-  return n + #prefix, true
+  local prefix, edits = txn:get_var("txn.gate_prefix"), nil
+  if txn:get_var("txn.ns_capped") then  -- a non-streamed request on burst: the capped stamp
+    prefix, edits = txn:get_var("txn.gate_prefix_b"), txn:get_var("txn.gate_edits_b")
+    if prefix == "" then prefix = nil end
+    if edits == "" then edits = nil end
+  end
+  if not prefix and not edits then return n, true end
+  if n == 0 then return n, false end
+  local pos
+  if prefix then
+    pos = msg:body(0, n):find("{", 1, true)
+    if not pos then return n, false end -- brace not buffered yet; wait-for-body makes this unreachable
+  end
+  if edits then
+    -- values replaced from the last to the first, so the earlier offsets stay valid
+    local cap, spans = txn:get_var("txn.gate_cap_b"), {}
+    for p, l in edits:gmatch("(%d+):(%d+)") do spans[#spans + 1] = { tonumber(p), tonumber(l) } end
+    table.sort(spans, function(a, b) return a[1] > b[1] end)
+    for _, sp in ipairs(spans) do
+      msg:set(cap, sp[1] - 1, sp[2])
+      n = n + #cap - sp[2]
+    end
+  end
+  if prefix then
+    msg:insert(prefix, pos)
+    n = n + #prefix
+  end
+  return n, true
 end
 function Llm:http_payload(txn, msg)
   local n = msg:input()
