@@ -85,6 +85,7 @@ CONFIG_FILE = "haproxy.cfg"
 MODAL_KEY_ENV = "GW_MODAL_KEY"
 MODAL_SECRET_ENV = "GW_MODAL_SECRET"
 BODY_WAIT_S = 10  # longest a client may take to upload a (size-capped) body
+STATS_CONNECTIONS = 50  # kept for probes and the exporter on top of the endpoints' maxconn (a flood cannot starve them)
 STREAM_BACKSTOP_MS = 1000  # native idle timeout = first-byte limit + this, so the Lua filter acts first
 HEADER_ROOM_BYTES = 16384  # headers + the stamped prefix on top of the largest allowed body
 
@@ -106,6 +107,37 @@ class DnsServers:
 
 
 Servers = StaticServers | DnsServers
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    """What one client (source) may hold at the gateway, against slow-connection floods (#18 item 4).
+
+    source: what identifies a client. "src": the TCP peer (right when clients reach the pods directly, or
+    through a load balancer that keeps client addresses); "proxy_protocol": the address the load balancer
+    passes in the PROXY protocol header (binds get `accept-proxy`; the LB must send it); "xff": the last
+    X-Forwarded-For value, appended by a trusted load balancer that hides client addresses. With "xff" the
+    per-client limits apply once a request's headers are in, so header tricklers are bounded only by
+    header_timeout_s (and the load balancer's own limits).
+    max_conn_per_source: concurrent connections (xff: requests) per client; 0 = a tenth of max_connections,
+    so no single client can take more than a tenth of the gateway.
+    max_requests_per_source_10s: request starts per client per 10 s (0 = 10 × max_conn_per_source); above it 429.
+    header_timeout_s: the whole request head must arrive within this (HAProxy `timeout http-request`);
+    a client trickling its headers is dropped then. Honest clients send their head in one packet.
+    """
+
+    source: str = "src"
+    max_conn_per_source: int = 0
+    max_requests_per_source_10s: int = 0
+    header_timeout_s: float = 5.0
+
+    def resolved(self, max_connections: int) -> "ClientLimits":
+        if self.source not in ("src", "proxy_protocol", "xff"):
+            raise ValueError(f"ClientLimits.source={self.source!r}: allowed are 'src', 'proxy_protocol', 'xff'")
+        if self.max_conn_per_source < 0 or self.max_requests_per_source_10s < 0 or not self.header_timeout_s > 0:
+            raise ValueError(f"ClientLimits: limits must be >= 0 and header_timeout_s > 0, got {self}")
+        conns = self.max_conn_per_source or max(1, max_connections // 10)
+        return ClientLimits(self.source, conns, self.max_requests_per_source_10s or 10 * conns, self.header_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -239,6 +271,7 @@ def render_gateway_config(
     gateway_replicas: int = 1,
     ca_path: str = HAPROXY_IMAGE.ca_dir,
     shadow_binds: Mapping[str, str] | None = None,
+    client_limits: ClientLimits = ClientLimits(),
 ) -> RenderedGateway:
     """haproxy.cfg + gateway.lua for every gated endpoint of `spec`.
 
@@ -258,6 +291,7 @@ def render_gateway_config(
     """
     if gateway_replicas < 1:
         raise ValueError(f"gateway_replicas must be >= 1, got {gateway_replicas}")
+    limits = client_limits.resolved(max_connections)
     canary_servers = canary_servers or {}
     ports = endpoint_ports(spec)
     binds = dict(binds or {e: f"*:{p}" for e, p in ports.items()})
@@ -276,7 +310,7 @@ def render_gateway_config(
             raise ValueError(f"no bind address for endpoint {e.name!r}; given: {sorted(binds)}")
         sections.append(_endpoint_sections(e, burst_urls, floor_servers, canary_servers, binds[e.name],
                                            health_check_interval_ms, secret_env, gateway_replicas, ca_path,
-                                           max_connections, shadow_binds.get(e.name)))
+                                           max_connections, shadow_binds.get(e.name), limits))
 
     head = [
         "# Rendered by components/gateway_config.py from the TopologySpec "
@@ -296,7 +330,8 @@ def render_gateway_config(
         f"    hard-stop-after {longest_request_s(spec)}s",
         # bodies are validated and stamped in one buffer: it must hold the largest allowed body
         f"    tune.bufsize {bufsize}",
-        f"    maxconn {max_connections}",
+        # the endpoints' frontends share max_connections; the stats frontend (probes) has its own room
+        f"    maxconn {max_connections + STATS_CONNECTIONS}",
         "",
         "resolvers cluster",
         "    parse-resolv-conf",
@@ -313,7 +348,9 @@ def render_gateway_config(
         "    option dontlognull",
         "    timeout connect 3s",
         f"    timeout client {GATEWAY_CLIENT_IDLE_S}s",
-        f"    timeout http-request {BODY_WAIT_S}s",
+        # the request head must be complete within this (header tricklers are dropped); bodies have
+        # their own wait (wait-for-body, BODY_WAIT_S)
+        f"    timeout http-request {_ms(limits.header_timeout_s)}",
         "    timeout http-keep-alive 10s",
         "    timeout client-fin 5s",
         "    timeout server-fin 5s",
@@ -328,6 +365,7 @@ def render_gateway_config(
     stats = [
         "frontend stats",
         f"    bind {stats_bind or f'*:{STATS_PORT}'}",
+        f"    maxconn {STATS_CONNECTIONS}",
         "    monitor-uri /healthz",
         "    http-request use-service prometheus-exporter if { path /metrics }",
         "    no log",
@@ -349,6 +387,7 @@ def _endpoint_sections(
     ca_path: str,
     max_connections: int,
     shadow_bind: str | None,
+    limits: ClientLimits,
 ) -> str:
     g = e.gateway
     threshold = per_pod_threshold(g.overflow_inflight_per_replica, gateway_replicas)
@@ -402,7 +441,23 @@ def _endpoint_sections(
     whole_ms = _ms(request_limit_s(e))
     stamp = g.cache_isolation == "cache_salt"
 
-    fl = [f"frontend {fe}", f"    bind {bind}"]
+    fl = [f"frontend {fe}", f"    bind {bind}" + (" accept-proxy" if limits.source == "proxy_protocol" else ""),
+          f"    maxconn {max_connections}"]
+    # per-client limits (ClientLimits): connections per source counted from accept, so a trickler flood
+    # from one client takes at most its share; request starts per 10 s, refused before any Lua runs
+    fl.append(f"    stick-table type ipv6 size {max(1000, 4 * max_connections)} expire 60s "
+              "store conn_cur,http_req_rate(10s)")
+    too_many = ("    http-request deny deny_status 429 content-type application/json hdr Retry-After 10 string "
+                "'{\"error\":{\"message\":\"too many requests from this client\",\"type\":\"rate_limit_error\","
+                "\"code\":429}}' if { sc0_http_req_rate gt %d }" % limits.max_requests_per_source_10s)
+    if limits.source == "xff":
+        fl.append("    http-request track-sc0 req.hdr_ip(x-forwarded-for,-1)")
+        fl.append(too_many.replace("if { sc0_http_req_rate", f"if {{ sc0_conn_cur gt {limits.max_conn_per_source} }} || "
+                                   "{ sc0_http_req_rate"))
+    else:
+        fl.append("    tcp-request connection track-sc0 src")
+        fl.append(f"    tcp-request connection reject if {{ sc0_conn_cur gt {limits.max_conn_per_source} }}")
+        fl.append(too_many)
     # stamps "max_tokens" (and the tenant's cache_salt) into POST bodies; watches stream gaps
     fl.append(f"    filter lua.llm {first_ms} {inter_ms} {_ms(g.sse_heartbeat_s)}")
     fl.append("    http-request set-var(txn.route) str(rejected)")
