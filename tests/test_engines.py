@@ -43,7 +43,9 @@ def test_every_supported_series_has_a_checked_release_in_the_references():
 
 def _plan_with(stack: str, image: str):
     inputs = load_inputs(f"stacks/Pulumi.{stack}.yaml")
-    eps = [e.model_copy(update={"engine_image": image}) for e in inputs.endpoints]
+    # another engine image is another model version: a rollout pinned to the bundled image's identity would
+    # (rightly) refuse it, so the release tables are checked on the endpoints without their rollout
+    eps = [e.model_copy(update={"engine_image": image, "rollout": None}) for e in inputs.endpoints]
     return plan(inputs.model_copy(update={"endpoints": eps}))
 
 

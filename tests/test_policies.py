@@ -186,8 +186,9 @@ def test_a_readiness_script_that_only_checks_health_is_refused():
     edit(res, named("floor-assist-scripts"), lambda i: i["data"].update(
         {"warmup_probe.py": "import urllib.request\nurllib.request.urlopen('http://127.0.0.1:8000/health')\n"}))
     found = run_policy("vllm-container-safety", res, stack_config("prod"))
-    assert len(found) == 1 and "sends no generation request" in found[0][1]
-    assert found[0][0] == next(r.urn for r in res if r.name == "floor-assist-deployment")
+    # the stable Deployment and (prod's assist is in shadow) the candidate's both mount the scripts
+    assert found and all("sends no generation request" in f[1] for f in found)
+    assert next(r.urn for r in res if r.name == "floor-assist-deployment") in {f[0] for f in found}
 
 
 @pytest.mark.parametrize("field, value, expected", [
