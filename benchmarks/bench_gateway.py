@@ -108,7 +108,7 @@ def main() -> int:
         for name, mode, conc, requests, chunks in loads:
             servers, procs = {}, []
             try:
-                for up in ("floor1", "floor2", "burst", "direct", "minimal"):
+                for up in ("floor1", "floor2", "burst", "candidate", "direct", "minimal"):
                     port = free_port()
                     procs.append(subprocess.Popen([*cpu_prefix(HARNESS_CORE), tool, "serve", str(port), str(chunks),
                                                    str(INTERVAL_MS)]))
@@ -119,6 +119,9 @@ def main() -> int:
                 rendered = render_gateway_config(
                     spec, burst_urls={e: f"http://{servers['burst']}" for e in ("assist", "autocomplete")},
                     floor_servers={e.name: StaticServers((servers["floor1"], servers["floor2"])) for e in spec.endpoints},
+                    # prod's assist is in shadow: 5% of its requests are also mirrored to a candidate upstream
+                    canary_servers={e.name: StaticServers((servers["candidate"],)) for e in spec.endpoints},
+                    shadow_binds={k: f"127.0.0.1:{free_port()}" for k in ports},
                     binds={k: f"127.0.0.1:{p}" for k, p in ports.items()}, stats_bind=f"127.0.0.1:{free_port()}",
                     lua_path=str(gw_dir / "gateway.lua"), max_connections=4000, ca_path=str(pod_ca_dir(gw_dir / "ca")))
                 env = {var: f"bench-{key}" for var, key in rendered.secret_env.items()}

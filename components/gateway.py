@@ -22,6 +22,7 @@ from topology.spec import TopologySpec
 from ._common import TYPE_PREFIX, child
 from .gateway_config import (
     CONFIG_FILE,
+    ClientLimits,
     LUA_FILE,
     MODAL_KEY_ENV,
     MODAL_SECRET_ENV,
@@ -61,6 +62,9 @@ class GatewayArgs:
     replicas: int = 2
     # tag, numeric user and trust store together (gateway_config.HAPROXY_IMAGE, checked upstream)
     image: HaproxyImage = HAPROXY_IMAGE
+    # per-client limits against slow-connection floods; `source` must say how client addresses reach the pods
+    # ("src", "proxy_protocol" or "xff": see gateway_config.ClientLimits)
+    client_limits: ClientLimits = ClientLimits()
     cpu_request: str = "1"  # HAProxy runs one thread (see gateway_config)
     memory_request: str = "512Mi"
     # HAProxy holds up to 2 buffers of tune.bufsize (~208 KiB for prod) per active stream; the
@@ -111,7 +115,8 @@ class Gateway(pulumi.ComponentResource):
             urls = {n: (v or None) for n, v in zip(burst_names, values)}
             return render_gateway_config(spec, burst_urls=urls, floor_servers=floor,
                                          canary_servers=canary, lua_path=f"{CONFIG_DIR}/{LUA_FILE}",
-                                         gateway_replicas=args.replicas, ca_path=args.image.ca_dir)
+                                         gateway_replicas=args.replicas, ca_path=args.image.ca_dir,
+                                         client_limits=args.client_limits)
 
         rendered = urls.apply(render)
         self.ports = endpoint_ports(spec)

@@ -4,7 +4,9 @@ One frontend per endpoint (its own port), each with a floor backend (session-sti
 hashing in Lua, `maxconn` = this pod's share of the spec's overflow threshold per replica), a
 burst backend (Modal, proxy-auth headers injected from environment variables that Kubernetes fills
 from a Secret) and, when the spec has a canary, a candidate backend chosen by a stable hash of the
-user or session.
+user or session; a canary user is sent to the incumbent when every candidate replica is full or none
+is up. In the rollout's shadow stage a share of requests is mirrored to the candidate by a Lua task
+through a loopback-only frontend: the user's request never waits for it (see `llm_shadow`).
 
 What each piece enforces:
 - overflow: the session key picks its replica (rendezvous hashing); if that one is at the
@@ -76,12 +78,14 @@ class HaproxyImage:
 HAPROXY_IMAGE = HaproxyImage(tag="haproxy:2.6.22-bookworm", uid=99, gid=99, trust_store_package="ca-certificates")
 
 GATEWAY_BASE_PORT = 8080  # endpoint i listens on 8080 + i (spec order)
+SHADOW_BASE_PORT = 9080  # endpoint i's shadow mirrors enter on 127.0.0.1:9080 + i (inside the pod only)
 STATS_PORT = 8404  # /healthz for probes, /metrics (Prometheus exporter built into HAProxy)
 LUA_FILE = "gateway.lua"
 CONFIG_FILE = "haproxy.cfg"
 MODAL_KEY_ENV = "GW_MODAL_KEY"
 MODAL_SECRET_ENV = "GW_MODAL_SECRET"
 BODY_WAIT_S = 10  # longest a client may take to upload a (size-capped) body
+STATS_CONNECTIONS = 50  # kept for probes and the exporter on top of the endpoints' maxconn (a flood cannot starve them)
 STREAM_BACKSTOP_MS = 1000  # native idle timeout = first-byte limit + this, so the Lua filter acts first
 HEADER_ROOM_BYTES = 16384  # headers + the stamped prefix on top of the largest allowed body
 
@@ -103,6 +107,37 @@ class DnsServers:
 
 
 Servers = StaticServers | DnsServers
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    """What one client (source) may hold at the gateway, against slow-connection floods (#18 item 4).
+
+    source: what identifies a client. "src": the TCP peer (right when clients reach the pods directly, or
+    through a load balancer that keeps client addresses); "proxy_protocol": the address the load balancer
+    passes in the PROXY protocol header (binds get `accept-proxy`; the LB must send it); "xff": the last
+    X-Forwarded-For value, appended by a trusted load balancer that hides client addresses. With "xff" the
+    per-client limits apply once a request's headers are in, so header tricklers are bounded only by
+    header_timeout_s (and the load balancer's own limits).
+    max_conn_per_source: concurrent connections (xff: requests) per client; 0 = a tenth of max_connections,
+    so no single client can take more than a tenth of the gateway.
+    max_requests_per_source_10s: request starts per client per 10 s (0 = 10 × max_conn_per_source); above it 429.
+    header_timeout_s: the whole request head must arrive within this (HAProxy `timeout http-request`);
+    a client trickling its headers is dropped then. Honest clients send their head in one packet.
+    """
+
+    source: str = "src"
+    max_conn_per_source: int = 0
+    max_requests_per_source_10s: int = 0
+    header_timeout_s: float = 5.0
+
+    def resolved(self, max_connections: int) -> "ClientLimits":
+        if self.source not in ("src", "proxy_protocol", "xff"):
+            raise ValueError(f"ClientLimits.source={self.source!r}: allowed are 'src', 'proxy_protocol', 'xff'")
+        if self.max_conn_per_source < 0 or self.max_requests_per_source_10s < 0 or not self.header_timeout_s > 0:
+            raise ValueError(f"ClientLimits: limits must be >= 0 and header_timeout_s > 0, got {self}")
+        conns = self.max_conn_per_source or max(1, max_connections // 10)
+        return ClientLimits(self.source, conns, self.max_requests_per_source_10s or 10 * conns, self.header_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -205,6 +240,15 @@ def _canary_seed(revision: str) -> int:
     return int.from_bytes(hashlib.sha256(revision.encode()).digest()[:4], "big")
 
 
+def _ns_cap_lines(ns_cap: int) -> list[str]:
+    """Burst backend: a non-streamed request gets the stamp with max_tokens lowered to ns_cap (llm_gate
+    prepared it; the llm filter applies it when txn.ns_capped is set) and its new Content-Length."""
+    if ns_cap <= 0:
+        return []
+    return ["    http-request set-var(txn.ns_capped) int(1) if { var(txn.gate_len_b) -m found }",
+            "    http-request set-header Content-Length %[var(txn.gate_len_b)] if { var(txn.ns_capped) -m found }"]
+
+
 def _secret_guards(secret_env: Mapping[str, str]) -> list[str]:
     lines = []
     for var, key in secret_env.items():
@@ -226,6 +270,8 @@ def render_gateway_config(
     max_connections: int = 4000,
     gateway_replicas: int = 1,
     ca_path: str = HAPROXY_IMAGE.ca_dir,
+    shadow_binds: Mapping[str, str] | None = None,
+    client_limits: ClientLimits = ClientLimits(),
 ) -> RenderedGateway:
     """haproxy.cfg + gateway.lua for every gated endpoint of `spec`.
 
@@ -237,15 +283,20 @@ def render_gateway_config(
     binds: endpoint -> "addr:port" (default "*:<8080+i>"); stats_bind likewise (default "*:8404").
     gateway_replicas: HAProxy pods sharing the floor. Each pod sees only its own in-flight
     requests, so each enforces its share of the per-replica threshold (`per_pod_threshold`).
+    shadow_binds: endpoint -> loopback "127.0.0.1:port" where its shadow mirrors enter (default
+    127.0.0.1:<9080+i>); only endpoints whose spec has a shadow use it.
     ca_path: the trust store TLS to Modal is verified against: the image's CA directory (explicit,
     because haproxy 2.6's `@system-ca` is OpenSSL's compiled-in directory and ignores SSL_CERT_DIR,
     so tests could not point it elsewhere); tests pass a directory holding exactly the pod's CAs.
     """
     if gateway_replicas < 1:
         raise ValueError(f"gateway_replicas must be >= 1, got {gateway_replicas}")
+    limits = client_limits.resolved(max_connections)
     canary_servers = canary_servers or {}
     ports = endpoint_ports(spec)
     binds = dict(binds or {e: f"*:{p}" for e, p in ports.items()})
+    shadow_binds = dict(shadow_binds or {e: f"127.0.0.1:{p - GATEWAY_BASE_PORT + SHADOW_BASE_PORT}"
+                                         for e, p in ports.items()})
     secret_env: dict[str, str] = {}
     endpoints = gated_endpoints(spec)
     if not endpoints:
@@ -259,7 +310,7 @@ def render_gateway_config(
             raise ValueError(f"no bind address for endpoint {e.name!r}; given: {sorted(binds)}")
         sections.append(_endpoint_sections(e, burst_urls, floor_servers, canary_servers, binds[e.name],
                                            health_check_interval_ms, secret_env, gateway_replicas, ca_path,
-                                           max_connections))
+                                           max_connections, shadow_binds.get(e.name), limits))
 
     head = [
         "# Rendered by components/gateway_config.py from the TopologySpec "
@@ -279,7 +330,8 @@ def render_gateway_config(
         f"    hard-stop-after {longest_request_s(spec)}s",
         # bodies are validated and stamped in one buffer: it must hold the largest allowed body
         f"    tune.bufsize {bufsize}",
-        f"    maxconn {max_connections}",
+        # the endpoints' frontends share max_connections; the stats frontend (probes) has its own room
+        f"    maxconn {max_connections + STATS_CONNECTIONS}",
         "",
         "resolvers cluster",
         "    parse-resolv-conf",
@@ -296,7 +348,9 @@ def render_gateway_config(
         "    option dontlognull",
         "    timeout connect 3s",
         f"    timeout client {GATEWAY_CLIENT_IDLE_S}s",
-        f"    timeout http-request {BODY_WAIT_S}s",
+        # the request head must be complete within this (header tricklers are dropped); bodies have
+        # their own wait (wait-for-body, BODY_WAIT_S)
+        f"    timeout http-request {_ms(limits.header_timeout_s)}",
         "    timeout http-keep-alive 10s",
         "    timeout client-fin 5s",
         "    timeout server-fin 5s",
@@ -311,6 +365,7 @@ def render_gateway_config(
     stats = [
         "frontend stats",
         f"    bind {stats_bind or f'*:{STATS_PORT}'}",
+        f"    maxconn {STATS_CONNECTIONS}",
         "    monitor-uri /healthz",
         "    http-request use-service prometheus-exporter if { path /metrics }",
         "    no log",
@@ -331,9 +386,33 @@ def _endpoint_sections(
     gateway_replicas: int,
     ca_path: str,
     max_connections: int,
+    shadow_bind: str | None,
+    limits: ClientLimits,
 ) -> str:
     g = e.gateway
     threshold = per_pod_threshold(g.overflow_inflight_per_replica, gateway_replicas)
+    # admission control (spec: admission_*; None = today's behaviour): a replica holds up to floor_cap (its
+    # sequence slots), the burst tier burst_cap; the floor pick still overflows at the threshold, so a request
+    # waits in HAProxy's queue only when the floor and the burst are both full, then gets 429 + Retry-After
+    admission = g.admission_queue_timeout_s is not None
+    floor_cap = threshold
+    if admission and g.admission_inflight_per_floor_replica > 0:
+        floor_cap = per_pod_threshold(g.admission_inflight_per_floor_replica, gateway_replicas)
+    pick_threshold = min(threshold, floor_cap)  # the pick never sends a replica past its maxconn (no queue)
+    burst_cap = (per_pod_threshold(g.admission_burst_inflight, gateway_replicas)
+                 if admission and g.admission_burst_inflight > 0 else None)
+    queue_ms = _ms(g.admission_queue_timeout_s) if admission else None
+    # Modal's web-request cap for non-streamed requests on burst (spec: burst.non_streamed_rule)
+    ns_rule = e.burst.non_streamed_rule if (e.burst is not None and needs_burst(e)) else "fits"
+    ns_cap = 0
+    if ns_rule == "cap_max_tokens":
+        ns_cap = e.burst.non_streamed_max_tokens or 0
+        if ns_cap < 1:
+            raise ValueError(f"endpoint {e.name!r}: burst.non_streamed_rule 'cap_max_tokens' needs "
+                             f"burst.non_streamed_max_tokens >= 1, got {e.burst.non_streamed_max_tokens!r}")
+    if ns_rule == "floor_only" and not needs_floor(e):
+        raise ValueError(f"endpoint {e.name!r} ({e.tier}): burst.non_streamed_rule 'floor_only' needs a floor; "
+                         "use 'require_streaming' or 'cap_max_tokens'")
     n = config_name(e.name)
     fe, be_floor, be_burst, be_canary = f"fe_{n}", f"be_{n}_floor", burst_backend_name(e.name), f"be_{n}_canary"
     has_floor, has_burst = needs_floor(e), needs_burst(e)
@@ -349,6 +428,12 @@ def _endpoint_sections(
         )
     if g.canary is not None and e.name not in canary_servers:
         raise ValueError(f"endpoint {e.name!r} has a canary ({g.canary.revision}); no canary servers given")
+    if g.shadow is not None and e.name not in canary_servers:
+        raise ValueError(f"endpoint {e.name!r} has a shadow ({g.shadow.version}); no canary servers given "
+                         "(the candidate's pods the mirrors go to)")
+    if g.shadow is not None and not shadow_bind:
+        raise ValueError(f"endpoint {e.name!r} has a shadow; no shadow bind address given")
+    has_candidate = g.canary is not None or g.shadow is not None
     if g.max_retries < 0 or not 0 <= g.retry_budget_fraction <= 1:
         raise ValueError(f"endpoint {e.name!r}: max_retries must be >= 0 and retry_budget_fraction in [0, 1]")
 
@@ -356,7 +441,23 @@ def _endpoint_sections(
     whole_ms = _ms(request_limit_s(e))
     stamp = g.cache_isolation == "cache_salt"
 
-    fl = [f"frontend {fe}", f"    bind {bind}"]
+    fl = [f"frontend {fe}", f"    bind {bind}" + (" accept-proxy" if limits.source == "proxy_protocol" else ""),
+          f"    maxconn {max_connections}"]
+    # per-client limits (ClientLimits): connections per source counted from accept, so a trickler flood
+    # from one client takes at most its share; request starts per 10 s, refused before any Lua runs
+    fl.append(f"    stick-table type ipv6 size {max(1000, 4 * max_connections)} expire 60s "
+              "store conn_cur,http_req_rate(10s)")
+    too_many = ("    http-request deny deny_status 429 content-type application/json hdr Retry-After 10 string "
+                "'{\"error\":{\"message\":\"too many requests from this client\",\"type\":\"rate_limit_error\","
+                "\"code\":429}}' if { sc0_http_req_rate gt %d }" % limits.max_requests_per_source_10s)
+    if limits.source == "xff":
+        fl.append("    http-request track-sc0 req.hdr_ip(x-forwarded-for,-1)")
+        fl.append(too_many.replace("if { sc0_http_req_rate", f"if {{ sc0_conn_cur gt {limits.max_conn_per_source} }} || "
+                                   "{ sc0_http_req_rate"))
+    else:
+        fl.append("    tcp-request connection track-sc0 src")
+        fl.append(f"    tcp-request connection reject if {{ sc0_conn_cur gt {limits.max_conn_per_source} }}")
+        fl.append(too_many)
     # stamps "max_tokens" (and the tenant's cache_salt) into POST bodies; watches stream gaps
     fl.append(f"    filter lua.llm {first_ms} {inter_ms} {_ms(g.sse_heartbeat_s)}")
     fl.append("    http-request set-var(txn.route) str(rejected)")
@@ -391,7 +492,7 @@ def _endpoint_sections(
         # Idempotency-Key dedupe: at most max_connections keys per tenant (no more requests can be in
         # flight), each expiring after the endpoint's longest request plus the body wait
         fl.append(f"    http-request lua.llm_gate {g.max_tokens} {salt_env} {config_name(t.name)} {max_connections} "
-                  f"{whole_ms + BODY_WAIT_S * 1000} if METH_POST {{ var(txn.tenant) -m str {config_name(t.name)} }}")
+                  f"{whole_ms + BODY_WAIT_S * 1000} {ns_cap} if METH_POST {{ var(txn.tenant) -m str {config_name(t.name)} }}")
     fl.append("    http-request return status 400 content-type application/json "
               "lf-string '{\"error\":{\"message\":\"%[var(txn.gate_error)]\",\"type\":\"invalid_request_error\","
               "\"code\":400}}' if { var(txn.gate_error) -m found }")
@@ -404,27 +505,74 @@ def _endpoint_sections(
     for h in ("Authorization", "Modal-Key", "Modal-Secret", "X-Gateway-Tenant"):
         fl.append(f"    http-request del-header {h}")
     fl.append("    http-request set-header X-Gateway-Tenant %[var(txn.tenant)]")
+    shadow_cap = 0
+    if g.shadow is not None:
+        # a validated request is mirrored (chosen per request) by a Lua task: this action only copies the
+        # stamped body and returns; the user's request goes on at once and never waits for the mirror.
+        # At most shadow_cap mirrors in flight from this pod; above that a mirror is skipped, never queued.
+        shadow_cap = per_pod_threshold(g.shadow.max_inflight, gateway_replicas)
+        fl.append(f"    http-request lua.llm_shadow {n} {shadow_bind} {int(round(g.shadow.percent * 100))} "
+                  f"{shadow_cap} {whole_ms} if METH_POST")
 
     route: list[str] = []
+    canary_threshold = threshold
     if g.canary is not None:
         hdr = g.sticky_hash_header if g.canary.hash_key == "session" else g.canary.user_header
         basis_points = int(round(g.canary.percent * 100))
-        route.append(f"    acl canary_key req.fhdr({hdr}) -m found")
-        route.append(f"    acl canary_side req.fhdr({hdr}),xxh32({_canary_seed(g.canary.revision)}),mod(10000) "
+        fl.append(f"    acl canary_key req.fhdr({hdr}) -m found")
+        fl.append(f"    acl canary_side req.fhdr({hdr}),xxh32({_canary_seed(g.canary.revision)}),mod(10000) "
                   f"-m int lt {basis_points}")
-        route.append(f"    use_backend {be_canary} if canary_key canary_side")
+        if g.canary.overflow_to_incumbent:
+            # the candidate replica is picked like a floor replica (session-sticky, below its full mark);
+            # when every candidate replica is full or none is up the pick is empty and the canary user's
+            # request takes the incumbent's route below (floor, then burst): never an error, never queued
+            full = g.canary.full_at_inflight_per_replica or max_connections  # 0: no mark given, only "none up"
+            canary_threshold = per_pod_threshold(full, gateway_replicas)
+            c_slots = _slot_count(canary_servers[e.name])
+            fl.append(f"    http-request set-var(txn.canary_server) lua.llm_pick_floor({be_canary},canary,{c_slots},"
+                      f"{canary_threshold},{g.sticky_hash_header}) if canary_key canary_side")
+            route.append(f"    use_backend {be_canary} if {{ var(txn.canary_server) -m beg canary }}")
+        else:
+            route.append(f"    use_backend {be_canary} if canary_key canary_side")
     if has_floor:
         slots = _slot_count(floor_servers[e.name])
         fl.append(f"    http-request set-var(txn.floor_server) lua.llm_pick_floor({be_floor},floor,{slots},"
-                  f"{threshold},{g.sticky_hash_header})")
+                  f"{pick_threshold},{g.sticky_hash_header})"
+                  + (" unless { var(txn.canary_server) -m beg canary }" if g.canary is not None else ""))
+    # where the request goes unless the floor or the candidate took it (both tiers checked natively)
+    fl.append("    acl on_floor var(txn.floor_server) -m beg floor")
+    fl.append("    acl on_canary var(txn.canary_server) -m beg canary")
+    fl.append("    acl nonstream var(txn.stream) -m int eq 0")  # set by llm_gate for every accepted POST
+    off_floor = "!on_floor !on_canary" if has_floor else "!on_canary"
+    if ns_rule == "require_streaming":
+        fl.append("    " + _json_error(400, f"non-streamed requests are not served while this endpoint overflows to "
+                                           f"its burst tier, which ends a web request after "
+                                           f"{e.burst.web_request_cap_s} s: send stream true",
+                                       "invalid_request_error") + f" if nonstream {off_floor}")
+    if burst_cap is not None and has_burst:
+        fl.append(f"    acl burst_full be_conn({be_burst}) ge {burst_cap}")
+        fl.append(f"    http-request set-var(txn.admit) int(1) if {off_floor} burst_full")
+    if admission and has_floor and not has_burst:
+        fl.append(f"    http-request set-var(txn.admit) int(1) if {off_floor}")
+    if admission and ns_rule == "floor_only":
+        fl.append(f"    http-request set-var(txn.admit) int(1) if nonstream {off_floor}")
     if has_floor and has_burst:
-        route.append(f"    use_backend {be_floor} if {{ var(txn.floor_server) -m beg floor }}")
+        route.append(f"    use_backend {be_floor} if on_floor")
+        if ns_rule == "floor_only":  # never to burst: wait on the floor (HAProxy's queue) instead
+            route.append(f"    use_backend {be_floor} if nonstream !on_canary")
+        if burst_cap is not None:  # floor and burst full: wait for a floor slot, bounded, then 429
+            route.append(f"    use_backend {be_floor} if {{ var(txn.admit) -m found }} !on_canary")
         route.append(f"    default_backend {be_burst}")
     elif has_floor:
         route.append(f"    default_backend {be_floor}")
     else:
         route.append(f"    default_backend {be_burst}")
     fl += route
+    if admission:
+        # a wait past admission_queue_timeout_s ends in HAProxy's own 503: to the client it is a 429
+        fl.append("    http-after-response set-status 429 if { status 503 } { var(txn.admit) -m found }")
+        fl.append(f"    http-after-response set-header Retry-After {max(1, g.retry_after_s)} "
+                  "if { status 429 } { var(txn.admit) -m found }")
     fl.append("    http-after-response set-header X-Accel-Buffering no")
     fl.append("    http-after-response set-header Cache-Control no-cache if { res.hdr(content-type) -m beg text/event-stream }")
     fl.append("")
@@ -433,7 +581,7 @@ def _endpoint_sections(
     def common(role: str) -> list[str]:
         return [
             f"    timeout server {whole_ms}",
-            f"    timeout queue {first_ms}",
+            f"    timeout queue {queue_ms if queue_ms is not None and role in ('floor', 'burst') else first_ms}",
             # streams: the Lua gap filter enforces the exact limits once headers are in; this idle
             # timeout is the backstop for an upstream that sends no headers at all (-> JSON 504)
             f"    http-request set-timeout server {first_ms + STREAM_BACKSTOP_MS} "
@@ -449,7 +597,13 @@ def _endpoint_sections(
 
     bl: list[str] = []
     floor_opts = (f"check inter {health_check_interval_ms} fall 2 rise 2 "
-                  f"maxconn {threshold} maxqueue {threshold}")
+                  f"maxconn {floor_cap} maxqueue {floor_cap}")
+    # with admission control a full floor and burst end in HAProxy's 503 (the frontend makes it a 429):
+    # its body must not read as an outage
+    overloaded = ([
+        "    http-error status 503 content-type application/json string "
+        "'{\"error\":{\"message\":\"no capacity: every replica is busy or unavailable; retry later\","
+        "\"type\":\"overloaded_error\"}}'"] if admission else [])
     if has_floor:
         slots = _slot_count(floor_servers[e.name])
         bl += [f"backend {be_floor}",
@@ -460,20 +614,38 @@ def _endpoint_sections(
                "    option httpchk GET /health",
                "    http-check expect status 200",
                *common("floor"),
+               *overloaded,
                *_server_lines("floor", floor_servers[e.name], floor_opts), ""]
-    if g.canary is not None:
+    if has_candidate:
+        c_slots = _slot_count(canary_servers[e.name])
+        picked = g.canary is not None and g.canary.overflow_to_incumbent
+        c_cap = canary_threshold if g.canary is not None else shadow_cap
         bl += [f"backend {be_canary}",
-               # canary users never spill to another side, so plain consistent hashing suffices
-               f"    balance hdr({g.sticky_hash_header})",
-               "    hash-type consistent",
+               *([# the candidate replica chosen in the frontend (below its full mark)
+                  "    balance leastconn",
+                  *[f"    use-server canary{i} if {{ var(txn.canary_server) -m str canary{i} }}"
+                    for i in range(1, c_slots + 1)]] if picked else
+                 [# canary users stay on the candidate, by consistent hashing (no full mark given)
+                  f"    balance hdr({g.sticky_hash_header})",
+                  "    hash-type consistent"]),
                "    option httpchk GET /health",
                "    http-check expect status 200",
                *common("canary"),
-               *_server_lines("canary", canary_servers[e.name], floor_opts), ""]
+               *_server_lines("canary", canary_servers[e.name],
+                              f"check inter {health_check_interval_ms} fall 2 rise 2 maxconn {c_cap} maxqueue {c_cap}"),
+               ""]
+    if g.shadow is not None:
+        # mirrors from the Lua task enter here, on loopback only; same candidate backend and limits as users'
+        bl += [f"frontend {fe}_shadow",
+               f"    bind {shadow_bind}",
+               f"    maxconn {shadow_cap}",
+               # a streamed mirror gets the same first-byte backstop as a user's stream (frees its slot sooner)
+               "    http-request set-var(txn.stream) int(1) if { req.hdr(x-gateway-shadow) -m str stream }",
+               f"    default_backend {be_canary}", ""]
     if has_burst and burst_urls[e.name] is None:
         bl += [f"backend {be_burst}",
                f"    # no Modal URL for {e.name} yet (app not deployed): requests here get a JSON 503",
-               *common("burst"), ""]
+               *common("burst"), *_ns_cap_lines(ns_cap), ""]
     elif has_burst:
         host, port, tls = _parse_burst_url(e.name, burst_urls[e.name])
         opts = ""  # no health check: probing Modal would keep (or wake) a container for nothing
@@ -488,8 +660,12 @@ def _endpoint_sections(
             secret_env[MODAL_SECRET_ENV] = "modal-secret"
             auth = [f'    http-request set-header Modal-Key "${{{MODAL_KEY_ENV}}}"',
                     f'    http-request set-header Modal-Secret "${{{MODAL_SECRET_ENV}}}"']
+        if burst_cap is not None:
+            opts += f" maxconn {burst_cap}"
         bl += [f"backend {be_burst}",
                *common("burst"),
+               *overloaded,
+               *_ns_cap_lines(ns_cap),
                f"    http-request set-header Host {host_header}",
                *auth,
                f"    server burst {host}:{port}{opts}", ""]

@@ -1,4 +1,4 @@
-"""The Lua half of the gateway: body gate, body stamping, floor pick, stream-gap watchdog.
+"""The Lua half of the gateway: body gate, body stamping, floor pick, shadow mirror, stream-gap watchdog.
 
 Kept as a Python string so the renderer ships it next to haproxy.cfg (one source, no second copy).
 Written for HAProxy 2.6 (Lua 5.3): actions cannot rewrite an HTTP body there, so the rewrite is a
@@ -84,7 +84,8 @@ local function parse_object(s, i, depth, keys)
     count = count + 1
     if keys then
       local name = decode_key(raw)
-      keys[name] = { raw = (i - vstart <= 64) and s:sub(vstart, i - 1) or "", dup = keys[name] ~= nil }
+      keys[name] = { raw = (i - vstart <= 64) and s:sub(vstart, i - 1) or "", dup = keys[name] ~= nil,
+                     pos = vstart, len = i - vstart }
     end
     i = skip_ws(s, i)
     local c = s:byte(i)
@@ -183,8 +184,12 @@ local function idem_release(claim)
 end
 
 -- http-request lua.llm_gate <max_tokens> <salt env var or "-"> <tenant> <idempotency cap> <ttl ms>
--- Validates the buffered body and prepares the prefix the llm filter inserts.
-core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, salt_env, tenant, cap, ttl)
+--   <non-streamed burst max_tokens, 0 = none>
+-- Validates the buffered body and prepares the prefix the llm filter inserts. With a non-streamed
+-- cap it also prepares a second stamp for a non-streamed request that ends up on burst (Modal's web
+-- request cap): max_tokens lowered to the cap, by replacing the value in place (txn.gate_*_b); the
+-- burst backend marks such a request and the filter then applies that stamp instead.
+core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, salt_env, tenant, cap, ttl, ns_cap_arg)
   local body = txn.f:req_body() or ""
   local keys, err, _, count = top_level_keys(body)
   if not keys then txn:set_var("txn.gate_error", err) return end
@@ -224,18 +229,83 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
     txn:set_var("txn.idem", tenant .. "\n" .. idem_key)
   end
   local s = keys["stream"]
-  txn:set_var("txn.stream", (s and s.raw == "true") and 1 or 0)
-  local parts = {}
-  if stamp_salt then
-    local salt = salt_from_env(salt_env)
-    parts[#parts + 1] = '"cache_salt":' .. json_string(salt)
+  local streamed = s and s.raw == "true"
+  txn:set_var("txn.stream", streamed and 1 or 0)
+  local salt_part
+  if stamp_salt then salt_part = '"cache_salt":' .. json_string(salt_from_env(salt_env)) end
+  local prefix = salt_part
+  if not has_limit then
+    prefix = (prefix and prefix .. "," or "") .. '"max_tokens":' .. max_tokens_arg
   end
-  if not has_limit then parts[#parts + 1] = '"max_tokens":' .. max_tokens_arg end
-  if #parts == 0 then return end
-  local prefix = table.concat(parts, ",")
-  if count > 0 then prefix = prefix .. "," end
-  txn:set_var("txn.gate_prefix", prefix)
-  txn:set_var("txn.gate_len", #body + #prefix)
+  if prefix then
+    if count > 0 then prefix = prefix .. "," end
+    txn:set_var("txn.gate_prefix", prefix)
+    txn:set_var("txn.gate_len", #body + #prefix)
+  end
+  local ns_cap = tonumber(ns_cap_arg) or 0
+  if ns_cap <= 0 or streamed then return end
+  -- the burst stamp: every limit above the cap (or null) rewritten to it, or the cap stamped when absent
+  local edits, grow, limited = {}, 0, false
+  local cap_text = tostring(ns_cap)
+  for _, field in ipairs({ "max_tokens", "max_completion_tokens" }) do
+    local k = keys[field]
+    if k then
+      if k.raw ~= "null" then limited = true end
+      if k.raw == "null" or tonumber(k.raw) > ns_cap then
+        edits[#edits + 1] = k.pos .. ":" .. k.len
+        grow = grow + #cap_text - k.len
+      end
+    end
+  end
+  local prefix_b = salt_part
+  if not limited then prefix_b = (prefix_b and prefix_b .. "," or "") .. '"max_tokens":' .. cap_text end
+  if prefix_b and count > 0 then prefix_b = prefix_b .. "," end
+  txn:set_var("txn.gate_prefix_b", prefix_b or "")
+  txn:set_var("txn.gate_edits_b", table.concat(edits, ","))
+  txn:set_var("txn.gate_cap_b", cap_text)
+  txn:set_var("txn.gate_len_b", #body + #(prefix_b or "") + grow)
+end, 6)
+
+-- Shadow: http-request lua.llm_shadow <endpoint> <dst> <basis points> <cap> <timeout ms>
+-- Chosen per request (basis points of 10,000). The action copies the request as the incumbent will
+-- receive it (stamped body, the gateway's headers) and starts a Lua task that posts it to the
+-- loopback shadow frontend with HAProxy's own HTTP client; the answer is read and dropped. The
+-- action returns at once: the user's request never waits for the mirror and its response never
+-- passes through it. At most <cap> mirrors per endpoint in flight (this thread's Lua state; the
+-- gateway runs one thread); above that a mirror is skipped, never queued.
+local shadow_inflight = {}
+local SHADOW_SKIP = { ["content-length"] = true, ["host"] = true, ["connection"] = true,
+  ["transfer-encoding"] = true, ["expect"] = true, ["idempotency-key"] = true }
+math.randomseed(os.time())
+core.register_action("llm_shadow", { "http-req" }, function(txn, name, dst, bp, cap, timeout_ms)
+  if math.random(10000) > tonumber(bp) then return end
+  local n = shadow_inflight[name] or 0
+  if n >= tonumber(cap) then return end
+  local body = txn.f:req_body() or ""
+  local prefix = txn:get_var("txn.gate_prefix")
+  if prefix then
+    local pos = body:find("{", 1, true)
+    if pos then body = body:sub(1, pos) .. prefix .. body:sub(pos + 1) end
+  end
+  local hdrs = {}
+  for k, v in pairs(txn.http:req_get_headers()) do
+    if not SHADOW_SKIP[k] then
+      local t = {}
+      for i = 0, #v do t[#t + 1] = v[i] end
+      hdrs[k] = t
+    end
+  end
+  hdrs["x-gateway-shadow"] = { txn:get_var("txn.stream") == 1 and "stream" or "1" }
+  hdrs["content-length"] = { tostring(#body) }  -- else 2.6's client sends the body chunked
+  local url = "http://shadow" .. (txn.f:path() or "/")
+  local timeout = tonumber(timeout_ms)
+  shadow_inflight[name] = n + 1
+  core.register_task(function()
+    pcall(function()
+      core.httpclient():post{ url = url, dst = dst, body = body, headers = hdrs, timeout = timeout }
+    end)
+    shadow_inflight[name] = shadow_inflight[name] - 1
+  end)
 end, 5)
 
 -- Floor replica choice: rendezvous (highest-random-weight) hashing of the session key over the
@@ -257,8 +327,10 @@ local function key_hash(key)
 end
 -- In-flight (served + queued) of slot i, nil when it is not up. Each fetch gets a freshly built
 -- "backend/server" string: 2.6 writes a NUL into the string it parses, so one cannot be reused.
+-- srv_is_up reaches Lua as the integer 0 or 1 (hlua_smp2lua pushes SMP_T_BOOL as an integer), and 0
+-- is true in Lua: compare with 1, or a replica marked down by its health check would still be picked.
 local function load_of(f, sep, i)
-  if not f:srv_is_up(sep .. i) then return nil end
+  if f:srv_is_up(sep .. i) ~= 1 then return nil end
   return (f:srv_conn(sep .. i) or 0) + (f:srv_queue(sep .. i) or 0)
 end
 core.register_fetches("llm_pick_floor", function(txn, backend, prefix, slots_arg, threshold_arg, header)
@@ -333,13 +405,34 @@ function Llm:http_headers(txn, msg)
   return filter.CONTINUE
 end
 local function stamp(txn, msg, n)
-  local prefix = txn:get_var("txn.gate_prefix")
-  if not prefix or n == 0 then return n, prefix == nil end
-  local data = msg:body(0, n)
-  local pos = data:find("{", 1, true)
-  if not pos then return n, false end -- brace not buffered yet; wait-for-body makes this unreachable
-  msg:insert(prefix, pos)
-  return n + #prefix, true
+  local prefix, edits = txn:get_var("txn.gate_prefix"), nil
+  if txn:get_var("txn.ns_capped") then  -- a non-streamed request on burst: the capped stamp
+    prefix, edits = txn:get_var("txn.gate_prefix_b"), txn:get_var("txn.gate_edits_b")
+    if prefix == "" then prefix = nil end
+    if edits == "" then edits = nil end
+  end
+  if not prefix and not edits then return n, true end
+  if n == 0 then return n, false end
+  local pos
+  if prefix then
+    pos = msg:body(0, n):find("{", 1, true)
+    if not pos then return n, false end -- brace not buffered yet; wait-for-body makes this unreachable
+  end
+  if edits then
+    -- values replaced from the last to the first, so the earlier offsets stay valid
+    local cap, spans = txn:get_var("txn.gate_cap_b"), {}
+    for p, l in edits:gmatch("(%d+):(%d+)") do spans[#spans + 1] = { tonumber(p), tonumber(l) } end
+    table.sort(spans, function(a, b) return a[1] > b[1] end)
+    for _, sp in ipairs(spans) do
+      msg:set(cap, sp[1] - 1, sp[2])
+      n = n + #cap - sp[2]
+    end
+  end
+  if prefix then
+    msg:insert(prefix, pos)
+    n = n + #prefix
+  end
+  return n, true
 end
 function Llm:http_payload(txn, msg)
   local n = msg:input()

@@ -30,7 +30,7 @@ def scaled_spec(spec):
     for e in spec.endpoints:
         update = {"first_byte_timeout_s": 2, "inter_chunk_timeout_s": 1, "sse_heartbeat_s": 0.5}
         if e.name == "assist":
-            update |= {"overflow_inflight_per_replica": 4,
+            update |= {"overflow_inflight_per_replica": 4, "shadow": None,  # shadow: tests/test_gateway_rollout.py
                        "canary": CanarySpec(percent=30.0, revision="assist-rev-b", hash_key="user",
                                                      weights_uri_suffix="models/assist/assist-rev-b/", replicas=1)}
         eps.append(e.model_copy(update={"gateway": e.gateway.model_copy(update=update)}))
@@ -529,6 +529,7 @@ def test_rendering_for_the_cluster_uses_dns_slots_and_references_secrets(planned
         burst_urls={"assist": "https://ws--assist.modal.run", "autocomplete": "https://ws--ac.modal.run"},
         floor_servers={e.name: DnsServers(f"{e.name}-floor.serving.svc.cluster.local", 8000, 24)
                        for e in spec.endpoints},
+        canary_servers={"assist": DnsServers("assist-vllm-canary-pods.serving.svc.cluster.local", 8000, 24)},
     )
     cfg = r.files["haproxy.cfg"]
     assert "server-template floor 24 assist-floor.serving.svc.cluster.local:8000" in cfg
@@ -539,6 +540,7 @@ def test_rendering_for_the_cluster_uses_dns_slots_and_references_secrets(planned
     two_pods = render_gateway_config(
         spec, burst_urls={"assist": "https://a.modal.run", "autocomplete": "https://b.modal.run"},
         floor_servers={e.name: DnsServers(f"{e.name}.svc", 8000, 4) for e in spec.endpoints}, gateway_replicas=2,
+        canary_servers={"assist": DnsServers("assist-canary.svc", 8000, 4)},
     ).files["haproxy.cfg"]
     assert "maxconn 24 " in two_pods  # two pods: each takes half of the threshold, never more in total
 
@@ -550,4 +552,8 @@ def test_renderer_rejects_missing_inputs(planned_stacks):
                                                                   for e in spec.endpoints})
     with pytest.raises(ValueError, match="must be http"):
         render_gateway_config(spec, burst_urls={"assist": "ftp://x", "autocomplete": "https://y"},
+                              floor_servers={e.name: StaticServers(("127.0.0.1:1",)) for e in spec.endpoints},
+                              canary_servers={"assist": StaticServers(("127.0.0.1:2",))})
+    with pytest.raises(ValueError, match="'assist' has a shadow .* no canary servers given"):  # prod's assist is in shadow
+        render_gateway_config(spec, burst_urls={"assist": "https://x", "autocomplete": "https://y"},
                               floor_servers={e.name: StaticServers(("127.0.0.1:1",)) for e in spec.endpoints})

@@ -24,12 +24,18 @@ def floor_dns(spec):
     return {e.name: f"{e.name}-vllm-headless.serving.svc.cluster.local" for e in spec.endpoints}
 
 
+def candidate_dns(spec):
+    """The candidate's pods for endpoints in shadow or canary (the program passes FloorReplicas' canary_pods_dns)."""
+    return {e.name: f"{e.name}-vllm-canary-pods.serving.svc.cluster.local" for e in spec.endpoints
+            if e.gateway.shadow is not None or e.gateway.canary is not None}
+
+
 def declare(spec, **extra):
     def program():
         bursts = {e.name: pulumi.Output.from_input(URLS[e.name]) for e in spec.endpoints
                   if e.tier in ("serverless_only", "floor_plus_burst")}
         Gateway("gateway", GatewayArgs(spec=spec, namespace="serving", floor_services=floor_dns(spec),
-                                       burst_urls=bursts, **extra))
+                                       burst_urls=bursts, **{"canary_services": candidate_dns(spec), **extra}))
     return run_function(program, stack=spec.environment)
 
 
@@ -52,8 +58,11 @@ def test_configmap_is_the_rendered_config(prod):
     (cm,) = [o for o in rec.kubernetes_objects() if o["kind"] == "ConfigMap"]
     floor = {e.name: DnsServers(floor_dns(spec)[e.name], e.engine.port, e.autoscaling.max_replicas)
              for e in spec.endpoints if e.tier in ("dedicated_only", "floor_plus_burst")}
+    canary = {n: DnsServers(h, spec.endpoint(n).engine.port, spec.endpoint(n).autoscaling.max_replicas)
+              for n, h in candidate_dns(spec).items()}
     expected = render_gateway_config(spec, burst_urls={k: URLS[k] for k in ("assist", "autocomplete")},
-                                     floor_servers=floor, lua_path=f"/usr/local/etc/haproxy/{LUA_FILE}",
+                                     floor_servers=floor, canary_servers=canary,
+                                     lua_path=f"/usr/local/etc/haproxy/{LUA_FILE}",
                                      gateway_replicas=2)
     assert cm["data"] == expected.files
 
@@ -123,6 +132,7 @@ def test_undeployed_burst_renders_a_serverless_backend_not_an_invented_url(plann
 
     def program():
         Gateway("gateway", GatewayArgs(spec=spec, namespace="serving", floor_services=floor_dns(spec),
+                                       canary_services=candidate_dns(spec),
                                        burst_urls={"assist": pulumi.Output.from_input(""),
                                                    "autocomplete": pulumi.Output.from_input(URLS["autocomplete"])}))
 

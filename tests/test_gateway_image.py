@@ -56,7 +56,9 @@ def _render_cluster_like(spec, tmp_path, ca_dir, burst_url="https://acme-prod--a
     rendered = render_gateway_config(
         spec, burst_urls={"assist": burst_url, "autocomplete": burst_url},
         floor_servers={e.name: StaticServers(("127.0.0.1:1",)) for e in spec.endpoints},
+        canary_servers={e.name: StaticServers(("127.0.0.1:1",)) for e in spec.endpoints},
         binds={e.name: f"127.0.0.1:{free_port()}" for e in spec.endpoints if e.tier != "managed_api"},
+        shadow_binds={e.name: f"127.0.0.1:{free_port()}" for e in spec.endpoints if e.tier != "managed_api"},
         stats_bind=f"127.0.0.1:{free_port()}", lua_path=lua_path(tmp_path), ca_path=str(ca_dir))
     for name, text in rendered.files.items():
         (tmp_path / name).write_text(text)
@@ -109,7 +111,9 @@ def test_burst_tls_is_verified_against_the_trust_store(planned_stacks, tmp_path,
     try:
         rendered = render_gateway_config(
             spec, burst_urls={n: f"https://{burst.address}" for n in gated}, floor_servers={},
+            canary_servers={n: StaticServers((f"127.0.0.1:{free_port()}",)) for n in gated},
             binds={n: f"127.0.0.1:{port if n == 'assist' else free_port()}" for n in gated},
+            shadow_binds={n: f"127.0.0.1:{free_port()}" for n in gated},
             stats_bind=f"127.0.0.1:{free_port()}", lua_path=lua_path(tmp_path), ca_path=str(ca))
         env = {var: f"test-{key}" for var, key in rendered.secret_env.items()}
         proc = HaproxyProcess(rendered, tmp_path, env, [port])

@@ -30,7 +30,10 @@ def prod_gateway(planned_stacks, tmp_path):
         spec,
         burst_urls={"assist": f"http://{ups['burst'].address}", "autocomplete": f"http://{ups['burst'].address}"},
         floor_servers={e.name: floors for e in spec.endpoints},
+        # prod's assist is in shadow: its mirrors (5%) go to a candidate that refuses them, off the users' path
+        canary_servers={e.name: StaticServers((f"127.0.0.1:{free_port()}",)) for e in spec.endpoints},
         binds={k: f"127.0.0.1:{p}" for k, p in ports.items()},
+        shadow_binds={k: f"127.0.0.1:{free_port()}" for k in ports},
         stats_bind=f"127.0.0.1:{free_port()}",
         lua_path=lua_path(tmp_path),
         ca_path=str(pod_ca_dir(tmp_path / "ca")),

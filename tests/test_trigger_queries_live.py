@@ -106,6 +106,9 @@ def live(planned_stacks, tmp_path):
         rendered = render_gateway_config(
             spec, burst_urls={"assist": f"http://{ups['burst'].address}", "autocomplete": f"http://{ups['burst'].address}"},
             floor_servers={e.name: floors for e in spec.endpoints}, binds={k: f"127.0.0.1:{p}" for k, p in ports.items()},
+            # prod's assist is in shadow: its mirrors go to a candidate that refuses them, off the users' path
+            canary_servers={e.name: StaticServers((f"127.0.0.1:{free_port()}",)) for e in spec.endpoints},
+            shadow_binds={k: f"127.0.0.1:{free_port()}" for k in ports},
             stats_bind=f"127.0.0.1:{stats_port}", lua_path=lua_path(tmp_path), max_connections=2000)
         env = {var: f"value-of-{key}" for var, key in rendered.secret_env.items()}
         env[env_name("assist", "acme-api-key")] = "load-key"

@@ -1,0 +1,212 @@
+"""Admission control and Modal's web-request cap at the gateway, on a real HAProxy on 127.0.0.1
+(issue #10 item 5, issue #12 item 5).
+
+Admission: overflow to burst stays immediate; only when the floor (up to its sequence slots) and the burst
+tier (up to its in-flight limit) are both full does a request wait, for admission_queue_timeout_s, then it
+gets 429 with Retry-After. Non-streamed requests bound for burst: max_tokens capped, kept on the floor, or
+refused with 400, as burst.non_streamed_rule says.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import time
+
+import pytest
+
+from tests.fake_upstream import FakeUpstream
+from tests.gateway_harness import require_haproxy
+from tests.test_gateway import body, post, wait_until
+from tests.test_gateway_rollout import Gateway
+
+HOLD = {"X-Fake-Hold": "1", "X-Fake-Chunks": "2"}
+
+
+def edited_spec(spec, gateway: dict, burst: dict | None = None):
+    eps = []
+    for e in spec.endpoints:
+        # held streams must outlive the waits below: gap limits well above them
+        update = {"first_byte_timeout_s": 5, "inter_chunk_timeout_s": 5, "sse_heartbeat_s": 0.5}
+        ep_update = {}
+        if e.name == "assist":
+            update |= {"overflow_inflight_per_replica": 2, "shadow": None, "canary": None, **gateway}
+            if burst:
+                ep_update["burst"] = e.burst.model_copy(update=burst)
+        eps.append(e.model_copy(update={"gateway": e.gateway.model_copy(update=update), **ep_update}))
+    return spec.model_copy(update={"endpoints": tuple(eps)})
+
+
+@pytest.fixture(scope="module")
+def ups():
+    require_haproxy()
+    u = {n: FakeUpstream(n).start() for n in ("floor1", "floor2", "burst")}
+    yield u
+    for x in u.values():
+        x.release()
+        x.stop()
+
+
+def start(planned_stacks, tmp_path_factory, ups, gateway: dict, burst: dict | None = None) -> Gateway:
+    spec = edited_spec(planned_stacks["prod"][1], gateway, burst)
+    return Gateway(spec, tmp_path_factory.mktemp("gw"), [ups["floor1"].address, ups["floor2"].address],
+                   ups["burst"].address, None)
+
+
+def completions(ups, *names) -> int:
+    return sum(len(ups[n].log.completions()) for n in names)
+
+
+ADMISSION = {"admission_queue_timeout_s": 1.0, "admission_inflight_per_floor_replica": 3,
+             "admission_burst_inflight": 2, "retry_after_s": 7}
+
+
+def test_full_floor_and_burst_wait_then_429_with_retry_after(planned_stacks, tmp_path_factory, ups):
+    gw = start(planned_stacks, tmp_path_factory, ups, ADMISSION)
+    for u in ups.values():
+        u.release_event.clear()
+    try:
+        with cf.ThreadPoolExecutor(max_workers=12) as pool:
+            def hold(n, served):
+                before = completions(ups, *served)
+                fs = [pool.submit(post, gw.port, body(stream=True), headers=HOLD) for _ in range(n)]
+                assert wait_until(lambda: completions(ups, *served) - before == n)
+                return fs
+            on_floor = hold(4, ("floor1", "floor2"))  # the overflow threshold: 2 per replica
+            on_burst = hold(2, ("burst",))  # overflow to burst, at once: nothing queued while burst has room
+            admitted = hold(2, ("floor1", "floor2"))  # burst full: the floor's spare slots (3 per replica)
+            # now every slot is taken: the next request waits, bounded, then is told when to come back
+            status, headers, content, _ = post(gw.port, body(stream=True))
+            assert status == 429 and headers["retry-after"] == "7"
+            assert json.loads(content)["error"]["type"] == "overloaded_error"
+            # a request that finds a slot freed while it waits is served
+            queued = pool.submit(post, gw.port, body(stream=True))
+            time.sleep(0.4)  # it is in HAProxy's queue (timeout 1 s)
+            for u in ups.values():
+                u.release()
+            late = queued.result(timeout=10)
+            results = [f.result(timeout=10) for f in on_floor + on_burst + admitted]
+        assert late[0] == 200 and late[1]["x-served-by"] == "floor" and b"[DONE]" in late[2]
+        assert all(r[0] == 200 and b"[DONE]" in r[2] for r in results)
+        assert [r[1]["x-served-by"] for r in results] == ["floor"] * 4 + ["burst"] * 2 + ["floor"] * 2
+        # the first six went straight to a server (%Tw = 0): queueing only once both tiers were full
+        lines = [ln for ln in gw.proc.log_lines() if " fe_assist " in ln and " 200 " in ln]
+        assert sum(ln.split()[4].split("/")[1] == "0" for ln in lines) >= 8
+    finally:
+        for u in ups.values():
+            u.release()
+        gw.stop()
+
+
+def test_without_admission_settings_a_full_burst_still_takes_everything(planned_stacks, tmp_path_factory, ups):
+    gw = start(planned_stacks, tmp_path_factory, ups, {})
+    for u in ups.values():
+        u.release_event.clear()
+    try:
+        with cf.ThreadPoolExecutor(max_workers=12) as pool:
+            before = completions(ups, "floor1", "floor2")
+            held = [pool.submit(post, gw.port, body(stream=True), headers=HOLD) for _ in range(4)]
+            assert wait_until(lambda: completions(ups, "floor1", "floor2") - before == 4)
+            extra = [post(gw.port, body(stream=True)) for _ in range(5)]
+            for u in ups.values():
+                u.release()
+            [f.result(timeout=10) for f in held]
+        assert all(r[0] == 200 and r[1]["x-served-by"] == "burst" for r in extra)
+    finally:
+        for u in ups.values():
+            u.release()
+        gw.stop()
+
+
+# ── non-streamed requests and Modal's 150 s web-request cap ──────────────────────────────────────
+
+
+def fill_floor(gw, ups, pool):
+    for u in ups.values():
+        u.release_event.clear()
+    before = completions(ups, "floor1", "floor2")
+    held = [pool.submit(post, gw.port, body(stream=True), headers=HOLD) for _ in range(4)]
+    assert wait_until(lambda: completions(ups, "floor1", "floor2") - before == 4)
+    return held
+
+
+def received(ups, name, rid):
+    return [r for r in ups[name].log.completions() if r.request_id == rid]
+
+
+def test_cap_max_tokens_lowers_non_streamed_requests_on_burst_only(planned_stacks, tmp_path_factory, ups):
+    gw = start(planned_stacks, tmp_path_factory, ups, {}, {"non_streamed_rule": "cap_max_tokens",
+                                                           "non_streamed_max_tokens": 100})
+    try:
+        # the floor has room: nothing changes
+        status, headers, _, rid = post(gw.port, body(max_tokens=1000))
+        assert status == 200 and headers["x-served-by"] == "floor"
+        (rec,) = received(ups, "floor1", rid) + received(ups, "floor2", rid)
+        assert rec.body["max_tokens"] == 1000
+        with cf.ThreadPoolExecutor(max_workers=8) as pool:
+            held = fill_floor(gw, ups, pool)
+            cases = [
+                (body(max_tokens=1000), {"max_tokens": 100}),
+                (body(max_tokens=50, max_completion_tokens=500), {"max_tokens": 50, "max_completion_tokens": 100}),
+                (body(), {"max_tokens": 100}),  # none given: the cap is stamped, not the endpoint's 2,048
+                (body(max_tokens=None), {"max_tokens": 100}),  # null would mean "no limit" to the engine
+                (body(max_tokens=1000, stream=True), {"max_tokens": 1000}),  # streamed: Modal's cap does not apply
+            ]
+            for sent, expect in cases:
+                status, headers, _, rid = post(gw.port, sent)
+                assert status == 200 and headers["x-served-by"] == "burst"
+                (rec,) = received(ups, "burst", rid)
+                for k, v in expect.items():
+                    assert rec.body[k] == v, (sent, rec.body)
+                assert rec.body["messages"] == sent["messages"] and rec.body["cache_salt"]  # valid JSON, still salted
+                assert len([k for k in rec.body if k == "max_tokens"]) == 1
+            for u in ups.values():
+                u.release()
+            [f.result(timeout=10) for f in held]
+    finally:
+        for u in ups.values():
+            u.release()
+        gw.stop()
+
+
+def test_floor_only_keeps_non_streamed_requests_off_burst(planned_stacks, tmp_path_factory, ups):
+    gw = start(planned_stacks, tmp_path_factory, ups, {}, {"non_streamed_rule": "floor_only"})
+    try:
+        with cf.ThreadPoolExecutor(max_workers=8) as pool:
+            held = fill_floor(gw, ups, pool)
+            streamed = post(gw.port, body(stream=True))
+            assert streamed[0] == 200 and streamed[1]["x-served-by"] == "burst"
+            waiting = pool.submit(post, gw.port, body())  # non-streamed: waits for a floor slot
+            time.sleep(0.4)
+            assert not waiting.done()
+            for u in ups.values():
+                u.release()
+            status, headers, _, rid = waiting.result(timeout=10)
+            [f.result(timeout=10) for f in held]
+        assert status == 200 and headers["x-served-by"] == "floor" and received(ups, "burst", rid) == []
+    finally:
+        for u in ups.values():
+            u.release()
+        gw.stop()
+
+
+def test_require_streaming_answers_400_instead_of_sending_a_non_streamed_request_to_burst(
+        planned_stacks, tmp_path_factory, ups):
+    gw = start(planned_stacks, tmp_path_factory, ups, {}, {"non_streamed_rule": "require_streaming"})
+    try:
+        status, headers, _, _ = post(gw.port, body())
+        assert status == 200 and headers["x-served-by"] == "floor"  # floor has room: served
+        with cf.ThreadPoolExecutor(max_workers=8) as pool:
+            held = fill_floor(gw, ups, pool)
+            status, _, content, rid = post(gw.port, body())
+            assert status == 400 and "stream" in json.loads(content)["error"]["message"]
+            assert received(ups, "burst", rid) == []
+            streamed = post(gw.port, body(stream=True))
+            assert streamed[0] == 200 and streamed[1]["x-served-by"] == "burst"
+            for u in ups.values():
+                u.release()
+            [f.result(timeout=10) for f in held]
+    finally:
+        for u in ups.values():
+            u.release()
+        gw.stop()
