@@ -275,6 +275,28 @@ class BurstSpec(_Spec):
         description="Clock-following minimum re-applied by a scheduled function (empty: none)."
     )
     schedule_timezone: str
+    web_request_cap_s: int = Field(
+        default=150,
+        description="Modal answers a web request running past this with a 303 redirect, which OpenAI clients do "
+        "not follow: a non-streamed burst request must finish within it.",
+    )
+    non_streamed_rule: Literal["fits", "cap_max_tokens", "floor_only", "require_streaming"] = Field(
+        default="fits",
+        description="What the gateway does with a non-streamed request (no `stream: true`) it would send to burst: "
+        "'fits' nothing (max_tokens finishes within web_request_cap_s); 'cap_max_tokens' lower its max_tokens to "
+        "non_streamed_max_tokens; 'floor_only' never overflow it to burst (it queues on the floor); "
+        "'require_streaming' answer 400 (streaming required) instead of sending it to burst.",
+    )
+    non_streamed_max_tokens: int | None = Field(
+        default=None,
+        description="With 'cap_max_tokens': the max_tokens a non-streamed burst request gets (it finishes within "
+        "web_request_cap_s at the container's per-sequence decode rate after the TTFT budget).",
+    )
+    spike_containers: int = Field(
+        default=0,
+        description="Containers the planned spike (traffic.spike_factor × the peak for spike_minutes) needs above "
+        "the floor; max_containers covers it up to serverless.max_containers_cap.",
+    )
 
 
 class TenantSpec(_Spec):
@@ -307,6 +329,27 @@ class GatewaySpec(_Spec):
     cache_isolation: Literal["single_tenant", "cache_salt", "separate_pools"]
     tenants: tuple[TenantSpec, ...]
     canary: CanarySpec | None
+    admission_queue_timeout_s: float | None = Field(
+        default=None,
+        description="Admission control: longest a request may wait at the gateway for a sequence slot (floor: "
+        "per-server maxconn = admission_inflight_per_floor_replica; burst: admission_burst_inflight in flight); "
+        "past it the gateway answers 429 with Retry-After. = the TTFT budget − prefill of a p99 prompt − one decode "
+        "step, so an admitted request can still meet its TTFT SLO. None: no admission control (managed API).",
+    )
+    admission_inflight_per_floor_replica: int = Field(
+        default=0,
+        description="Requests a floor replica holds at once (its max_num_seqs slots): the gateway's per-server "
+        "maxconn; beyond it (and beyond the burst's limit) requests wait in the gateway queue.",
+    )
+    admission_burst_inflight: int = Field(
+        default=0,
+        description="Requests in flight to the burst tier at once: max_containers × max_inputs (its capacity at the "
+        "spike it is sized for); beyond it requests wait in the gateway queue, then 429.",
+    )
+    retry_after_s: int = Field(
+        default=0,
+        description="Retry-After on a 429: the time a new burst container takes to serve (cold start), at least 1 s.",
+    )
 
 
 class EndpointSpec(_Spec):
