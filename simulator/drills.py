@@ -91,6 +91,16 @@ def _focus_goodput(res) -> float:
     return float(met / arr) if arr else 1.0
 
 
+def _admitted_goodput(res) -> float:
+    arr = sum(res.focus_minute_requests) - sum(res.focus_minute_shed)
+    return float(sum(res.focus_minute_met) / arr) if arr > 0 else 1.0
+
+
+def _shed_share(res) -> float:
+    arr = sum(res.focus_minute_requests)
+    return float(sum(res.focus_minute_shed) / arr) if arr else 0.0
+
+
 def _sec(v: float) -> str:
     return fmt_seconds(v)
 
@@ -211,10 +221,17 @@ def spike(inputs: CostInputs, spec: TopologySpec, name: str, factor: float = 3.0
     start_h, end_h = max(0.0, p - 0.5), p + 1.5
     focus = (at - 300.0, min(end_h * SECONDS_PER_HOUR, at + minutes * 60 + 1800.0))
     run = _Focused(inputs, spec, name, seed, start_h, end_h, trace)
-    ov_a, ov_b = Overrides(focus=focus), Overrides(focus=focus)
+    # the gateway's admission control as the spec sets it: a bounded wait, then 429 with Retry-After
+    ov_a, ov_b = Overrides(focus=focus, admission=True), Overrides(focus=focus, admission=True)
     ra = run(ov_a)
     rb = run(ov_b, Spike(factor, at, minutes))
     rows, vals = _common_rows(ra, rb)
+    adm = (_admitted_goodput(ra), _admitted_goodput(rb))
+    shed = (_shed_share(ra), _shed_share(rb))
+    vals["admitted goodput (window)"] = adm
+    vals["shed with 429 (window)"] = shed
+    rows.insert(1, ("admitted goodput (window)", _fmt(adm[0], "%"), _fmt(adm[1], "%")))
+    rows.insert(2, ("shed with 429 (window)", _fmt(shed[0], "%"), _fmt(shed[1], "%")))
     rec = minutes_to_recover(rb, ra, at + minutes * 60)
     vals["minutes to recover after the spike"] = (0.0, rec)
     rows.append(("minutes to recover after the spike", "—", f"{rec:.1f}"))
@@ -232,7 +249,10 @@ def spike(inputs: CostInputs, spec: TopologySpec, name: str, factor: float = 3.0
                 or vals["pod / node cold starts"][1] > vals["pod / node cold starts"][0])
     shows = vals["goodput (window)"][1] < vals["goodput (window)"][0] or vals["queue peak (floor/burst)"][1] > \
         vals["queue peak (floor/burst)"][0] or absorbed
-    finding = (f"{name}: {factor:g}× for {minutes:g} min at {_how(p)}+10 min: goodput in the window "
+    finding = (f"{name}: {factor:g}× for {minutes:g} min at {_how(p)}+10 min: admitted goodput in the window "
+               f"{adm[1]:.2%} with {shed[1]:.2%} shed (429 after the gateway's "
+               f"{ep.gateway.admission_queue_timeout_s:g} s bounded wait; burst headroom {ep.burst.max_containers if ep.burst else 0} "
+               f"containers, the spike needs {ep.burst.spike_containers if ep.burst else 0}); goodput of all requests "
                f"{vals['goodput (window)'][1]:.2%} (baseline {vals['goodput (window)'][0]:.2%}), "
                f"{int(vals['container cold starts'][1] - vals['container cold starts'][0])} extra burst containers, "
                f"{int(vals['pod / node cold starts'][1] - vals['pod / node cold starts'][0])} extra replicas"
