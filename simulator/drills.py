@@ -8,8 +8,8 @@ reports what changed:
   (scale to zero) vs one container kept warm from a cold start ahead of the rise.
 - spike: k× traffic for m minutes at the busiest hour, vs the same traffic without it.
 - long-prompt: pastes at the product's max context × max concurrency, landing on one replica (no gateway
-  cap) vs spread by the gateway's in-flight cap; a token-step model of the KV cache shows preemptions
-  (recompute) and how far the demand exceeds the cache (the memory risk without vLLM's KV accounting).
+  cap) vs spread by the gateway's in-flight cap; the simulator's KV model (engine.kv_fit, the one the week
+  runs) shows preemptions (recompute) and how far the demand exceeds the cache.
 - disconnect: x% of requests abandon mid-stream, with and without abort propagation to the engine.
 - rollback: a bad revision goes live, is detected after D minutes and rolled back, with the previous
   revision kept warm (gateway flip) vs cold (replicas replaced a capped step at a time); the warm pool's
@@ -19,8 +19,8 @@ reports what changed:
 from __future__ import annotations
 
 import argparse
+import heapq
 import math
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,7 +30,7 @@ from topology.loading import InputError
 from topology.spec import TopologySpec
 from topology.timebase import HOURS_PER_WEEK, SECONDS_PER_HOUR
 
-from .engine import Abandon, Engine, Overrides, Rollout, engine_for
+from .engine import Abandon, Engine, Overrides, Rollout, engine_for, kv_fit
 from .format import fmt_seconds, table
 from .simulate import simulate_endpoint
 from .traffic import Spike, Trace
@@ -285,73 +285,43 @@ class KvRun:
 
 
 def kv_step_replica(eng: Engine, max_seqs: int, prompts: list[float], outs: list[int], prefill_gpus: float) -> KvRun:
-    """Token-step model of one vLLM replica under simultaneous long prompts: admit while the KV cache holds
-    the prompt; each decode step adds a token per sequence; when the cache overflows the newest sequence is
-    preempted and later recomputed (prompt + generated so far), as vLLM's recompute preemption does."""
+    """Simultaneous long prompts on one vLLM replica, served by the simulator's own replica physics: sequence
+    slots, one prefill at a time, the decode line at the running batch, and the KV cache through `kv_fit` (the
+    one KV model the week's simulation runs: admit when the prompt fits, preempt the newest when growth
+    overflows, recompute prompt + generated tokens on its return)."""
     cap = eng.kv_capacity_tokens
-    # the pure decode line: prefill is modelled explicitly here, not amortised
-    t_min, k = eng.t_min, eng.k
-    waiting: deque[int] = deque(range(len(prompts)))
-    gen = [0] * len(prompts)
-    first = [math.inf] * len(prompts)
-    last = [0.0] * len(prompts)
-    gaps: list[float] = []
-    running: list[int] = []
-    kv = 0.0
-    t = 0.0
-    preempt = 0
-    recomputed = 0.0
-    unservable = 0
+    inv_p = 1.0 / eng.prefill_tokens_per_s
+    slots = [0.0] * max(1, max_seqs)
+    runs: list[tuple[float, float, float, float, float]] = []
+    pfree = 0.0
+    preempt, recomputed, unservable = 0, 0.0, 0
+    firsts, gaps, fins = [], [], []
     peak_demand = sum(p + o for p, o in zip(prompts[:max_seqs], outs[:max_seqs]))
-    while waiting or running:
-        pre = 0.0
-        while waiting and len(running) < max_seqs:
-            i = waiting[0]
-            need = prompts[i] + gen[i]
-            if need + 1 > cap:
-                waiting.popleft()
-                unservable += 1
-                continue
-            if kv + need + 1 > cap:
-                break
-            waiting.popleft()
-            if gen[i] > 0:
-                recomputed += need
-            pre += need / eng.prefill_tokens_per_s
-            kv += need
-            running.append(i)
-        if not running:
-            if waiting:  # nothing fits beside nothing: cannot happen after the unservable check
-                break
+    for i, (p, o) in enumerate(zip(prompts, outs)):
+        t = i * 1e-6  # pasted together, in this order
+        if p + 1 > cap:
+            unservable += 1  # longer than the whole cache: vLLM refuses it
             continue
-        t += pre
-        b = len(running)
-        t += t_min + k * b
-        still = []
-        for i in running:
-            gen[i] += 1
-            kv += 1
-            if gen[i] == 1:
-                first[i] = t
-            else:
-                gaps.append(t - last[i])
-            last[i] = t
-            if gen[i] >= outs[i]:
-                kv -= prompts[i] + gen[i]
-            else:
-                still.append(i)
-        running = still
-        while kv > cap and running:
-            j = running.pop()  # the newest is preempted first
-            kv -= prompts[j] + gen[j]
-            waiting.appendleft(j)
+        start = max(t, slots[0])
+        b = min(max_seqs, sum(1 for f in fins if f > start) + 1)
+        gap = eng.t_min + eng.k * b  # prefill is modelled explicitly here (one at a time), not amortised
+        start, pe, fin, first, _, redo = kv_fit(runs, cap, t, start, pfree, p, p, float(o), gap, inv_p)
+        pfree = max(pfree, pe)
+        heapq.heapreplace(slots, fin)
+        runs.append((fin, pe, gap, p, float(o)))
+        fins.append(fin)
+        firsts.append(first - t)
+        if o > 1:
+            gaps.append((fin - first) / (o - 1))
+        if redo:
             preempt += 1
-    fin = [x for x in first if math.isfinite(x)]
+            recomputed += redo
     return KvRun(
         sequences=len(prompts), preemptions=preempt, recomputed_tokens=recomputed,
-        wasted_gpu_s=recomputed / eng.prefill_tokens_per_s * prefill_gpus,
-        kv_demand_over_capacity=peak_demand / cap, ttft_max_s=max(fin) if fin else math.inf,
-        gap_p99_s=float(np.quantile(gaps, 0.99)) if gaps else 0.0, drain_s=t, unservable=unservable,
+        wasted_gpu_s=recomputed * inv_p * prefill_gpus,
+        kv_demand_over_capacity=peak_demand / cap, ttft_max_s=max(firsts) if firsts else math.inf,
+        gap_p99_s=float(np.quantile(gaps, 0.99)) if gaps else 0.0, drain_s=max(fins) if fins else 0.0,
+        unservable=unservable,
     )
 
 

@@ -204,6 +204,79 @@ def hist_quantile(hist: np.ndarray, q: float) -> float:
     return float(10 ** (HIST_LO + (i + 1) / HIST_PER_DECADE))  # bin's upper edge: never optimistic
 
 
+def kv_fit(runs: list[tuple[float, float, float, float, float]], cap: float, t: float, start: float,
+       pfree: float, kvp: float, uncached: float, out: float, gap: float,
+       inv_p: float) -> tuple[float, float, float, float, bool, float]:
+    """vLLM's KV accounting for one new sequence on a replica whose in-flight sequences `runs` (finish, decode
+    start, token gap, prompt, output) may, grown to full length, not fit the cache `cap` (tokens).
+
+    The model (vLLM v1 scheduler, FCFS): a waiting request is admitted only when its prompt fits the free
+    KV blocks; each decode step adds one token per running sequence; when a step cannot allocate, the most
+    recently admitted running request is preempted — its blocks freed — and waits at the head of the queue;
+    re-admitted once its prompt + generated tokens fit, it recomputes them as a prefill and continues. Here
+    the new sequence is the most recently admitted one, so it is the one preempted; the sequences already
+    running were checked on their own admission and fit without it. Occupancy grows linearly between
+    finishes, so the overflow instant is interpolated between them. Returns (start, prefill end, finish,
+    first token time, whether it waited for KV blocks, tokens recomputed after a preemption (0: none)).
+    The simulator's one KV model: the week's replicas and the long-prompt drill both run it."""
+    runs[:] = [x for x in runs if x[0] > t]
+    waited = False
+    if runs:
+        a = np.asarray(runs)
+        fin, pe, g, pr, ou = a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4]
+    else:
+        fin = pe = g = pr = ou = np.zeros(0)
+
+    def occ(tau: np.ndarray, after: bool) -> np.ndarray:
+        """KV tokens the running sequences hold at each tau (after: once those finishing at tau left)."""
+        tt = tau[:, None]
+        alive = fin[None, :] > tt if after else fin[None, :] >= tt
+        held = pr[None, :] + np.clip((tt - pe[None, :]) / g[None, :], 0.0, ou[None, :])
+        return np.where(alive, held, 0.0).sum(axis=1)
+
+    ends = np.sort(fin)
+    if kvp + 1 > cap:  # cannot happen under vLLM's start-up check (max_model_len fits the cache)
+        raise ValueError(f"a {kvp:.0f}-token prompt exceeds the {cap:.0f}-token KV cache")
+    # admission: the prompt must fit the free blocks when it starts
+    if occ(np.array([start]), True)[0] + kvp > cap:
+        later = ends[ends > start]
+        free = occ(later, True) + kvp <= cap
+        start = float(later[np.argmax(free)]) if free.any() else float(ends[-1])
+        waited = True
+    ps = max(start, pfree)
+    pe_i = ps + uncached * inv_p
+    fin_i = pe_i + out * gap
+    first = pe_i + gap
+    # growth: the first instant the running sequences plus this one overflow the cache
+    cand = np.concatenate([ends[(ends > ps) & (ends < fin_i)], [fin_i]])
+    mine = kvp + np.clip((cand - pe_i) / gap, 0.0, out)
+    left = occ(cand, False) + mine
+    over = np.nonzero(left > cap)[0]
+    if over.size == 0:
+        return start, pe_i, fin_i, first, waited, 0.0
+    kk = int(over[0])
+    t0 = ps if kk == 0 else float(cand[kk - 1])
+    right0 = occ(np.array([t0]), True)[0] + kvp + min(max((t0 - pe_i) / gap, 0.0), out)
+    lk = float(left[kk])
+    tau = t0 + (cap - right0) / (lk - right0) * (float(cand[kk]) - t0) if lk > right0 else t0
+    tau = max(tau, t0)
+    gen = min(max((tau - pe_i) / gap, 0.0), out)
+    gen = float(math.floor(gen))
+    need = kvp + gen
+    # re-admitted at the first finish after which the others' KV leaves room for prompt + generated tokens
+    later = ends[ends > tau]
+    if later.size:
+        free = occ(later, True) + need <= cap
+        back = float(later[np.argmax(free)]) if free.any() else float(later[-1])
+    else:
+        back = tau
+    redo_s = need * inv_p  # recompute: the prompt and the generated tokens, no prefix cache credit
+    fin_new = back + redo_s + (out - gen) * gap
+    if gen < 1:
+        first = back + redo_s + gap
+    return start, pe_i, fin_new, first, waited, need
+
+
 class EndpointSim:
     """One endpoint, one run. `feed(chunk)` in time order, then `finish()`."""
 
@@ -811,75 +884,15 @@ class EndpointSim:
     def _kv_fit(self, runs: list[tuple[float, float, float, float, float]], cap: float, t: float, start: float,
                 pfree: float, kvp: float, uncached: float, out: float, gap: float, inv_p: float,
                 gpus: float) -> tuple[float, float, float, float]:
-        """vLLM's KV accounting for one new sequence on a replica whose in-flight sequences `runs` (finish, decode
-        start, token gap, prompt, output) may, grown to full length, not fit the cache `cap` (tokens).
-
-        The model (vLLM v1 scheduler, FCFS): a waiting request is admitted only when its prompt fits the free
-        KV blocks; each decode step adds one token per running sequence; when a step cannot allocate, the most
-        recently admitted running request is preempted — its blocks freed — and waits at the head of the queue;
-        re-admitted once its prompt + generated tokens fit, it recomputes them as a prefill and continues. Here
-        the new sequence is the most recently admitted one, so it is the one preempted; the sequences already
-        running were checked on their own admission and fit without it. Occupancy grows linearly between
-        finishes, so the overflow instant is interpolated between them. Returns (start, prefill end, finish,
-        first token time) and books the preemption."""
-        runs[:] = [x for x in runs if x[0] > t]
-        if runs:
-            a = np.asarray(runs)
-            fin, pe, g, pr, ou = a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4]
-        else:
-            fin = pe = g = pr = ou = np.zeros(0)
-
-        def occ(tau: np.ndarray, after: bool) -> np.ndarray:
-            """KV tokens the running sequences hold at each tau (after: once those finishing at tau left)."""
-            tt = tau[:, None]
-            alive = fin[None, :] > tt if after else fin[None, :] >= tt
-            held = pr[None, :] + np.clip((tt - pe[None, :]) / g[None, :], 0.0, ou[None, :])
-            return np.where(alive, held, 0.0).sum(axis=1)
-
-        ends = np.sort(fin)
-        if kvp + 1 > cap:  # cannot happen under vLLM's start-up check (max_model_len fits the cache)
-            raise ValueError(f"a {kvp:.0f}-token prompt exceeds the {cap:.0f}-token KV cache")
-        # admission: the prompt must fit the free blocks when it starts
-        if occ(np.array([start]), True)[0] + kvp > cap:
-            later = ends[ends > start]
-            free = occ(later, True) + kvp <= cap
-            start = float(later[np.argmax(free)]) if free.any() else float(ends[-1])
+        """kv_fit, with its waits and preemptions booked."""
+        start, pe, fin, first, waited, redo = kv_fit(runs, cap, t, start, pfree, kvp, uncached, out, gap, inv_p)
+        if waited:
             self.kv_admission_waits += 1
-        ps = max(start, pfree)
-        pe_i = ps + uncached * inv_p
-        fin_i = pe_i + out * gap
-        first = pe_i + gap
-        # growth: the first instant the running sequences plus this one overflow the cache
-        cand = np.concatenate([ends[(ends > ps) & (ends < fin_i)], [fin_i]])
-        mine = kvp + np.clip((cand - pe_i) / gap, 0.0, out)
-        left = occ(cand, False) + mine
-        over = np.nonzero(left > cap)[0]
-        if over.size == 0:
-            return start, pe_i, fin_i, first
-        kk = int(over[0])
-        t0 = ps if kk == 0 else float(cand[kk - 1])
-        right0 = occ(np.array([t0]), True)[0] + kvp + min(max((t0 - pe_i) / gap, 0.0), out)
-        lk = float(left[kk])
-        tau = t0 + (cap - right0) / (lk - right0) * (float(cand[kk]) - t0) if lk > right0 else t0
-        tau = max(tau, t0)
-        gen = min(max((tau - pe_i) / gap, 0.0), out)
-        gen = float(math.floor(gen))
-        need = kvp + gen
-        # re-admitted at the first finish after which the others' KV leaves room for prompt + generated tokens
-        later = ends[ends > tau]
-        if later.size:
-            free = occ(later, True) + need <= cap
-            back = float(later[np.argmax(free)]) if free.any() else float(later[-1])
-        else:
-            back = tau
-        redo_s = need * inv_p  # recompute: the prompt and the generated tokens, no prefix cache credit
-        fin_new = back + redo_s + (out - gen) * gap
-        if gen < 1:
-            first = back + redo_s + gap
-        self.preemptions += 1
-        self.recomputed_tokens += need
-        self.recompute_gpu_s += redo_s * gpus
-        return start, pe_i, fin_new, first
+        if redo:
+            self.preemptions += 1
+            self.recomputed_tokens += redo
+            self.recompute_gpu_s += redo * inv_p * gpus
+        return start, pe, fin, first
 
     def _abandon(self, first: float, fin: float, pos: float, gpu_share: float) -> float:
         ab = self.ov.abandon

@@ -260,13 +260,14 @@ def test_burst_backlog_trigger_asks_for_current_times_value_over_threshold(plann
 
 
 def test_floor_grows_on_a_saturated_burst_only_with_the_burst_backlog_trigger(planned_stacks):
-    """prod autocomplete at 3× its peak for 10 minutes: the burst (3 containers × 39) saturates while the
+    """prod autocomplete at 9× its peak for 10 minutes (3× the spike its burst headroom is sized for): the burst
+    (9 containers × 39) saturates while the
     gateway keeps the floor's own queue short. With the trigger the floor grows and the diagnostic says by
     how much; without it the floor stays put and the diagnostic says the autoscaler never saw the backlog."""
     inputs, spec = planned_stacks["prod"]
     p = peak_hour(next(e for e in inputs.endpoints if e.name == "autocomplete"))
     at = p * 3600.0 + 600.0
-    kw = dict(seed=0, start_h=p - 0.5, end_h=p + 1.0, spike=Spike(3.0, at, 10.0))
+    kw = dict(seed=0, start_h=p - 0.5, end_h=p + 1.0, spike=Spike(9.0, at, 10.0))
     with_t = simulate_endpoint(inputs, spec, "autocomplete", **kw)
     without = simulate_endpoint(inputs, _without_burst_backlog_trigger(spec, "autocomplete"), "autocomplete", **kw)
     threshold = spec.endpoint("autocomplete").autoscaling.burst_backlog_threshold
