@@ -94,19 +94,44 @@ def _placement(decode_tok_s: float, seqs: int) -> Placement:
 
 
 def test_non_streamed_burst_rule_hand_worked(planned_stacks):
-    """prod assist's burst container: 880 tok/s over 64 sequences = 13.75 tok/s each; Modal's 150 s cap less
-    5 s margin less the 2.5 s TTFT budget leaves 142.5 s → ⌊142.5 × 13.75⌋ = 1,959 tokens. max_tokens is 2,048
-    (does not fit), the p99 output 1,600 does: cap non-streamed burst requests at 1,959."""
+    """prod assist's burst container at its 64 sequences: decode step 64 / 880 tok/s = 72.73 ms, plus the other
+    63 sequences' prefill amortised over their output, 63 × 2,000 × (1 − 0.3) / 28,000 tok/s / 400 = 7.875 ms:
+    a token every 80.60 ms. Modal's 150 s cap less 5 s margin less the 2.5 s TTFT budget leaves 142.5 s →
+    ⌊142.5 / 0.080602⌋ = 1,767 tokens. max_tokens 2,048 does not fit, the p99 output 1,600 does: cap
+    non-streamed burst requests at 1,767."""
     inputs, spec = planned_stacks["prod"]
     ep_in = next(e for e in inputs.endpoints if e.name == "assist")
     rule = non_streamed_burst_rule(ep_in, _placement(880.0, 64), has_floor=True)
     assert MODAL_WEB_REQUEST_CAP_S == 150
-    assert (rule.rule, rule.max_tokens) == ("cap_max_tokens", 1959)
+    assert (rule.rule, rule.max_tokens) == ("cap_max_tokens", 1767)
     b = spec.endpoint("assist").burst
-    assert (b.non_streamed_rule, b.non_streamed_max_tokens, b.web_request_cap_s) == ("cap_max_tokens", 1959, 150)
-    # half the decode rate: 6.875 tok/s → 979 tokens < the p99 output: with a floor, keep them on the floor;
-    # serverless only: cap at 979 (≥ the 400-token mean); a quarter (244 < 400): streaming required
+    assert (b.non_streamed_rule, b.non_streamed_max_tokens, b.web_request_cap_s) == ("cap_max_tokens", 1767, 150)
+    # half the decode rate: 145.45 + 7.875 = 153.33 ms/token → 929 tokens < the p99 output: with a floor, keep
+    # them on the floor; serverless only: cap at 929 (≥ the 400-token mean); an eighth: 589.7 ms → 241 < 400,
+    # streaming required
     assert non_streamed_burst_rule(ep_in, _placement(440.0, 64), has_floor=True).rule == "floor_only"
     slow = non_streamed_burst_rule(ep_in, _placement(440.0, 64), has_floor=False)
-    assert (slow.rule, slow.max_tokens) == ("cap_max_tokens", 979)
+    assert (slow.rule, slow.max_tokens) == ("cap_max_tokens", 929)
     assert non_streamed_burst_rule(ep_in, _placement(110.0, 64), has_floor=False).rule == "require_streaming"
+
+
+def _with_rule(spec, rule: str):
+    ep = spec.endpoint("assist")
+    ep2 = ep.model_copy(update={"burst": ep.burst.model_copy(update={"non_streamed_rule": rule})})
+    return spec.model_copy(update={"endpoints": tuple(ep2 if e.name == "assist" else e for e in spec.endpoints)})
+
+
+def test_non_streamed_burst_requests_past_modals_cap_fail_only_without_the_rule(planned_stacks):
+    """prod assist at 3× its Friday-peak rate for 15 minutes, a quarter of requests non-streamed: thousands of
+    them overflow to burst. Under the planner's max_tokens cap none runs past Modal's 150 s; with no rule
+    ('fits') some do and get the 303 the client does not follow; 'floor_only' sends none to burst."""
+    inputs, spec = planned_stacks["prod"]
+    assert spec.endpoint("assist").burst.timeout_s > 150  # the burst function itself would run them to 471 s
+    kw = dict(seed=0, start_h=116.0, end_h=116.25, rate_scale=3.0, overrides=Overrides(admission=True))
+    ruled = simulate_endpoint(inputs, spec, "assist", **kw)
+    assert ruled.non_streamed_burst > 1000 and ruled.non_streamed_capped > 0
+    assert ruled.non_streamed_redirected == 0
+    unruled = simulate_endpoint(inputs, _with_rule(spec, "fits"), "assist", **kw)
+    assert unruled.non_streamed_capped == 0 and unruled.non_streamed_redirected > 0
+    floor_only = simulate_endpoint(inputs, _with_rule(spec, "floor_only"), "assist", **kw)
+    assert floor_only.non_streamed_burst == 0 and floor_only.non_streamed_redirected == 0

@@ -28,17 +28,22 @@ class NonStreamedRule:
 
 def non_streamed_burst_rule(ep: EndpointInputs, sls: Placement, has_floor: bool) -> NonStreamedRule:
     """How a non-streamed request sent to burst finishes within Modal's cap. It waits up to the TTFT budget
-    (queue + prefill + first token), then decodes at one sequence's share of the container's decode rate at full
-    batch (decode_tokens_per_s / usable_concurrency, the slowest it runs). The tokens that fit:
-    ⌊(cap − margin − TTFT budget) × per-sequence tok/s⌋. All of max_tokens fit → 'fits'; else when the tokens
+    (queue + prefill + first token), then decodes at the container's token gap at full batch (the slowest it
+    runs): the decode step usable_concurrency / decode_tokens_per_s plus the other sequences' prefill amortised
+    over their output (as the simulator's engine). The tokens that fit: ⌊(cap − margin − TTFT budget) / gap⌋. All of max_tokens fit → 'fits'; else when the tokens
     that fit cover the p99 output (the cap truncates < 1% of answers) → 'cap_max_tokens'; else with a floor →
     'floor_only' (the floor has no such cap); else (serverless only) 'cap_max_tokens' while the tokens that fit
     cover the mean output, and 'require_streaming' below that."""
     ttft_s = ep.slo.ttft_p99_ms / 1000.0
-    per_seq = sls.decode_tokens_per_s / sls.usable_concurrency
-    budget_s = MODAL_WEB_REQUEST_CAP_S - WEB_CAP_MARGIN_S - ttft_s
-    fit = max(0, math.floor(budget_s * per_seq))
     s = ep.shape
+    n = sls.usable_concurrency
+    # token gap at full batch: the decode step plus the other sequences' prefill amortised over their output
+    step_s = n / sls.decode_tokens_per_s
+    others_prefill_s = (n - 1) * s.input_tokens_mean * (1 - ep.prefix_cache_hit_fraction) / sls.prefill_tokens_per_s \
+        / s.output_tokens_mean
+    gap_s = step_s + others_prefill_s
+    budget_s = MODAL_WEB_REQUEST_CAP_S - WEB_CAP_MARGIN_S - ttft_s
+    fit = max(0, math.floor(budget_s / gap_s))
     if fit >= s.max_tokens:
         rule, mt = "fits", None
     elif fit >= s.output_tokens_p99:
@@ -51,9 +56,11 @@ def non_streamed_burst_rule(ep: EndpointInputs, sls: Placement, has_floor: bool)
         rule, mt = "require_streaming", None
     d = Derivation(
         figure="non_streamed_burst_max_tokens", value=float(fit), unit="tokens",
-        formula=f"⌊({MODAL_WEB_REQUEST_CAP_S} s cap − {WEB_CAP_MARGIN_S:g} s margin − {ttft_s:g} s TTFT budget) × "
-        f"{sls.decode_tokens_per_s:g} tok/s / {sls.usable_concurrency} sequences⌋ = {fit} vs max_tokens "
-        f"{s.max_tokens}, output p99 {s.output_tokens_p99:g} → {rule}",
+        formula=f"⌊({MODAL_WEB_REQUEST_CAP_S} s cap − {WEB_CAP_MARGIN_S:g} s margin − {ttft_s:g} s TTFT budget) / "
+        f"({n} / {sls.decode_tokens_per_s:g} tok/s step + {n - 1} × {s.input_tokens_mean:g} × "
+        f"(1 − {ep.prefix_cache_hit_fraction:g}) / {sls.prefill_tokens_per_s:g} / {s.output_tokens_mean:g} others' "
+        f"prefill = {gap_s * 1000:.1f} ms/token)⌋ = {fit} vs max_tokens {s.max_tokens}, output p99 "
+        f"{s.output_tokens_p99:g} → {rule}",
         inputs=("slo.ttft_p99_ms", "engine.decode_tokens_per_s", "shape.max_tokens", "shape.output_tokens_p99"),
     )
     return NonStreamedRule(rule, mt, d)
