@@ -33,7 +33,7 @@ from topology.timebase import HOURS_PER_WEEK, SECONDS_PER_HOUR
 from .engine import Abandon, Engine, Overrides, Rollout, engine_for, kv_fit
 from .format import fmt_seconds, table
 from .simulate import simulate_endpoint
-from .traffic import Spike, Trace
+from .traffic import RequestTrace, Spike, Trace
 
 DRILLS = ("morning-cold-start", "spike", "long-prompt", "disconnect", "rollback")
 
@@ -325,7 +325,11 @@ def kv_step_replica(eng: Engine, max_seqs: int, prompts: list[float], outs: list
     )
 
 
-def long_prompt(inputs: CostInputs, spec: TopologySpec, name: str) -> DrillResult:
+def long_prompt(inputs: CostInputs, spec: TopologySpec, name: str, seed: int = 0,
+                trace: Trace | None = None) -> DrillResult:
+    """The paste worst case; given a per-request trace (with --raw-tokens), also its prompts as they are,
+    replayed at the busiest hour through the planned spike (traffic.spike_factor for spike_minutes), admission
+    control on: refusals over the product limit, preemptions, goodput."""
     ep, ep_in = spec.endpoint(name), _ep_in(inputs, name)
     if not ep.gated:
         return _not_applicable("long-prompt", name, "the API's context limit is the provider's")
@@ -366,8 +370,37 @@ def long_prompt(inputs: CostInputs, spec: TopologySpec, name: str) -> DrillResul
                f"Without the cap: {a.preemptions} preemptions, KV demand {a.kv_demand_over_capacity:.1f}× the cache "
                f"(an OOM without vLLM's accounting); with the gateway spreading {per} per replica over {replicas}: "
                f"{b.preemptions} preemptions")
+    if isinstance(trace, RequestTrace):
+        finding += "; " + _replay_row(inputs, spec, name, seed, trace, rows, vals)
     return DrillResult("long-prompt", name, ("no gateway cap (one replica)", f"gateway cap ({per}/replica)"),
                        tuple(rows), vals, finding, shows)
+
+
+def _replay_row(inputs, spec, name, seed, trace, rows, vals) -> str:
+    ep_in = _ep_in(inputs, name)
+    p = peak_hour(ep_in)
+    t = ep_in.traffic
+    at = p * SECONDS_PER_HOUR + 600.0
+    start_h, end_h = p, p + 0.5
+    r = simulate_endpoint(inputs, spec, name, seed=seed, trace=trace, start_h=start_h, end_h=end_h, raw_tokens=True,
+                          spike=Spike(t.spike_factor, at, t.spike_minutes), overrides=Overrides(admission=True))
+    refused = r.too_long_413 + r.too_long_400
+    replay = {
+        "replay: requests": float(r.requests),
+        "replay: refused over the product limit (413/400)": float(refused),
+        "replay: preemptions": float(r.preemptions),
+        "replay: shed (429)": float(r.shed),
+        "replay: goodput": r.goodput,
+        "replay: admitted goodput": r.admitted_goodput,
+    }
+    for k, v in replay.items():
+        vals[k] = (v, v)
+        rows.append((k, "—", _fmt(v, "%" if "goodput" in k else "")))
+    return (f"{trace.name} replayed with its own prompts at {_how(p)} through a {t.spike_factor:g}× "
+            f"{t.spike_minutes:g}-min spike: {refused:,} of {r.requests:,} refused over the product limit "
+            f"({r.too_long_413:,} × 413, {r.too_long_400:,} × 400), {r.preemptions:,} preemptions "
+            f"({r.recomputed_tokens:,.0f} tokens recomputed), {r.shed:,} shed; goodput {r.goodput:.2%}, "
+            f"admitted {r.admitted_goodput:.2%}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -474,8 +507,9 @@ def run_drill(drill: str, inputs: CostInputs, spec: TopologySpec, args: argparse
             results.append(morning_cold_start(inputs, spec, n, seed=args.seed, trace=trace))
         elif drill == "spike":
             results.append(spike(inputs, spec, n, args.spike_factor, args.spike_minutes, seed=args.seed, trace=trace))
-        elif drill == "long-prompt":  # a fixed worst case: no traffic to replay
-            results.append(long_prompt(inputs, spec, n))
+        elif drill == "long-prompt":  # a fixed worst case; with --trace --raw-tokens also a replay of its prompts
+            results.append(long_prompt(inputs, spec, n, seed=args.seed,
+                                       trace=trace if getattr(args, "raw_tokens", False) else None))
         elif drill == "disconnect":
             results.append(disconnect(inputs, spec, n, args.abandon_fraction, seed=args.seed, trace=trace))
         else:

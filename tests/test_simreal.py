@@ -135,3 +135,17 @@ def test_non_streamed_burst_requests_past_modals_cap_fail_only_without_the_rule(
     assert unruled.non_streamed_capped == 0 and unruled.non_streamed_redirected > 0
     floor_only = simulate_endpoint(inputs, _with_rule(spec, "floor_only"), "assist", **kw)
     assert floor_only.non_streamed_burst == 0 and floor_only.non_streamed_redirected == 0
+
+
+def test_long_prompt_drill_replays_a_trace_with_its_own_prompts(planned_stacks, root):
+    """`--drill long-prompt --trace mooncake --raw-tokens`: the replay through the planned spike reports the
+    refusals over the product limit and the preemptions next to the paste worst case."""
+    from simulator.drills import long_prompt
+
+    inputs, spec = planned_stacks["prod"]
+    r = long_prompt(inputs, spec, "assist", trace=load_trace(root / "traces" / "mooncake_synthetic.jsonl"))
+    refused = r.values["replay: refused over the product limit (413/400)"][1]
+    assert refused > 0.2 * r.values["replay: requests"][1]
+    assert r.values["replay: preemptions"][1] > 0
+    assert r.values["replay: goodput"][1] < r.values["replay: admitted goodput"][1]
+    assert "refused over the product limit" in r.finding and "preemptions" in r.finding
