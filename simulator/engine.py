@@ -218,7 +218,13 @@ def kv_fit(runs: list[tuple[float, float, float, float, float]], cap: float, t: 
     running were checked on their own admission and fit without it. Occupancy grows linearly between
     finishes, so the overflow instant is interpolated between them. Returns (start, prefill end, finish,
     first token time, whether it waited for KV blocks, tokens recomputed after a preemption (0: none)).
-    The simulator's one KV model: the week's replicas and the long-prompt drill both run it."""
+    The simulator's one KV model: the week's replicas and the long-prompt drill both run it.
+
+    Checked against vllm-project/vllm vllm/v1/core/sched/scheduler.py (commit 00024d31): under FCFS a running
+    request that cannot allocate blocks makes `self.running.pop()` (the last admitted) preempted;
+    `_preempt_request` frees its blocks, sets num_computed_tokens = 0 and prepends it to the waiting queue.
+    Not modelled: a freed block's prefix-cache hit on the recompute (counted as a full recompute), a second
+    preemption of the same request, and the recompute's place in the replica's prefill queue."""
     runs[:] = [x for x in runs if x[0] > t]
     waited = False
     if runs:
