@@ -8,8 +8,8 @@ reports what changed:
   (scale to zero) vs one container kept warm from a cold start ahead of the rise.
 - spike: k× traffic for m minutes at the busiest hour, vs the same traffic without it.
 - long-prompt: pastes at the product's max context × max concurrency, landing on one replica (no gateway
-  cap) vs spread by the gateway's in-flight cap; a token-step model of the KV cache shows preemptions
-  (recompute) and how far the demand exceeds the cache (the memory risk without vLLM's KV accounting).
+  cap) vs spread by the gateway's in-flight cap; the simulator's KV model (engine.kv_fit, the one the week
+  runs) shows preemptions (recompute) and how far the demand exceeds the cache.
 - disconnect: x% of requests abandon mid-stream, with and without abort propagation to the engine.
 - rollback: a bad revision goes live, is detected after D minutes and rolled back, with the previous
   revision kept warm (gateway flip) vs cold (replicas replaced a capped step at a time); the warm pool's
@@ -19,8 +19,8 @@ reports what changed:
 from __future__ import annotations
 
 import argparse
+import heapq
 import math
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,10 +30,10 @@ from topology.loading import InputError
 from topology.spec import TopologySpec
 from topology.timebase import HOURS_PER_WEEK, SECONDS_PER_HOUR
 
-from .engine import Abandon, Engine, Overrides, Rollout, engine_for
+from .engine import Abandon, Engine, Overrides, Rollout, engine_for, kv_fit
 from .format import fmt_seconds, table
 from .simulate import simulate_endpoint
-from .traffic import Spike, Trace
+from .traffic import RequestTrace, Spike, Trace
 
 DRILLS = ("morning-cold-start", "spike", "long-prompt", "disconnect", "rollback")
 
@@ -89,6 +89,16 @@ def minutes_to_recover(res, base, after_s: float) -> float:
 def _focus_goodput(res) -> float:
     arr, met = sum(res.focus_minute_requests), sum(res.focus_minute_met)
     return float(met / arr) if arr else 1.0
+
+
+def _admitted_goodput(res) -> float:
+    arr = sum(res.focus_minute_requests) - sum(res.focus_minute_shed)
+    return float(sum(res.focus_minute_met) / arr) if arr > 0 else 1.0
+
+
+def _shed_share(res) -> float:
+    arr = sum(res.focus_minute_requests)
+    return float(sum(res.focus_minute_shed) / arr) if arr else 0.0
 
 
 def _sec(v: float) -> str:
@@ -211,10 +221,17 @@ def spike(inputs: CostInputs, spec: TopologySpec, name: str, factor: float = 3.0
     start_h, end_h = max(0.0, p - 0.5), p + 1.5
     focus = (at - 300.0, min(end_h * SECONDS_PER_HOUR, at + minutes * 60 + 1800.0))
     run = _Focused(inputs, spec, name, seed, start_h, end_h, trace)
-    ov_a, ov_b = Overrides(focus=focus), Overrides(focus=focus)
+    # the gateway's admission control as the spec sets it: a bounded wait, then 429 with Retry-After
+    ov_a, ov_b = Overrides(focus=focus, admission=True), Overrides(focus=focus, admission=True)
     ra = run(ov_a)
     rb = run(ov_b, Spike(factor, at, minutes))
     rows, vals = _common_rows(ra, rb)
+    adm = (_admitted_goodput(ra), _admitted_goodput(rb))
+    shed = (_shed_share(ra), _shed_share(rb))
+    vals["admitted goodput (window)"] = adm
+    vals["shed with 429 (window)"] = shed
+    rows.insert(1, ("admitted goodput (window)", _fmt(adm[0], "%"), _fmt(adm[1], "%")))
+    rows.insert(2, ("shed with 429 (window)", _fmt(shed[0], "%"), _fmt(shed[1], "%")))
     rec = minutes_to_recover(rb, ra, at + minutes * 60)
     vals["minutes to recover after the spike"] = (0.0, rec)
     rows.append(("minutes to recover after the spike", "—", f"{rec:.1f}"))
@@ -232,7 +249,10 @@ def spike(inputs: CostInputs, spec: TopologySpec, name: str, factor: float = 3.0
                 or vals["pod / node cold starts"][1] > vals["pod / node cold starts"][0])
     shows = vals["goodput (window)"][1] < vals["goodput (window)"][0] or vals["queue peak (floor/burst)"][1] > \
         vals["queue peak (floor/burst)"][0] or absorbed
-    finding = (f"{name}: {factor:g}× for {minutes:g} min at {_how(p)}+10 min: goodput in the window "
+    finding = (f"{name}: {factor:g}× for {minutes:g} min at {_how(p)}+10 min: admitted goodput in the window "
+               f"{adm[1]:.2%} with {shed[1]:.2%} shed (429 after the gateway's "
+               f"{ep.gateway.admission_queue_timeout_s:g} s bounded wait; burst headroom {ep.burst.max_containers if ep.burst else 0} "
+               f"containers, the spike needs {ep.burst.spike_containers if ep.burst else 0}); goodput of all requests "
                f"{vals['goodput (window)'][1]:.2%} (baseline {vals['goodput (window)'][0]:.2%}), "
                f"{int(vals['container cold starts'][1] - vals['container cold starts'][0])} extra burst containers, "
                f"{int(vals['pod / node cold starts'][1] - vals['pod / node cold starts'][0])} extra replicas"
@@ -265,77 +285,51 @@ class KvRun:
 
 
 def kv_step_replica(eng: Engine, max_seqs: int, prompts: list[float], outs: list[int], prefill_gpus: float) -> KvRun:
-    """Token-step model of one vLLM replica under simultaneous long prompts: admit while the KV cache holds
-    the prompt; each decode step adds a token per sequence; when the cache overflows the newest sequence is
-    preempted and later recomputed (prompt + generated so far), as vLLM's recompute preemption does."""
+    """Simultaneous long prompts on one vLLM replica, served by the simulator's own replica physics: sequence
+    slots, one prefill at a time, the decode line at the running batch, and the KV cache through `kv_fit` (the
+    one KV model the week's simulation runs: admit when the prompt fits, preempt the newest when growth
+    overflows, recompute prompt + generated tokens on its return)."""
     cap = eng.kv_capacity_tokens
-    # the pure decode line: prefill is modelled explicitly here, not amortised
-    t_min, k = eng.t_min, eng.k
-    waiting: deque[int] = deque(range(len(prompts)))
-    gen = [0] * len(prompts)
-    first = [math.inf] * len(prompts)
-    last = [0.0] * len(prompts)
-    gaps: list[float] = []
-    running: list[int] = []
-    kv = 0.0
-    t = 0.0
-    preempt = 0
-    recomputed = 0.0
-    unservable = 0
+    inv_p = 1.0 / eng.prefill_tokens_per_s
+    slots = [0.0] * max(1, max_seqs)
+    runs: list[tuple[float, float, float, float, float]] = []
+    pfree = 0.0
+    preempt, recomputed, unservable = 0, 0.0, 0
+    firsts, gaps, fins = [], [], []
     peak_demand = sum(p + o for p, o in zip(prompts[:max_seqs], outs[:max_seqs]))
-    while waiting or running:
-        pre = 0.0
-        while waiting and len(running) < max_seqs:
-            i = waiting[0]
-            need = prompts[i] + gen[i]
-            if need + 1 > cap:
-                waiting.popleft()
-                unservable += 1
-                continue
-            if kv + need + 1 > cap:
-                break
-            waiting.popleft()
-            if gen[i] > 0:
-                recomputed += need
-            pre += need / eng.prefill_tokens_per_s
-            kv += need
-            running.append(i)
-        if not running:
-            if waiting:  # nothing fits beside nothing: cannot happen after the unservable check
-                break
+    for i, (p, o) in enumerate(zip(prompts, outs)):
+        t = i * 1e-6  # pasted together, in this order
+        if p + 1 > cap:
+            unservable += 1  # longer than the whole cache: vLLM refuses it
             continue
-        t += pre
-        b = len(running)
-        t += t_min + k * b
-        still = []
-        for i in running:
-            gen[i] += 1
-            kv += 1
-            if gen[i] == 1:
-                first[i] = t
-            else:
-                gaps.append(t - last[i])
-            last[i] = t
-            if gen[i] >= outs[i]:
-                kv -= prompts[i] + gen[i]
-            else:
-                still.append(i)
-        running = still
-        while kv > cap and running:
-            j = running.pop()  # the newest is preempted first
-            kv -= prompts[j] + gen[j]
-            waiting.appendleft(j)
+        start = max(t, slots[0])
+        b = min(max_seqs, sum(1 for f in fins if f > start) + 1)
+        gap = eng.t_min + eng.k * b  # prefill is modelled explicitly here (one at a time), not amortised
+        start, pe, fin, first, _, redo = kv_fit(runs, cap, t, start, pfree, p, p, float(o), gap, inv_p)
+        pfree = max(pfree, pe)
+        heapq.heapreplace(slots, fin)
+        runs.append((fin, pe, gap, p, float(o)))
+        fins.append(fin)
+        firsts.append(first - t)
+        if o > 1:
+            gaps.append((fin - first) / (o - 1))
+        if redo:
             preempt += 1
-    fin = [x for x in first if math.isfinite(x)]
+            recomputed += redo
     return KvRun(
         sequences=len(prompts), preemptions=preempt, recomputed_tokens=recomputed,
-        wasted_gpu_s=recomputed / eng.prefill_tokens_per_s * prefill_gpus,
-        kv_demand_over_capacity=peak_demand / cap, ttft_max_s=max(fin) if fin else math.inf,
-        gap_p99_s=float(np.quantile(gaps, 0.99)) if gaps else 0.0, drain_s=t, unservable=unservable,
+        wasted_gpu_s=recomputed * inv_p * prefill_gpus,
+        kv_demand_over_capacity=peak_demand / cap, ttft_max_s=max(firsts) if firsts else math.inf,
+        gap_p99_s=float(np.quantile(gaps, 0.99)) if gaps else 0.0, drain_s=max(fins) if fins else 0.0,
+        unservable=unservable,
     )
 
 
-def long_prompt(inputs: CostInputs, spec: TopologySpec, name: str) -> DrillResult:
+def long_prompt(inputs: CostInputs, spec: TopologySpec, name: str, seed: int = 0,
+                trace: Trace | None = None) -> DrillResult:
+    """The paste worst case; given a per-request trace (with --raw-tokens), also its prompts as they are,
+    replayed at the busiest hour through the planned spike (traffic.spike_factor for spike_minutes), admission
+    control on: refusals over the product limit, preemptions, goodput."""
     ep, ep_in = spec.endpoint(name), _ep_in(inputs, name)
     if not ep.gated:
         return _not_applicable("long-prompt", name, "the API's context limit is the provider's")
@@ -376,8 +370,37 @@ def long_prompt(inputs: CostInputs, spec: TopologySpec, name: str) -> DrillResul
                f"Without the cap: {a.preemptions} preemptions, KV demand {a.kv_demand_over_capacity:.1f}× the cache "
                f"(an OOM without vLLM's accounting); with the gateway spreading {per} per replica over {replicas}: "
                f"{b.preemptions} preemptions")
+    if isinstance(trace, RequestTrace):
+        finding += "; " + _replay_row(inputs, spec, name, seed, trace, rows, vals)
     return DrillResult("long-prompt", name, ("no gateway cap (one replica)", f"gateway cap ({per}/replica)"),
                        tuple(rows), vals, finding, shows)
+
+
+def _replay_row(inputs, spec, name, seed, trace, rows, vals) -> str:
+    ep_in = _ep_in(inputs, name)
+    p = peak_hour(ep_in)
+    t = ep_in.traffic
+    at = p * SECONDS_PER_HOUR + 600.0
+    start_h, end_h = p, p + 0.5
+    r = simulate_endpoint(inputs, spec, name, seed=seed, trace=trace, start_h=start_h, end_h=end_h, raw_tokens=True,
+                          spike=Spike(t.spike_factor, at, t.spike_minutes), overrides=Overrides(admission=True))
+    refused = r.too_long_413 + r.too_long_400
+    replay = {
+        "replay: requests": float(r.requests),
+        "replay: refused over the product limit (413/400)": float(refused),
+        "replay: preemptions": float(r.preemptions),
+        "replay: shed (429)": float(r.shed),
+        "replay: goodput": r.goodput,
+        "replay: admitted goodput": r.admitted_goodput,
+    }
+    for k, v in replay.items():
+        vals[k] = (v, v)
+        rows.append((k, "—", _fmt(v, "%" if "goodput" in k else "")))
+    return (f"{trace.name} replayed with its own prompts at {_how(p)} through a {t.spike_factor:g}× "
+            f"{t.spike_minutes:g}-min spike: {refused:,} of {r.requests:,} refused over the product limit "
+            f"({r.too_long_413:,} × 413, {r.too_long_400:,} × 400), {r.preemptions:,} preemptions "
+            f"({r.recomputed_tokens:,.0f} tokens recomputed), {r.shed:,} shed; goodput {r.goodput:.2%}, "
+            f"admitted {r.admitted_goodput:.2%}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -519,8 +542,9 @@ def run_drill(drill: str, inputs: CostInputs, spec: TopologySpec, args: argparse
             results.append(morning_cold_start(inputs, spec, n, seed=args.seed, trace=trace))
         elif drill == "spike":
             results.append(spike(inputs, spec, n, args.spike_factor, args.spike_minutes, seed=args.seed, trace=trace))
-        elif drill == "long-prompt":  # a fixed worst case: no traffic to replay
-            results.append(long_prompt(inputs, spec, n))
+        elif drill == "long-prompt":  # a fixed worst case; with --trace --raw-tokens also a replay of its prompts
+            results.append(long_prompt(inputs, spec, n, seed=args.seed,
+                                       trace=trace if getattr(args, "raw_tokens", False) else None))
         elif drill == "disconnect":
             results.append(disconnect(inputs, spec, n, args.abandon_fraction, seed=args.seed, trace=trace))
         else:

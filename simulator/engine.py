@@ -54,7 +54,9 @@ API_P99_OVER_P50 = 2.0
 
 # request flags
 FLOOR, BURST, API, REJECTED = 0, 1, 2, 3
-BAD = 4  # added: served by a bad revision
+BAD = 4  # added: served by a bad revision (or otherwise failed after being served: Modal's 303)
+TOO_LONG = 8  # with REJECTED: over the product limit (413/400) or refused by the burst's streaming rule (400)
+SHED = 16  # with REJECTED: admission control's 429 after the bounded wait
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,13 @@ class Engine:
     interference: float
     kv_capacity_tokens: float
     gpus: float  # GPUs one replica bills (fractional for MIG slices)
+    planned_uncached_prompt: float = 0.0  # the mean uncached prompt `interference` was computed from (0: fixed)
+
+    @property
+    def interference_per_token(self) -> float:
+        """Interference per uncached prompt token of another in-flight sequence (s per token per token gap):
+        the planned mean's interference scaled by the prompts actually in flight."""
+        return self.interference / self.planned_uncached_prompt if self.planned_uncached_prompt > 0 else 0.0
 
     @property
     def a0(self) -> float:
@@ -95,6 +104,7 @@ def engine_for(ep_in: EndpointInputs, cap: ReplicaCapacity, slots: int) -> Engin
         slots=slots, prefill_tokens_per_s=cap.prefill_tokens_per_s, t_min=cap.decode_step_floor_s,
         k=cap.decode_step_s_per_sequence, interference=interference,
         kv_capacity_tokens=cap.kv_capacity_tokens, gpus=cap.gpu_fraction_per_replica,
+        planned_uncached_prompt=s.input_tokens_mean * (1 - h),
     )
 
 
@@ -133,6 +143,7 @@ class Overrides:
     focus: tuple[float, float] | None = None  # [start_s, end_s): tally this span by minute
     engine: Engine | None = None  # replaces the floor replica's physics (queueing-theory checks)
     fixed_replicas: int | None = None  # exactly this many floor replicas, no autoscaler
+    admission: bool = False  # the gateway's admission control (bounded wait, then 429) as the spec sets it (drills turn it on)
 
 
 @dataclass
@@ -155,12 +166,14 @@ class Tally:
     focus: tuple[float, float] | None = None
     minute_arrivals: np.ndarray = field(init=False)
     minute_met: np.ndarray = field(init=False)
+    minute_shed: np.ndarray = field(init=False)
     focus_ttft_max: float = 0.0
 
     def __post_init__(self) -> None:
         m = int(math.ceil((self.focus[1] - self.focus[0]) / 60.0)) if self.focus else 0
         self.minute_arrivals = np.zeros(m)
         self.minute_met = np.zeros(m)
+        self.minute_shed = np.zeros(m)
         h = self.hours
         self.arrivals = np.zeros(h)
         self.met = np.zeros(h)
@@ -191,6 +204,85 @@ def hist_quantile(hist: np.ndarray, q: float) -> float:
     return float(10 ** (HIST_LO + (i + 1) / HIST_PER_DECADE))  # bin's upper edge: never optimistic
 
 
+def kv_fit(runs: list[tuple[float, float, float, float, float]], cap: float, t: float, start: float,
+       pfree: float, kvp: float, uncached: float, out: float, gap: float,
+       inv_p: float) -> tuple[float, float, float, float, bool, float]:
+    """vLLM's KV accounting for one new sequence on a replica whose in-flight sequences `runs` (finish, decode
+    start, token gap, prompt, output) may, grown to full length, not fit the cache `cap` (tokens).
+
+    The model (vLLM v1 scheduler, FCFS): a waiting request is admitted only when its prompt fits the free
+    KV blocks; each decode step adds one token per running sequence; when a step cannot allocate, the most
+    recently admitted running request is preempted — its blocks freed — and waits at the head of the queue;
+    re-admitted once its prompt + generated tokens fit, it recomputes them as a prefill and continues. Here
+    the new sequence is the most recently admitted one, so it is the one preempted; the sequences already
+    running were checked on their own admission and fit without it. Occupancy grows linearly between
+    finishes, so the overflow instant is interpolated between them. Returns (start, prefill end, finish,
+    first token time, whether it waited for KV blocks, tokens recomputed after a preemption (0: none)).
+    The simulator's one KV model: the week's replicas and the long-prompt drill both run it.
+
+    Checked against vllm-project/vllm vllm/v1/core/sched/scheduler.py (commit 00024d31): under FCFS a running
+    request that cannot allocate blocks makes `self.running.pop()` (the last admitted) preempted;
+    `_preempt_request` frees its blocks, sets num_computed_tokens = 0 and prepends it to the waiting queue.
+    Not modelled: a freed block's prefix-cache hit on the recompute (counted as a full recompute), a second
+    preemption of the same request, and the recompute's place in the replica's prefill queue."""
+    runs[:] = [x for x in runs if x[0] > t]
+    waited = False
+    if runs:
+        a = np.asarray(runs)
+        fin, pe, g, pr, ou = a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4]
+    else:
+        fin = pe = g = pr = ou = np.zeros(0)
+
+    def occ(tau: np.ndarray, after: bool) -> np.ndarray:
+        """KV tokens the running sequences hold at each tau (after: once those finishing at tau left)."""
+        tt = tau[:, None]
+        alive = fin[None, :] > tt if after else fin[None, :] >= tt
+        held = pr[None, :] + np.clip((tt - pe[None, :]) / g[None, :], 0.0, ou[None, :])
+        return np.where(alive, held, 0.0).sum(axis=1)
+
+    ends = np.sort(fin)
+    if kvp + 1 > cap:  # cannot happen under vLLM's start-up check (max_model_len fits the cache)
+        raise ValueError(f"a {kvp:.0f}-token prompt exceeds the {cap:.0f}-token KV cache")
+    # admission: the prompt must fit the free blocks when it starts
+    if occ(np.array([start]), True)[0] + kvp > cap:
+        later = ends[ends > start]
+        free = occ(later, True) + kvp <= cap
+        start = float(later[np.argmax(free)]) if free.any() else float(ends[-1])
+        waited = True
+    ps = max(start, pfree)
+    pe_i = ps + uncached * inv_p
+    fin_i = pe_i + out * gap
+    first = pe_i + gap
+    # growth: the first instant the running sequences plus this one overflow the cache
+    cand = np.concatenate([ends[(ends > ps) & (ends < fin_i)], [fin_i]])
+    mine = kvp + np.clip((cand - pe_i) / gap, 0.0, out)
+    left = occ(cand, False) + mine
+    over = np.nonzero(left > cap)[0]
+    if over.size == 0:
+        return start, pe_i, fin_i, first, waited, 0.0
+    kk = int(over[0])
+    t0 = ps if kk == 0 else float(cand[kk - 1])
+    right0 = occ(np.array([t0]), True)[0] + kvp + min(max((t0 - pe_i) / gap, 0.0), out)
+    lk = float(left[kk])
+    tau = t0 + (cap - right0) / (lk - right0) * (float(cand[kk]) - t0) if lk > right0 else t0
+    tau = max(tau, t0)
+    gen = min(max((tau - pe_i) / gap, 0.0), out)
+    gen = float(math.floor(gen))
+    need = kvp + gen
+    # re-admitted at the first finish after which the others' KV leaves room for prompt + generated tokens
+    later = ends[ends > tau]
+    if later.size:
+        free = occ(later, True) + need <= cap
+        back = float(later[np.argmax(free)]) if free.any() else float(later[-1])
+    else:
+        back = tau
+    redo_s = need * inv_p  # recompute: the prompt and the generated tokens, no prefix cache credit
+    fin_new = back + redo_s + (out - gen) * gap
+    if gen < 1:
+        first = back + redo_s + gap
+    return start, pe_i, fin_new, first, waited, need
+
+
 class EndpointSim:
     """One endpoint, one run. `feed(chunk)` in time order, then `finish()`."""
 
@@ -201,6 +293,17 @@ class EndpointSim:
         self.start_s, self.end_s = start_s, end_s
         hours = int(math.ceil((end_s - start_s) / 3600.0 - 1e-9))
         self.tally = Tally(start_s, end_s, max(1, hours), focus=self.ov.focus)
+        gw = ep.gateway
+        # admission control: a request that cannot start within the bounded wait gets 429 (None: no limit)
+        self.admission_wait_s = (gw.admission_queue_timeout_s if self.ov.admission and gw.admission_queue_timeout_s
+                                 else math.inf)
+        # non-streamed requests on burst: Modal's web-request cap and the planner's rule for them
+        b = ep.burst
+        self.ns_rule = b.non_streamed_rule if b is not None and ep.has_burst else None
+        self.ns_max_tokens = b.non_streamed_max_tokens if b is not None and b.non_streamed_max_tokens else 1 << 30
+        self.web_cap_s = float(b.web_request_cap_s) if b is not None else math.inf
+        self.ns_fraction = ep_in.traffic.non_streamed_fraction
+        self.ns_rng = rng.spawn(1)[0]  # spawning draws nothing from rng: the other streams stay as they were
         self.ttft_slo = ep_in.slo.ttft_p99_ms / 1000.0
         self.itl_slo = ep_in.slo.inter_token_p99_ms / 1000.0
         self.hit = ep_in.prefix_cache_hit_fraction
@@ -270,7 +373,24 @@ class EndpointSim:
         self.bad_revision = False
         self.next_ready = math.inf  # earliest cold start to finish among starting replicas
         self._rb_next: float | None = None
-        self.done: list[tuple[float, int]] = []
+        # (finish, replica id (≥ 0) or −1 − container id, KV at full length, uncached prompt tokens)
+        self.done: list[tuple[float, int, float, float]] = []
+        # KV cache and interference bookkeeping per replica / container: in flight at full length (prompt +
+        # output, the cheap test of whether growth can overflow), uncached prompt tokens in flight (the
+        # interference of the actual prompts) and the in-flight sequences (finish, decode start, token gap,
+        # prompt tokens, output tokens) for the exact KV check
+        self.f_kv: list[float] = []
+        self.f_in: list[float] = []
+        self.f_runs: list[list[tuple[float, float, float, float, float]]] = []
+        self.c_kv: list[float] = []
+        self.c_in: list[float] = []
+        self.c_runs: list[list[tuple[float, float, float, float, float]]] = []
+        self.preemptions = 0
+        self.recomputed_tokens = 0.0
+        self.recompute_gpu_s = 0.0
+        self.kv_admission_waits = 0  # requests whose prompt did not fit the KV cache when a slot was free
+        self.n_too_long = {413: 0, 400: 0}
+        self.n_shed = 0  # admission control: 429 after the bounded wait
         # floor replicas: parallel lists indexed by replica id
         self.f_inflight: list[int] = []
         self.f_slots: list[list[float]] = []
@@ -328,6 +448,10 @@ class EndpointSim:
         self.n_total = 0
         self.floor_wait_s = 0.0
         self.n_floor = 0
+        self.n_ns_burst = 0  # non-streamed requests served by burst
+        self.n_ns_capped = 0  # … whose max_tokens the rule capped
+        self.n_ns_refused = 0  # … refused (400) because burst requires streaming
+        self.n_ns_redirected = 0  # … that ran past Modal's cap and got its 303
 
     def _min_replicas(self) -> int:
         if self.ov.min_replicas is not None:
@@ -348,6 +472,9 @@ class EndpointSim:
             ready_at = t + self.ep.node_cold_start_s
         rid = len(self.f_state)
         self.f_inflight.append(0)
+        self.f_kv.append(0.0)
+        self.f_in.append(0.0)
+        self.f_runs.append([])
         self.f_slots.append([ready_at] * c)
         self.f_pfree.append(ready_at)
         self.f_state.append(2 if ready else 1)
@@ -362,6 +489,9 @@ class EndpointSim:
         ready = t if warm else t + self.b_cold
         j = len(self.c_ready)
         self.c_inflight.append(0)
+        self.c_kv.append(0.0)
+        self.c_in.append(0.0)
+        self.c_runs.append([])
         self.c_slots.append([ready] * self.beng.slots)
         self.c_pfree.append(ready)
         self.c_ready.append(ready)
@@ -585,11 +715,16 @@ class EndpointSim:
         done = self.done
         fi, ci = self.f_inflight, self.c_inflight
         while done and done[0][0] <= now:
-            _, rid = heapq.heappop(done)
+            _, rid, kv, pin = heapq.heappop(done)
             if rid >= 0:
                 fi[rid] -= 1
+                self.f_kv[rid] -= kv
+                self.f_in[rid] -= pin
             else:
-                ci[-1 - rid] -= 1
+                j = -1 - rid
+                ci[j] -= 1
+                self.c_kv[j] -= kv
+                self.c_in[j] -= pin
                 self.burst_inflight -= 1
 
     # ------------------------------------------------------------------ requests
@@ -602,21 +737,32 @@ class EndpointSim:
         ttft = [0.0] * n
         itl = [0.0] * n
         flag = [0] * n
+        status = chunk.status.tolist() if chunk.status is not None else None
         ab = self.ov.abandon
         ab_pos = None
         if ab is not None:
             u = self.rng.random(n)
             ab_pos = np.where(u < ab.fraction, self.rng.random(n), -1.0).tolist()
+        # non-streamed requests (from their own generator: the main stream, and so every other figure, is unchanged)
+        ns = (self.ns_rng.random(n) < self.ns_fraction).tolist() if self.ns_rule else None
         heappush, heappop, heapreplace = heapq.heappush, heapq.heappop, heapq.heapreplace
         done = self.done
         fi, fslots, fpfree, fbad = self.f_inflight, self.f_slots, self.f_pfree, self.f_bad
+        fkv, fin_, fruns = self.f_kv, self.f_in, self.f_runs
         routable = self.routable
         has_burst, is_api = self.has_burst, self.is_api
         overflow = self.ep.gateway.overflow_inflight_per_replica if has_burst else 1 << 60
+        shed_after = self.admission_wait_s
+        kvs = 1.0 / (1.0 - self.hit)  # KV holds the whole prompt, cached prefix included
         if self.has_floor:
             fe = self.feng
-            c, inv_p, a0, a1, gpus = fe.slots, 1.0 / fe.prefill_tokens_per_s, fe.a0, fe.a1, fe.gpus
-        ci = self.c_inflight
+            c, inv_p, gpus = fe.slots, 1.0 / fe.prefill_tokens_per_s, fe.gpus
+            t_min, k_step, interf = fe.t_min, fe.k, fe.interference
+            per_tok = fe.interference_per_token
+            dyn = fe.planned_uncached_prompt > 0
+            kcap = fe.kv_capacity_tokens
+            prune_at = 4 * c + 16
+        ci, ckv, cin = self.c_inflight, self.c_kv, self.c_in
         key = fi.__getitem__
         wait_s, n_floor = 0.0, 0
         for i in range(n):
@@ -629,49 +775,105 @@ class EndpointSim:
             if t >= self.next_ready:
                 self.promote(t)
             while done and done[0][0] <= t:
-                rid = heappop(done)[1]
+                _, rid, kvd, pin = heappop(done)
                 if rid >= 0:
                     fi[rid] -= 1
+                    fkv[rid] -= kvd
+                    fin_[rid] -= pin
                 else:
-                    ci[-1 - rid] -= 1
+                    j = -1 - rid
+                    ci[j] -= 1
+                    ckv[j] -= kvd
+                    cin[j] -= pin
                     self.burst_inflight -= 1
+            if status is not None and status[i]:
+                # over the product limit: the gateway's body cap (413) or the engine's context check (400)
+                self.n_too_long[status[i]] += 1
+                ttft[i] = math.inf
+                flag[i] = REJECTED | TOO_LONG
+                continue
+            o = OUT[i]
+            streamed = True
+            if ns is not None and ns[i]:
+                streamed = False
             r = -1
             if routable:
                 r = routable[0] if len(routable) == 1 else min(routable, key=key)
-                if fi[r] >= overflow:
+                if fi[r] >= overflow and (streamed or self.ns_rule != "floor_only"):
                     r = -1
             if r >= 0:
                 sl = fslots[r]
                 s0 = sl[0]
-                if s0 > t:
-                    start = s0
-                    wait_s += s0 - t
-                else:
-                    start = t
-                n_floor += 1
-                ps = fpfree[r]
-                if ps < start:
-                    ps = start
-                pe = ps + IN[i] * inv_p
-                fpfree[r] = pe
+                start = s0 if s0 > t else t
+                if start - t > shed_after:
+                    self.n_shed += 1
+                    ttft[i] = math.inf
+                    flag[i] = REJECTED | SHED
+                    continue
                 b = fi[r] + 1
                 if b > c:
                     b = c
-                gap = a0 + a1 * b
-                o = OUT[i]
-                fin = pe + o * gap
+                if dyn:  # the other in-flight sequences' actual prompts, amortised per token gap
+                    gap = t_min + k_step * b + (per_tok * fin_[r] * (b - 1) / fi[r] if b > 1 else 0.0)
+                else:
+                    gap = t_min + k_step * b + interf * (b - 1)
+                u = IN[i]
+                kvp = u * kvs
+                kvfull = kvp + o
+                if fkv[r] + kvfull > kcap:  # growth may overflow the KV cache: the exact check
+                    start, pe, fin, first = self._kv_fit(fruns[r], kcap, t, start, fpfree[r], kvp, u, o, gap,
+                                                         inv_p, gpus)
+                    wait_s += start - t
+                    gap_mean = (fin - first) / (o - 1) if o > 1 else 0.0
+                else:
+                    wait_s += start - t
+                    ps = fpfree[r]
+                    if ps < start:
+                        ps = start
+                    pe = ps + u * inv_p
+                    fin = pe + o * gap
+                    first = pe + gap
+                    gap_mean = gap if o > 1 else 0.0
+                n_floor += 1
+                if pe > fpfree[r]:
+                    fpfree[r] = pe
                 if ab_pos is not None and ab_pos[i] >= 0:
-                    fin = self._abandon(pe + gap, fin, ab_pos[i], gpus / b)
+                    fin = self._abandon(first, fin, ab_pos[i], gpus / b)
                 heapreplace(sl, fin)
-                heappush(done, (fin, r))
+                heappush(done, (fin, r, kvfull, u))
                 fi[r] += 1
-                ttft[i] = pe + gap - t
-                itl[i] = gap if o > 1 else 0.0
+                fkv[r] += kvfull
+                fin_[r] += u
+                rl = fruns[r]
+                rl.append((fin, pe, gap, kvp, o))
+                if len(rl) > prune_at:
+                    rl[:] = [x for x in rl if x[0] > t]
+                ttft[i] = first - t
+                itl[i] = gap_mean
                 if fbad[r]:
                     flag[i] = BAD
             elif has_burst:
-                ttft[i], itl[i], bad = self._burst(t, IN[i], OUT[i], ab_pos[i] if ab_pos is not None else -1.0)
+                if not streamed and self.ns_rule == "require_streaming":
+                    self.n_ns_refused += 1
+                    ttft[i] = math.inf
+                    flag[i] = REJECTED | TOO_LONG  # 400: streaming required on burst
+                    continue
+                if not streamed and self.ns_rule == "cap_max_tokens" and o > self.ns_max_tokens:
+                    o = self.ns_max_tokens
+                    self.n_ns_capped += 1
+                res = self._burst(t, IN[i], o, ab_pos[i] if ab_pos is not None else -1.0, shed_after)
+                if res is None:
+                    self.n_shed += 1
+                    ttft[i] = math.inf
+                    flag[i] = REJECTED | SHED
+                    continue
+                ttft[i], itl[i], bad, total = res
                 flag[i] = BURST | (BAD if bad else 0)
+                if not streamed:
+                    self.n_ns_burst += 1
+                    if total > self.web_cap_s:  # Modal answers with a 303 the client does not follow
+                        self.n_ns_redirected += 1
+                        flag[i] |= BAD
             elif is_api:
                 ttft[i] = math.exp(self.api_mu + self.api_sigma * float(self.rng.standard_normal()))
                 itl[i] = 0.0
@@ -685,6 +887,19 @@ class EndpointSim:
         self._record(chunk.arrival_s, np.asarray(ttft), np.asarray(itl), np.asarray(flag))
         return next_tick
 
+    def _kv_fit(self, runs: list[tuple[float, float, float, float, float]], cap: float, t: float, start: float,
+                pfree: float, kvp: float, uncached: float, out: float, gap: float, inv_p: float,
+                gpus: float) -> tuple[float, float, float, float]:
+        """kv_fit, with its waits and preemptions booked."""
+        start, pe, fin, first, waited, redo = kv_fit(runs, cap, t, start, pfree, kvp, uncached, out, gap, inv_p)
+        if waited:
+            self.kv_admission_waits += 1
+        if redo:
+            self.preemptions += 1
+            self.recomputed_tokens += redo
+            self.recompute_gpu_s += redo * inv_p * gpus
+        return start, pe, fin, first
+
     def _abandon(self, first: float, fin: float, pos: float, gpu_share: float) -> float:
         ab = self.ov.abandon
         assert ab is not None
@@ -695,7 +910,10 @@ class EndpointSim:
         ab.wasted_gpu_s += (fin - leave) * gpu_share
         return fin
 
-    def _burst(self, t: float, uncached: float, out: float, ab_pos: float) -> tuple[float, float, bool]:
+    def _burst(self, t: float, uncached: float, out: float, ab_pos: float,
+               shed_after: float) -> tuple[float, float, bool, float] | None:
+        """One request to the burst tier: (TTFT, mean token gap, served by a bad revision, time to the last
+        token), or None when admission control sheds it (its wait for a slot would pass the bounded wait)."""
         b = self.ep.burst
         assert b is not None
         live, ci = self.live, self.c_inflight
@@ -712,23 +930,47 @@ class EndpointSim:
         eng = self.beng
         sl = self.c_slots[best]
         start = max(t, sl[0])
+        if start - t > shed_after:
+            self.burst_inflight -= 1
+            return None
         if self.c_ready[best] > t and start >= self.c_ready[best]:
             self.cold_waits += 1
-        ps = max(start, self.c_pfree[best])
-        pe = ps + uncached / eng.prefill_tokens_per_s
-        self.c_pfree[best] = pe
         bsz = min(eng.slots, ci[best] + 1)
-        gap = eng.gap_s(bsz)
-        fin = pe + out * gap
+        if eng.planned_uncached_prompt > 0:
+            gap = (eng.t_min + eng.k * bsz
+                   + (eng.interference_per_token * self.c_in[best] * (bsz - 1) / ci[best] if bsz > 1 else 0.0))
+        else:
+            gap = eng.gap_s(bsz)
+        inv_p = 1.0 / eng.prefill_tokens_per_s
+        kvp = uncached / (1.0 - self.hit)
+        kvfull = kvp + out
+        if self.c_kv[best] + kvfull > eng.kv_capacity_tokens:
+            start, pe, fin, first = self._kv_fit(self.c_runs[best], eng.kv_capacity_tokens, t, start,
+                                                 self.c_pfree[best], kvp, uncached, out, gap, inv_p, eng.gpus)
+            gap_mean = (fin - first) / (out - 1) if out > 1 else 0.0
+        else:
+            ps = max(start, self.c_pfree[best])
+            pe = ps + uncached * inv_p
+            fin = pe + out * gap
+            first = pe + gap
+            gap_mean = gap if out > 1 else 0.0
+        if pe > self.c_pfree[best]:
+            self.c_pfree[best] = pe
         if ab_pos >= 0:
-            fin = self._abandon(pe + gap, fin, ab_pos, eng.gpus / bsz)
+            fin = self._abandon(first, fin, ab_pos, eng.gpus / bsz)
         heapq.heapreplace(sl, fin)
-        heapq.heappush(self.done, (fin, -1 - best))
+        heapq.heappush(self.done, (fin, -1 - best, kvfull, uncached))
         ci[best] += 1
+        self.c_kv[best] += kvfull
+        self.c_in[best] += uncached
+        rl = self.c_runs[best]
+        rl.append((fin, pe, gap, kvp, out))
+        if len(rl) > 4 * eng.slots + 16:
+            rl[:] = [x for x in rl if x[0] > t]
         if fin > self.c_last[best]:
             self.c_last[best] = fin
         self.burst_waiting_peak = max(self.burst_waiting_peak, self.burst_inflight - len(live) * eng.slots)
-        return pe + gap - t, (gap if out > 1 else 0.0), self.c_bad[best]
+        return first - t, gap_mean, self.c_bad[best], fin - t
 
     def _record(self, t: np.ndarray, ttft: np.ndarray, itl: np.ndarray, flag: np.ndarray) -> None:
         if len(t) == 0:
@@ -737,13 +979,19 @@ class EndpointSim:
         hour = np.clip(((t - self.start_s) // 3600).astype(np.int64), 0, tl.hours - 1)
         tier = flag & 3
         met = (ttft <= self.ttft_slo) & (itl <= self.itl_slo) & ((flag & BAD) == 0) & (tier != REJECTED)
+        shed = (flag & SHED) != 0
+        no_replica = (flag & (3 | TOO_LONG | SHED)) == REJECTED  # 503: no ready replica
         tl.arrivals += np.bincount(hour, minlength=tl.hours)
         tl.met += np.bincount(hour, weights=met, minlength=tl.hours)
         tl.burst_requests += np.bincount(hour, weights=tier == BURST, minlength=tl.hours)
-        tl.rejected += np.bincount(hour, weights=tier == REJECTED, minlength=tl.hours)
-        tl.ttft_hist += np.bincount(hist_index(ttft), minlength=HIST_BINS)
-        has_gap = itl > 0
-        tl.itl_hist += np.bincount(hist_index(itl[has_gap]), minlength=HIST_BINS)
+        tl.rejected += np.bincount(hour, weights=no_replica, minlength=tl.hours)
+        ttft_h, itl_h = ttft, itl
+        if (flag >= TOO_LONG).any():  # refused before any GPU (413/400/429): counted apart, not as latencies
+            kept = (flag & (TOO_LONG | SHED)) == 0
+            ttft_h, itl_h = ttft[kept], itl[kept]
+        tl.ttft_hist += np.bincount(hist_index(ttft_h), minlength=HIST_BINS)
+        has_gap = itl_h > 0
+        tl.itl_hist += np.bincount(hist_index(itl_h[has_gap]), minlength=HIST_BINS)
         fin = ttft[np.isfinite(ttft)]
         if fin.size:
             tl.ttft_max = max(tl.ttft_max, float(fin.max()))
@@ -755,13 +1003,15 @@ class EndpointSim:
                 tl.minute_arrivals += np.bincount(m, minlength=len(tl.minute_arrivals))[: len(tl.minute_arrivals)]
                 tl.minute_met += np.bincount(m, weights=met[sel], minlength=len(tl.minute_arrivals))[
                     : len(tl.minute_arrivals)]
+                tl.minute_shed += np.bincount(m, weights=shed[sel], minlength=len(tl.minute_arrivals))[
+                    : len(tl.minute_arrivals)]
                 served = ttft[sel][np.isfinite(ttft[sel])]  # 503s are counted apart, not as a latency
                 if served.size:
                     tl.focus_ttft_max = max(tl.focus_ttft_max, float(served.max()))
         self.n_total += len(t)
         self.n_burst += int((tier == BURST).sum())
         self.n_api += int((tier == API).sum())
-        self.n_rejected += int((tier == REJECTED).sum())
+        self.n_rejected += int(no_replica.sum())
         if self.ov.rollout is not None:
             self.ov.rollout.bad_requests += int(((flag & BAD) != 0).sum())
 

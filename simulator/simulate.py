@@ -93,6 +93,24 @@ class EndpointResult:
     burst_backlog_polls: int = 0  # autoscaler polls where that trigger asked for more than every other one
     burst_backlog_replicas_added: int = 0  # floor replicas added beyond what the queue and cron triggers asked
     burst_inflight_peak: int = 0  # most requests in flight to burst at an autoscaler poll
+    too_long_413: int = 0  # prompts over the product limit whose body passed the gateway's cap (raw tokens)
+    too_long_400: int = 0  # prompts over the product limit the engine refused (prompt + output > max_model_len)
+    preemptions: int = 0  # vLLM recompute preemptions (KV cache full)
+    recomputed_tokens: float = 0.0
+    recompute_gpu_s: float = 0.0
+    kv_admission_waits: int = 0  # requests that waited for KV blocks with a sequence slot free
+    shed: int = 0  # admission control: 429 after the bounded wait
+    focus_minute_shed: tuple[float, ...] = ()
+    non_streamed_burst: int = 0  # non-streamed requests served by burst
+    non_streamed_capped: int = 0  # … whose max_tokens the burst rule capped
+    non_streamed_refused: int = 0  # … refused (400) because burst requires streaming
+    non_streamed_redirected: int = 0  # … that ran past Modal's web-request cap (303, a failure)
+
+    @property
+    def admitted_goodput(self) -> float:
+        """Goodput of the requests admitted (not shed with 429, not refused as over the product limit)."""
+        admitted = self.requests - self.shed - self.too_long_413 - self.too_long_400
+        return self.goodput * self.requests / admitted if admitted > 0 else 1.0
 
     @property
     def full_week(self) -> bool:
@@ -147,6 +165,7 @@ def simulate_endpoint(
     tick_s = float(ep.autoscaling.polling_interval_s) if ep.autoscaling else 15.0
     next_tick = start_s + tick_s
     for chunk in arrivals(ep_in, trace, start_s, end_s, rng, spike=spike, raw_tokens=raw_tokens, chunk_s=CHUNK_S,
+                          body_cap=ep.gateway.max_request_body_bytes,
                           rate_scale=rate_scale):
         next_tick = sim.feed(chunk, tick_s, next_tick)
         if progress is not None:
@@ -251,6 +270,12 @@ def _result(sim: EndpointSim, ep: EndpointSpec, start_h: float, end_h: float) ->
         diagnostics=tuple(_diagnostics(sim, ep)),
         burst_backlog_threshold=_backlog_threshold(sim, ep), burst_backlog_polls=sim.backlog_polls,
         burst_backlog_replicas_added=sim.backlog_replicas_added, burst_inflight_peak=sim.backlog_peak,
+        too_long_413=sim.n_too_long[413], too_long_400=sim.n_too_long[400], preemptions=sim.preemptions,
+        recomputed_tokens=sim.recomputed_tokens, recompute_gpu_s=sim.recompute_gpu_s,
+        kv_admission_waits=sim.kv_admission_waits, shed=sim.n_shed,
+        focus_minute_shed=tuple(float(x) for x in tl.minute_shed),
+        non_streamed_burst=sim.n_ns_burst, non_streamed_capped=sim.n_ns_capped,
+        non_streamed_refused=sim.n_ns_refused, non_streamed_redirected=sim.n_ns_redirected,
     )
 
 
@@ -420,6 +445,22 @@ def summary(res: SimResult, markdown: bool = False) -> str:
             out.append(("- " if markdown else "  ") + d)
         if e.rejected:
             out.append(("- " if markdown else "  ") + f"{e.endpoint}: {e.rejected:,} requests got 503 (no ready replica)")
+        if e.too_long_413 or e.too_long_400:
+            out.append(("- " if markdown else "  ") + f"{e.endpoint}: {e.too_long_413 + e.too_long_400:,} prompts over "
+                       f"the product limit refused ({e.too_long_413:,} × 413 at the gateway's body cap, "
+                       f"{e.too_long_400:,} × 400 from the engine: prompt + output > max_model_len)")
+        if e.preemptions or e.kv_admission_waits:
+            out.append(("- " if markdown else "  ") + f"{e.endpoint}: KV cache full: {e.preemptions:,} preemptions "
+                       f"recomputed {e.recomputed_tokens:,.0f} tokens ({e.recompute_gpu_s:,.0f} GPU-s); "
+                       f"{e.kv_admission_waits:,} requests waited for KV blocks with a slot free")
+        if e.shed:
+            out.append(("- " if markdown else "  ") + f"{e.endpoint}: admission control shed {e.shed:,} requests "
+                       f"({e.shed / max(1, e.requests):.2%}, 429 + Retry-After); admitted goodput "
+                       f"{e.admitted_goodput:.2%}")
+        if e.non_streamed_capped or e.non_streamed_refused or e.non_streamed_redirected:
+            out.append(("- " if markdown else "  ") + f"{e.endpoint}: non-streamed on burst: {e.non_streamed_burst:,} "
+                       f"served, {e.non_streamed_capped:,} with max_tokens capped, {e.non_streamed_refused:,} refused "
+                       f"(streaming required), {e.non_streamed_redirected:,} past Modal's web cap (303)")
     out += [("- " if markdown else "  ") + n for n in res.notes]
     return "\n".join(out)
 

@@ -243,6 +243,24 @@ class Chunk:
     arrival_s: np.ndarray
     input_tokens: np.ndarray
     output_tokens: np.ndarray
+    status: np.ndarray | None = None  # raw tokens: 413 / 400 for prompts over the product limit, else 0
+
+
+# a prompt's request body, bytes per token: ~4 characters of English text per token (OpenAI's rule of thumb),
+# JSON-escaped; the gateway's body cap allows 8 (topology/plan/gateway.py), so 413 comes only past ~2× the limit
+BODY_BYTES_PER_TOKEN = 4
+
+
+def over_limit_status(ep: EndpointInputs, max_request_body_bytes: int | None, ins: np.ndarray,
+                      outs: np.ndarray) -> np.ndarray:
+    """What the product answers a request whose prompt + output does not fit the context (max_model_len):
+    413 when its body already passes the gateway's cap, else vLLM's 400 (prompt + max_tokens over
+    max_model_len); 0 for requests that fit."""
+    over = ins + outs > ep.shape.product_max_context_tokens
+    status = np.where(over, 400, 0)
+    if max_request_body_bytes is not None:
+        status = np.where(over & (ins * BODY_BYTES_PER_TOKEN > max_request_body_bytes), 413, status)
+    return status.astype(np.int64)
 
 
 def arrivals(
@@ -256,6 +274,7 @@ def arrivals(
     raw_tokens: bool = False,
     chunk_s: float = 600.0,
     rate_scale: float = 1.0,
+    body_cap: int | None = None,
 ) -> Iterator[Chunk]:
     """Time-ordered chunks of arrivals in [start_s, end_s) (the week repeats when end_s > one week)."""
     base, alpha = minute_rates(ep, trace)
@@ -277,7 +296,7 @@ def arrivals(
         on = (mid >= spike.start_s) & (mid < spike.start_s + spike.minutes * 60.0)
         rates = np.where(on, rates * spike.factor, rates)
     if isinstance(trace, RequestTrace):
-        yield from _trace_arrivals(ep, trace, mins, rates, start_s, end_s, rng, raw_tokens, chunk_s)
+        yield from _trace_arrivals(ep, trace, mins, rates, start_s, end_s, rng, raw_tokens, chunk_s, body_cap)
         return
     mu_in, sg_in = lognormal_params(ep.shape.input_tokens_mean, ep.shape.input_tokens_p99)
     mu_out, sg_out = lognormal_params(ep.shape.output_tokens_mean, ep.shape.output_tokens_p99)
@@ -299,7 +318,7 @@ def arrivals(
 
 def _trace_arrivals(
     ep: EndpointInputs, trace: RequestTrace, mins: np.ndarray, rates: np.ndarray, start_s: float, end_s: float,
-    rng: np.random.Generator, raw_tokens: bool, chunk_s: float,
+    rng: np.random.Generator, raw_tokens: bool, chunk_s: float, body_cap: int | None = None,
 ) -> Iterator[Chunk]:
     # cumulative expected arrivals at each minute boundary of the window
     cum = np.concatenate([[0.0], np.cumsum(rates * 60.0)])
@@ -327,5 +346,10 @@ def _trace_arrivals(
         t, idx = t[order], idx[order]
         keep = (t >= start_s) & (t < end_s)
         t, idx = t[keep], idx[keep]
+        if raw_tokens:  # the replayed prompts as they are: over the product limit they are refused, not clipped
+            outs = np.clip(np.rint(trace.output_tokens[idx]), 1, ep.shape.max_tokens)
+            ins = np.maximum(np.rint(trace.input_tokens[idx]), 1)
+            yield Chunk(t, ins, outs, over_limit_status(ep, body_cap, ins, outs))
+            continue
         ins, outs = _clip_tokens(ep, trace.input_tokens[idx] * k_in, trace.output_tokens[idx] * k_out)
         yield Chunk(t, ins, outs)

@@ -64,12 +64,13 @@ def test_spike_on_floor_plus_burst_is_carried_by_burst_containers(planned_stacks
 
 
 def test_spike_beyond_the_burst_grows_the_floor_through_the_burst_backlog_trigger(planned_stacks):
-    """prod autocomplete, 3× for 10 min: in flight to burst passes its planned capacity (the trigger's
-    threshold), so the floor scales up too; the same spec without that trigger adds no replicas."""
+    """prod autocomplete, 9× for 10 min (beyond the 3× spike its burst headroom is sized for): in flight to burst
+    passes the burst's capacity (the trigger's threshold), so the floor scales up too; the same spec without
+    that trigger adds no replicas."""
     inputs, spec = planned_stacks["prod"]
     ep = spec.endpoint("autocomplete")
     threshold = ep.autoscaling.burst_backlog_threshold
-    r = spike(inputs, spec, "autocomplete", factor=3.0, minutes=10.0)
+    r = spike(inputs, spec, "autocomplete", factor=9.0, minutes=10.0)
     assert r.shows_effect, r.finding
     base_added, hit_added = r.values["replicas added by the burst-backlog trigger"]
     assert base_added == 0 < hit_added
@@ -79,7 +80,7 @@ def test_spike_beyond_the_burst_grows_the_floor_through_the_burst_backlog_trigge
 
     no = ep.model_copy(update={"autoscaling": ep.autoscaling.model_copy(update={"burst_backlog_threshold": None})})
     without = spec.model_copy(update={"endpoints": tuple(no if e.name == ep.name else e for e in spec.endpoints)})
-    r0 = spike(inputs, without, "autocomplete", factor=3.0, minutes=10.0)
+    r0 = spike(inputs, without, "autocomplete", factor=9.0, minutes=10.0)
     assert "replicas added by the burst-backlog trigger" not in r0.values
     assert r0.values["pod / node cold starts"] == (0.0, 0.0)  # the floor's own queue never asked for more
 

@@ -78,7 +78,11 @@ def test_burst_is_sized_to_the_peak_above_the_floor_in_burst_containers():
     above_floor = peak - np.asarray(e.floor.replicas_by_hour) * per_slice
     assert 1 <= e.burst.max_containers <= 60  # the input cap
     assert (above_floor <= e.burst.max_containers * per_container + 0.01).all()  # covered (rates are rounded)
-    assert above_floor.max() > (e.burst.max_containers - 1) * per_container + 0.01  # and not oversized
+    # headroom for the spike the endpoint must absorb (traffic.spike_factor, default 3× the peak), not beyond
+    spike = 3.0 * peak - np.asarray(e.floor.replicas_by_hour) * per_slice
+    assert e.burst.spike_containers == e.burst.max_containers
+    assert (spike <= e.burst.max_containers * per_container + 0.01).all()
+    assert spike.max() > (e.burst.max_containers - 1) * per_container + 0.01
 
 
 def test_serverless_cap_too_small_makes_serverless_infeasible_with_the_reason():
@@ -209,7 +213,8 @@ def test_tighter_inter_token_slo_limits_concurrency():
 
 def test_bundled_stacks_plan_with_only_expected_warnings(stack):
     name, inputs, spec = stack
-    expected = ("long pastes at max × max concurrency", "limits a replica to", "capacity is estimated")
+    expected = ("long pastes at max × max concurrency", "limits a replica to", "capacity is estimated",
+                "spike needs", "at the planned p99 prompt")
     for w in spec.warnings:
         assert any(x in w for x in expected), f"{name}: unexpected warning {w}"
     if name == "dev":

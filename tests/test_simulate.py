@@ -37,7 +37,7 @@ def test_mmc_mean_wait_matches_erlang_c(planned_stacks, servers, rho):
     gap = mean_service_s / tokens_mean  # service = output tokens × gap, tokens exponential
     eng = Engine(slots=servers, prefill_tokens_per_s=1e15, t_min=gap, k=0.0, interference=0.0,
                  kv_capacity_tokens=1e12, gpus=1.0)
-    ov = Overrides(engine=eng, fixed_replicas=1)
+    ov = Overrides(engine=eng, fixed_replicas=1, admission=False)  # the queue itself: no 429 after a bounded wait
     ep_in = next(e for e in inputs.endpoints if e.name == "guard")
     n = 1_000_000
     lam = rho * servers / mean_service_s
@@ -232,21 +232,22 @@ def _without_burst_backlog_trigger(spec, name):
 
 
 @pytest.mark.parametrize("in_flight,threshold_set,replicas_after", [
-    (588, True, 8),  # exactly at the threshold: ⌈8 × 1⌉ = 8, nothing to add
-    (600, True, 9),  # ⌈8 × 600 / 588⌉ = ⌈8.16⌉ = 9: one more, not the step cap of two
-    (900, True, 10),  # ⌈12.2⌉ = 13, capped at two per period
-    (900, False, 8),  # no trigger: the floor's queue is empty, so nothing asks for more
+    (1176, True, 8),  # exactly at the threshold: ⌈8 × 1⌉ = 8, nothing to add
+    (1200, True, 9),  # ⌈8 × 1200 / 1176⌉ = ⌈8.16⌉ = 9: one more, not the step cap of two
+    (1800, True, 10),  # ⌈12.2⌉ = 13, capped at two per period
+    (1800, False, 8),  # no trigger: the floor's queue is empty, so nothing asks for more
 ])
 def test_burst_backlog_trigger_asks_for_current_times_value_over_threshold(planned_stacks, in_flight, threshold_set,
                                                                            replicas_after):
-    """The HPA's Value-metric rule at one poll on prod assist (8 replicas, threshold 588, step cap 2)."""
+    """The HPA's Value-metric rule at one poll on prod assist (8 replicas, threshold 1176 = 24 containers (the
+    spike headroom, at the max_containers_cap) × 49 target inputs, step cap 2)."""
     inputs, spec = planned_stacks["prod"]
     if not threshold_set:
         spec = _without_burst_backlog_trigger(spec, "assist")
     ep = spec.endpoint("assist")
     assert ep.autoscaling.scale_up_pods_per_period == 2 and ep.floor.base_replicas == max(ep.floor.replicas_by_hour)
     if threshold_set:
-        assert ep.autoscaling.burst_backlog_threshold == 588 == ep.burst.max_containers * ep.burst.target_inputs
+        assert ep.autoscaling.burst_backlog_threshold == 1176 == ep.burst.max_containers * ep.burst.target_inputs
     ep_in = next(e for e in inputs.endpoints if e.name == "assist")
     start = 10 * 3600.0
     sim = EndpointSim(inputs, ep_in, ep, start, start + 3600.0, np.random.default_rng(0))
@@ -259,13 +260,14 @@ def test_burst_backlog_trigger_asks_for_current_times_value_over_threshold(plann
 
 
 def test_floor_grows_on_a_saturated_burst_only_with_the_burst_backlog_trigger(planned_stacks):
-    """prod autocomplete at 3× its peak for 10 minutes: the burst (3 containers × 39) saturates while the
+    """prod autocomplete at 9× its peak for 10 minutes (3× the spike its burst headroom is sized for): the burst
+    (9 containers × 39) saturates while the
     gateway keeps the floor's own queue short. With the trigger the floor grows and the diagnostic says by
     how much; without it the floor stays put and the diagnostic says the autoscaler never saw the backlog."""
     inputs, spec = planned_stacks["prod"]
     p = peak_hour(next(e for e in inputs.endpoints if e.name == "autocomplete"))
     at = p * 3600.0 + 600.0
-    kw = dict(seed=0, start_h=p - 0.5, end_h=p + 1.0, spike=Spike(3.0, at, 10.0))
+    kw = dict(seed=0, start_h=p - 0.5, end_h=p + 1.0, spike=Spike(9.0, at, 10.0))
     with_t = simulate_endpoint(inputs, spec, "autocomplete", **kw)
     without = simulate_endpoint(inputs, _without_burst_backlog_trigger(spec, "autocomplete"), "autocomplete", **kw)
     threshold = spec.endpoint("autocomplete").autoscaling.burst_backlog_threshold

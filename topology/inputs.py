@@ -153,6 +153,22 @@ class Traffic(_Inputs):
         default=None,
         description="Derive the profile from a rate trace instead (resolved by topology.load_inputs before planning).",
     )
+    spike_factor: float = Field(
+        default=3.0, ge=1, le=20,
+        description="Spike the endpoint must absorb: traffic × this over the busiest hour's peak for spike_minutes. "
+        "Default 3 (the doctrine's spike drill: a launch, a retry storm or a client batch job triples traffic); "
+        "burst headroom is sized to it, beyond it the gateway sheds (429).",
+    )
+    spike_minutes: float = Field(
+        default=10.0, gt=0, le=240,
+        description="Duration of that spike, minutes (default 10: the doctrine's drill; longer spikes are what the "
+        "floor's autoscaler, not burst headroom, must carry).",
+    )
+    non_streamed_fraction: float = Field(
+        default=0.25, ge=0, le=1,
+        description="Share of requests sent without stream=true (they get nothing until done). No public figure "
+        "exists; 0.25 assumes chat UIs stream and API/batch callers do not. Measure it from gateway logs.",
+    )
 
     @field_validator("timezone")
     @classmethod

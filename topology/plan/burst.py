@@ -17,21 +17,38 @@ from .demand import Demand
 from .options import OptionEval
 from .placement import Placement
 from .section import Section
+from .limits import non_streamed_burst_rule, spike_headroom
 from .timing import longest_request_s, serverless_cold_start_s
 from .weights import bucket_name
 
 
+def _spike(inp: CostInputs, ep: EndpointInputs, demand: Demand, pl: Placement, sls: Placement, win: OptionEval):
+    floor = win.floor_by_hour if win.floor_by_hour is not None and win.tier == "floor_plus_burst" else None
+    floor_rps = (np.asarray(floor, dtype=float) * pl.planning_rps if floor is not None
+                 else np.zeros(HOURS_PER_WEEK))
+    usd_s = (inp.prices.serverless_usd_per_gpu_second[sls.gpu_kind] * ep.serverless.region_price_multiplier
+             * sls.gpu_fraction_per_replica)
+    return spike_headroom(ep, demand.peak_rps, floor_rps, sls, usd_s, serverless_cold_start_s(ep))
+
+
 def burst_spec(
     inp: CostInputs, ep: EndpointInputs, demand: Demand, sls: Placement, win: OptionEval,
-    catalog: Mapping[str, GpuKind],
+    catalog: Mapping[str, GpuKind], pl: Placement | None = None,
 ) -> BurstSpec:
     cold = serverless_cold_start_s(ep)
     warm = win.warm_min_by_hour if win.warm_min_by_hour is not None else np.zeros(HOURS_PER_WEEK, int)
     always = bool(warm.min() >= 1)
     schedule = () if always else hour_windows(warm > 0, 1, cold)
-    max_c = max(1, min(ep.serverless.max_containers_cap, win.burst_max_containers))
+    spike = _spike(inp, ep, demand, pl or sls, sls, win)
+    ns = non_streamed_burst_rule(ep, sls, has_floor=win.tier == "floor_plus_burst")
+    # headroom for the spike the endpoint must absorb: the cap is free until used (only running containers bill)
+    max_c = max(1, min(ep.serverless.max_containers_cap, max(win.burst_max_containers, spike.containers)))
     ramp_rps_per_s = max(0.0, float(np.max(np.diff(demand.peak_rps)))) / 3600.0
-    buffer = min(max_c, math.ceil(ramp_rps_per_s * cold / sls.planning_rps)) if win.tier == "serverless_only" else 0
+    # the buffer as it ran under the planned peak's cap (at most that cap − 1 beyond the containers in use): the
+    # spike headroom raises the cap, and must not turn a buffer the planned cap held back into billed containers
+    planned_max = max(1, min(ep.serverless.max_containers_cap, win.burst_max_containers))
+    buffer = (min(planned_max - 1, math.ceil(ramp_rps_per_s * cold / sls.planning_rps))
+              if win.tier == "serverless_only" else 0)
     kind = catalog[sls.gpu_kind]
     return BurstSpec(
         app_name=f"{inp.project}-{inp.environment}-{ep.name}-burst", environment=inp.environment,
@@ -46,7 +63,8 @@ def burst_spec(
         enable_memory_snapshot=ep.serverless.gpu_snapshots, enable_gpu_snapshot=ep.serverless.gpu_snapshots,
         volume_name=f"{inp.project}-{inp.environment}-{ep.name}-weights", weights_region=ep.serverless.weights_region,
         weights_bucket=bucket_name(inp, ep.serverless.weights_region), min_containers_schedule=schedule,
-        schedule_timezone=ep.traffic.timezone,
+        schedule_timezone=ep.traffic.timezone, non_streamed_rule=ns.rule, non_streamed_max_tokens=ns.max_tokens,
+        spike_containers=spike.containers,
     )
 
 
@@ -55,11 +73,18 @@ def burst_section(
     catalog: Mapping[str, GpuKind],
 ) -> Section[BurstSpec]:
     """`pl` is the floor's placement (the serverless one when serverless_only), for the derivation's text."""
-    burst = burst_spec(inp, ep, demand, sls, win, catalog)
+    burst = burst_spec(inp, ep, demand, sls, win, catalog, pl)
+    spike = _spike(inp, ep, demand, pl, sls, win)
+    ns = non_streamed_burst_rule(ep, sls, has_floor=win.tier == "floor_plus_burst")
+    warnings: tuple[str, ...] = ()
+    if spike.containers > ep.serverless.max_containers_cap:
+        warnings = (f"{ep.name}: a {ep.traffic.spike_factor:g}× spike needs {spike.containers} burst containers > "
+                    f"serverless.max_containers_cap {ep.serverless.max_containers_cap}: beyond the cap the gateway "
+                    "sheds (429 after its bounded wait)",)
     derivs = (Derivation(
         figure="burst_max_containers", value=burst.max_containers, unit="containers",
         formula=f"⌈max over hours (peak − floor × {pl.planning_rps:.3f}) / {sls.planning_rps:.3f}⌉, cap "
         f"{ep.serverless.max_containers_cap}",
         inputs=("traffic.hourly_mean_requests_per_s", "traffic.within_hour_peak_factor", "serverless.max_containers_cap"),
-    ),)
-    return Section(burst, derivs)
+    ), spike.derivation, ns.derivation)
+    return Section(burst, derivs, warnings)

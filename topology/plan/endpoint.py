@@ -22,6 +22,7 @@ from .demand import Demand
 from .economics import economics_section
 from .engine import engine_section
 from .gateway import gateway_spec
+from .limits import admission, kv_at_p99_prompt
 from .nodepools import node_pools
 from .options import OptionEval, mig_decision
 from .placement import Placement, capacity_section, replica_capacity
@@ -104,6 +105,13 @@ def build_endpoint_spec(
         warnings.extend(ro.warnings)
         rollout, engine = ro.spec, ro.served_engine
         gateway = gateway.model_copy(update={"canary": ro.canary, "shadow": ro.shadow})
+    derivs.append(admission(ep, pl, serverless_cold_start_s(ep) if burst is not None else 0.0).derivation)
+    if ded_pl is not None:
+        kv = kv_at_p99_prompt(ep, ded_pl, gateway.overflow_inflight_per_replica if burst is not None
+                              else ded_pl.usable_concurrency)
+        derivs.append(kv.derivation)
+        if kv.warning:
+            warnings.append(kv.warning)
     spec = EndpointSpec(
         name=ep.name, model_name=ep.model.name, model_revision=engine.model_revision, tier=win.tier,
         runner_up=runner.tier if runner else None, why_runner_up_lost=why, alternatives=_alternatives(options),

@@ -8,6 +8,7 @@ import math
 from ..gateway_timing import heartbeat_interval_s
 from ..inputs import EndpointInputs
 from ..spec import BurstSpec, GatewaySpec, TenantSpec
+from .limits import admission
 from .placement import Placement
 from .timing import longest_request_s, serverless_cold_start_s
 
@@ -27,6 +28,7 @@ def gateway_spec(ep: EndpointInputs, pl: Placement, burst: BurstSpec | None) -> 
         TenantSpec(name=t, api_key_secret_key=f"{t}-api-key", cache_salt_secret_key=f"{t}-cache-salt" if multi else None)
         for t in ep.tenants
     )
+    adm = admission(ep, pl, cold if burst is not None else 0.0)
     return GatewaySpec(
         overflow_inflight_per_replica=max(1, math.floor(pl.usable_concurrency * pl.planning_utilisation)),
         first_byte_timeout_s=first_byte, max_request_s=longest_request_s(ep, pl), inter_chunk_timeout_s=inter_chunk,
@@ -35,4 +37,7 @@ def gateway_spec(ep: EndpointInputs, pl: Placement, burst: BurstSpec | None) -> 
         max_tokens=s.max_tokens, retry_budget_fraction=RETRY_BUDGET_FRACTION, max_retries=1,
         sticky_hash_header="X-Session-Id", cache_isolation="cache_salt" if multi else "single_tenant",
         tenants=tenants, canary=None,  # canary and shadow: set by the rollout section
+        admission_queue_timeout_s=adm.queue_timeout_s, admission_inflight_per_floor_replica=pl.usable_concurrency,
+        admission_burst_inflight=burst.max_containers * burst.max_inputs if burst is not None else 0,
+        retry_after_s=adm.retry_after_s,
     )

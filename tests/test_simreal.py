@@ -1,0 +1,151 @@
+"""Long prompts, the KV cache, spike admission and Modal's web-request cap (#10 items 2, 5; #12 item 5)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulator.drills import spike
+from simulator.engine import Engine, EndpointSim, Overrides
+from simulator.simulate import simulate_endpoint
+from simulator.traffic import Chunk, load_trace
+from topology.plan.limits import MODAL_WEB_REQUEST_CAP_S, non_streamed_burst_rule
+from topology.plan.placement import Placement
+
+
+def _one_replica(planned_stacks, cap_tokens: float):
+    inputs, spec = planned_stacks["prod"]
+    eng = Engine(slots=8, prefill_tokens_per_s=1e9, t_min=0.01, k=0.0, interference=0.0,
+                 kv_capacity_tokens=cap_tokens, gpus=1.0)
+    ep_in = next(e for e in inputs.endpoints if e.name == "guard")
+    return EndpointSim(inputs, ep_in, spec.endpoint("guard"), 0.0, 3600.0, np.random.default_rng(0),
+                       Overrides(engine=eng, fixed_replicas=1))
+
+
+def test_kv_overflow_preempts_the_newest_and_it_recomputes_hand_worked(planned_stacks):
+    """Four 900-token prompts × 300 tokens out on one replica with a 4,000-token KV cache, a 10 ms step at any
+    batch, prefill instant. By hand (vLLM v1 FCFS): all four fit at admission (3,600); each step adds 4 tokens,
+    so after 100 steps (1.0 s) the cache is full and the newest is preempted with 100 tokens generated. The
+    other three finish at 3.0 s; it comes back, recomputes 900 + 100 tokens and decodes its last 200 alone:
+    done at 3.0 + 200 × 0.01 = 5.0 s."""
+    sim = _one_replica(planned_stacks, 4_000)
+    t = np.array([0.0, 1e-6, 2e-6, 3e-6])
+    sim.feed(Chunk(t, np.full(4, 900.0), np.full(4, 300.0)), 15.0, 15.0)
+    assert sim.preemptions == 1
+    assert sim.recomputed_tokens == pytest.approx(1000, abs=2)
+    last = max(f for f, *_ in sim.done)
+    assert last == pytest.approx(5.0, abs=0.02)
+    # the same four with 50 tokens out fit at full length (4 × 950 ≤ 4,000): nothing is preempted
+    fits = _one_replica(planned_stacks, 4_000)
+    fits.feed(Chunk(t, np.full(4, 900.0), np.full(4, 50.0)), 15.0, 15.0)
+    assert fits.preemptions == 0
+
+
+def test_a_prompt_waits_for_kv_blocks_when_the_cache_is_full(planned_stacks):
+    """Two 3,000-token prompts, 100 tokens out, 4,000-token cache: the second does not fit beside the first
+    (3,000 + 3,000 > 4,000) though a slot is free, so it starts when the first finishes at 1.0 s."""
+    sim = _one_replica(planned_stacks, 4_000)
+    sim.feed(Chunk(np.array([0.0, 1e-6]), np.full(2, 3000.0), np.full(2, 100.0)), 15.0, 15.0)
+    assert sim.kv_admission_waits == 1 and sim.preemptions == 0
+    assert max(f for f, *_ in sim.done) == pytest.approx(2.0, abs=0.02)
+
+
+def test_mooncake_replay_with_raw_tokens_reports_rejections_and_preemptions(planned_stacks, root):
+    """prod assist at its planned 3× spike for 15 minutes of Friday's peak, Mooncake prompts as they are: the
+    prompts past the 16,384-token product limit are refused (413/400) and counted, not clipped; the rest
+    overflow replicas' KV caches and are preempted; nothing is silently served."""
+    inputs, spec = planned_stacks["prod"]
+    trace = load_trace(root / "traces" / "mooncake_synthetic.jsonl")
+    r = simulate_endpoint(inputs, spec, "assist", seed=0, trace=trace, start_h=116.0, end_h=116.25,
+                          raw_tokens=True, rate_scale=3.0)
+    refused = r.too_long_413 + r.too_long_400
+    # the trace's share over the limit (prompt + output > 16,384), counted independently of the simulator
+    ins, outs = trace.input_tokens, np.minimum(trace.output_tokens, 2048)
+    share = float(np.mean(ins + outs > 16384))
+    assert refused / r.requests == pytest.approx(share, abs=0.03)
+    assert r.too_long_413 > 0 and r.too_long_400 > 0
+    assert r.preemptions > 0 and r.recomputed_tokens > 0
+    assert r.goodput <= 1 - refused / r.requests  # refused requests are misses, not silently served
+    scaled = simulate_endpoint(inputs, spec, "assist", seed=0, trace=trace, start_h=116.0, end_h=116.25,
+                               raw_tokens=False, rate_scale=3.0)
+    assert scaled.too_long_413 + scaled.too_long_400 == 0  # scaled to the shape: nothing over the limit
+
+
+def test_spike_drill_keeps_admitted_goodput_and_states_the_shed_share(planned_stacks):
+    """prod assist, 3× for 10 minutes at the peak: admission control (bounded wait, then 429) keeps the
+    admitted requests at ≥ 99% goodput; the shed share is reported (and is what the cap could not carry)."""
+    inputs, spec = planned_stacks["prod"]
+    r = spike(inputs, spec, "assist", factor=3.0, minutes=10.0)
+    adm_base, adm_spike = r.values["admitted goodput (window)"]
+    shed_base, shed_spike = r.values["shed with 429 (window)"]
+    assert adm_spike >= 0.99
+    assert 0 < shed_spike < 0.10 and shed_spike > shed_base
+    assert r.values["goodput (window)"][1] < adm_spike
+    assert "shed" in r.finding
+
+
+def _placement(decode_tok_s: float, seqs: int) -> Placement:
+    return Placement(gpu_kind="H100", mig_profile=None, gpus_per_replica=4, replicas_per_gpu=1,
+                     decode_tokens_per_s=decode_tok_s, prefill_tokens_per_s=28_000, measured_max_seqs=seqs,
+                     usable_concurrency=seqs, memory_gb=320, kv_capacity_tokens=2e5, decode_step_floor_s=0.02,
+                     saturated_rps=1.0, slo_utilisation=0.8, planning_utilisation=0.75, planning_rps=1.0,
+                     gpu_s_per_request=1.0, estimated=False, instance_type="p5.48xlarge", gpus_per_node=8,
+                     local_nvme_gb=0)
+
+
+def test_non_streamed_burst_rule_hand_worked(planned_stacks):
+    """prod assist's burst container at its 64 sequences: decode step 64 / 880 tok/s = 72.73 ms, plus the other
+    63 sequences' prefill amortised over their output, 63 × 2,000 × (1 − 0.3) / 28,000 tok/s / 400 = 7.875 ms:
+    a token every 80.60 ms. Modal's 150 s cap less 5 s margin less the 2.5 s TTFT budget leaves 142.5 s →
+    ⌊142.5 / 0.080602⌋ = 1,767 tokens. max_tokens 2,048 does not fit, the p99 output 1,600 does: cap
+    non-streamed burst requests at 1,767."""
+    inputs, spec = planned_stacks["prod"]
+    ep_in = next(e for e in inputs.endpoints if e.name == "assist")
+    rule = non_streamed_burst_rule(ep_in, _placement(880.0, 64), has_floor=True)
+    assert MODAL_WEB_REQUEST_CAP_S == 150
+    assert (rule.rule, rule.max_tokens) == ("cap_max_tokens", 1767)
+    b = spec.endpoint("assist").burst
+    assert (b.non_streamed_rule, b.non_streamed_max_tokens, b.web_request_cap_s) == ("cap_max_tokens", 1767, 150)
+    # half the decode rate: 145.45 + 7.875 = 153.33 ms/token → 929 tokens < the p99 output: with a floor, keep
+    # them on the floor; serverless only: cap at 929 (≥ the 400-token mean); an eighth: 589.7 ms → 241 < 400,
+    # streaming required
+    assert non_streamed_burst_rule(ep_in, _placement(440.0, 64), has_floor=True).rule == "floor_only"
+    slow = non_streamed_burst_rule(ep_in, _placement(440.0, 64), has_floor=False)
+    assert (slow.rule, slow.max_tokens) == ("cap_max_tokens", 929)
+    assert non_streamed_burst_rule(ep_in, _placement(110.0, 64), has_floor=False).rule == "require_streaming"
+
+
+def _with_rule(spec, rule: str):
+    ep = spec.endpoint("assist")
+    ep2 = ep.model_copy(update={"burst": ep.burst.model_copy(update={"non_streamed_rule": rule})})
+    return spec.model_copy(update={"endpoints": tuple(ep2 if e.name == "assist" else e for e in spec.endpoints)})
+
+
+def test_non_streamed_burst_requests_past_modals_cap_fail_only_without_the_rule(planned_stacks):
+    """prod assist at 3× its Friday-peak rate for 15 minutes, a quarter of requests non-streamed: thousands of
+    them overflow to burst. Under the planner's max_tokens cap none runs past Modal's 150 s; with no rule
+    ('fits') some do and get the 303 the client does not follow; 'floor_only' sends none to burst."""
+    inputs, spec = planned_stacks["prod"]
+    assert spec.endpoint("assist").burst.timeout_s > 150  # the burst function itself would run them to 471 s
+    kw = dict(seed=0, start_h=116.0, end_h=116.25, rate_scale=3.0, overrides=Overrides(admission=True))
+    ruled = simulate_endpoint(inputs, spec, "assist", **kw)
+    assert ruled.non_streamed_burst > 1000 and ruled.non_streamed_capped > 0
+    assert ruled.non_streamed_redirected == 0
+    unruled = simulate_endpoint(inputs, _with_rule(spec, "fits"), "assist", **kw)
+    assert unruled.non_streamed_capped == 0 and unruled.non_streamed_redirected > 0
+    floor_only = simulate_endpoint(inputs, _with_rule(spec, "floor_only"), "assist", **kw)
+    assert floor_only.non_streamed_burst == 0 and floor_only.non_streamed_redirected == 0
+
+
+def test_long_prompt_drill_replays_a_trace_with_its_own_prompts(planned_stacks, root):
+    """`--drill long-prompt --trace mooncake --raw-tokens`: the replay through the planned spike reports the
+    refusals over the product limit and the preemptions next to the paste worst case."""
+    from simulator.drills import long_prompt
+
+    inputs, spec = planned_stacks["prod"]
+    r = long_prompt(inputs, spec, "assist", trace=load_trace(root / "traces" / "mooncake_synthetic.jsonl"))
+    refused = r.values["replay: refused over the product limit (413/400)"][1]
+    assert refused > 0.2 * r.values["replay: requests"][1]
+    assert r.values["replay: preemptions"][1] > 0
+    assert r.values["replay: goodput"][1] < r.values["replay: admitted goodput"][1]
+    assert "refused over the product limit" in r.finding and "preemptions" in r.finding

@@ -1,0 +1,153 @@
+"""Limits at the edges of the plan: what a spike the endpoint must absorb costs in burst headroom, how
+non-streamed requests fit under Modal's web-request cap, what a p99 prompt costs in KV cache, and the
+gateway's admission control beyond all that. Pure functions: typed inputs → typed outputs with the arithmetic."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..inputs import EndpointInputs
+from ..spec import Derivation
+from .placement import Placement
+
+# Modal answers a web request that runs past 150 s with a 303 redirect (shared/notes/facts.md, "Checked
+# against upstream"): OpenAI clients do not follow it, so a non-streamed burst request must finish within it.
+MODAL_WEB_REQUEST_CAP_S = 150
+WEB_CAP_MARGIN_S = 5.0  # connection setup and response write-out inside the cap
+
+
+@dataclass(frozen=True)
+class NonStreamedRule:
+    rule: str  # fits | cap_max_tokens | floor_only | require_streaming
+    max_tokens: int | None
+    derivation: Derivation
+
+
+def non_streamed_burst_rule(ep: EndpointInputs, sls: Placement, has_floor: bool) -> NonStreamedRule:
+    """How a non-streamed request sent to burst finishes within Modal's cap. It waits up to the TTFT budget
+    (queue + prefill + first token), then decodes at the container's token gap at full batch (the slowest it
+    runs): the decode step usable_concurrency / decode_tokens_per_s plus the other sequences' prefill amortised
+    over their output (as the simulator's engine). The tokens that fit: ⌊(cap − margin − TTFT budget) / gap⌋. All of max_tokens fit → 'fits'; else when the tokens
+    that fit cover the p99 output (the cap truncates < 1% of answers) → 'cap_max_tokens'; else with a floor →
+    'floor_only' (the floor has no such cap); else (serverless only) 'cap_max_tokens' while the tokens that fit
+    cover the mean output, and 'require_streaming' below that."""
+    ttft_s = ep.slo.ttft_p99_ms / 1000.0
+    s = ep.shape
+    n = sls.usable_concurrency
+    # token gap at full batch: the decode step plus the other sequences' prefill amortised over their output
+    step_s = n / sls.decode_tokens_per_s
+    others_prefill_s = (n - 1) * s.input_tokens_mean * (1 - ep.prefix_cache_hit_fraction) / sls.prefill_tokens_per_s \
+        / s.output_tokens_mean
+    gap_s = step_s + others_prefill_s
+    budget_s = MODAL_WEB_REQUEST_CAP_S - WEB_CAP_MARGIN_S - ttft_s
+    fit = max(0, math.floor(budget_s / gap_s))
+    if fit >= s.max_tokens:
+        rule, mt = "fits", None
+    elif fit >= s.output_tokens_p99:
+        rule, mt = "cap_max_tokens", fit
+    elif has_floor:
+        rule, mt = "floor_only", None
+    elif fit >= s.output_tokens_mean:  # no floor to send them to: a cap truncating > 1% beats refusing them all
+        rule, mt = "cap_max_tokens", fit
+    else:
+        rule, mt = "require_streaming", None
+    d = Derivation(
+        figure="non_streamed_burst_max_tokens", value=float(fit), unit="tokens",
+        formula=f"⌊({MODAL_WEB_REQUEST_CAP_S} s cap − {WEB_CAP_MARGIN_S:g} s margin − {ttft_s:g} s TTFT budget) / "
+        f"({n} / {sls.decode_tokens_per_s:g} tok/s step + {n - 1} × {s.input_tokens_mean:g} × "
+        f"(1 − {ep.prefix_cache_hit_fraction:g}) / {sls.prefill_tokens_per_s:g} / {s.output_tokens_mean:g} others' "
+        f"prefill = {gap_s * 1000:.1f} ms/token)⌋ = {fit} vs max_tokens {s.max_tokens}, output p99 "
+        f"{s.output_tokens_p99:g} → {rule}",
+        inputs=("slo.ttft_p99_ms", "engine.decode_tokens_per_s", "shape.max_tokens", "shape.output_tokens_p99"),
+    )
+    return NonStreamedRule(rule, mt, d)
+
+
+@dataclass(frozen=True)
+class SpikeHeadroom:
+    containers: int  # burst containers the spike needs above the floor
+    usd_per_spike: float  # what one such spike costs in burst containers (nothing while none happens)
+    derivation: Derivation
+
+
+def spike_headroom(ep: EndpointInputs, peak_rps: np.ndarray, floor_rps: np.ndarray, sls: Placement,
+                   usd_per_container_s: float, cold_start_s: float) -> SpikeHeadroom:
+    """Containers for traffic.spike_factor × the within-hour peak above what the floor carries that hour, at the
+    container's planning rate. The cap costs nothing until used (Modal bills running containers only); one spike
+    bills the extra containers for its minutes + their cold start + the scaledown window."""
+    t = ep.traffic
+    need = np.maximum(0.0, peak_rps * t.spike_factor - floor_rps)
+    containers = int(math.ceil(float(need.max()) / sls.planning_rps - 1e-9)) if need.max() > 0 else 0
+    base = int(math.ceil(float(np.maximum(0.0, peak_rps - floor_rps).max()) / sls.planning_rps - 1e-9))
+    extra = max(0, containers - base)
+    held_s = t.spike_minutes * 60.0 + cold_start_s + ep.serverless.scaledown_window_s
+    usd = extra * held_s * usd_per_container_s
+    d = Derivation(
+        figure="spike_burst_containers", value=float(containers), unit="containers",
+        formula=f"⌈max over hours ({t.spike_factor:g} × peak − floor capacity) / {sls.planning_rps:.3f}⌉ = "
+        f"{containers} ({extra} above the planned peak's {base}); one {t.spike_minutes:g}-min spike bills {extra} × "
+        f"({t.spike_minutes * 60:g} + {cold_start_s:g} cold + {ep.serverless.scaledown_window_s} scaledown) s × "
+        f"${usd_per_container_s * 3600:.2f}/h = ${usd:,.2f}; the cap itself costs nothing",
+        inputs=("traffic.spike_factor", "traffic.spike_minutes", "serverless.scaledown_window_s"),
+    )
+    return SpikeHeadroom(containers, usd, d)
+
+
+@dataclass(frozen=True)
+class Admission:
+    queue_timeout_s: float
+    retry_after_s: int
+    derivation: Derivation
+
+
+def admission(ep: EndpointInputs, pl: Placement, cold_start_s: float) -> Admission:
+    """The gateway's bounded wait: what is left of the TTFT budget after a p99 prompt's prefill and one decode
+    step at full batch (a request admitted later could not meet its TTFT SLO anyway). Retry-After: the burst's
+    cold start (capacity added now serves then), at least 1 s."""
+    s = ep.shape
+    ttft_s = ep.slo.ttft_p99_ms / 1000.0
+    prefill_s = s.input_tokens_p99 * (1 - ep.prefix_cache_hit_fraction) / pl.prefill_tokens_per_s
+    step_s = pl.usable_concurrency / pl.decode_tokens_per_s
+    wait = max(0.0, ttft_s - prefill_s - step_s)
+    retry = max(1, math.ceil(cold_start_s))
+    d = Derivation(
+        figure="admission_queue_timeout_s", value=round(wait, 3), unit="s",
+        formula=f"{ttft_s:g} s TTFT − {s.input_tokens_p99:g} × (1 − {ep.prefix_cache_hit_fraction:g}) / "
+        f"{pl.prefill_tokens_per_s:g} tok/s prefill − {pl.usable_concurrency} / {pl.decode_tokens_per_s:g} s step "
+        f"= {wait:.3f} s; then 429, Retry-After {retry} s",
+        inputs=("slo.ttft_p99_ms", "shape.input_tokens_p99", "prefix_cache_hit_fraction"),
+    )
+    return Admission(round(wait, 3), retry, d)
+
+
+@dataclass(frozen=True)
+class KvAtP99:
+    sequences: int  # sequences one replica's KV cache holds at the planned p99 prompt
+    warning: str | None
+    derivation: Derivation
+
+
+def kv_at_p99_prompt(ep: EndpointInputs, pl: Placement, admitted_per_replica: int) -> KvAtP99:
+    """What the endpoint's p99 prompt costs in KV cache: sequences of (p99 prompt + mean output) one replica holds,
+    against what the gateway admits per replica. When fewer fit, a replica full of long prompts preempts
+    (vLLM recomputes the newest) — the report says so rather than shrinking every replica's admission for
+    a 1% prompt (the simulator's raw-token replay counts those preemptions)."""
+    s = ep.shape
+    per_seq = s.input_tokens_p99 + s.output_tokens_mean
+    fits = int(pl.kv_capacity_tokens // per_seq)
+    warn = None
+    if fits < admitted_per_replica:
+        warn = (f"{ep.name}: at the planned p99 prompt ({s.input_tokens_p99:g} tokens + {s.output_tokens_mean:g} out) "
+                f"one replica's KV cache ({pl.kv_capacity_tokens:,.0f} tokens) holds {fits} sequences, the gateway "
+                f"admits {admitted_per_replica}: a replica whose in-flight prompts run long preempts and recomputes "
+                f"(vLLM); at the mean prompt it holds {int(pl.kv_capacity_tokens // (s.input_tokens_mean + s.output_tokens_mean))}")
+    d = Derivation(
+        figure="kv_sequences_at_p99_prompt", value=float(fits), unit="sequences",
+        formula=f"⌊{pl.kv_capacity_tokens:,.0f} KV tokens / ({s.input_tokens_p99:g} + {s.output_tokens_mean:g})⌋ = {fits} "
+        f"vs {admitted_per_replica} admitted per replica",
+        inputs=("shape.input_tokens_p99", "shape.output_tokens_mean"),
+    )
+    return KvAtP99(fits, warn, d)
