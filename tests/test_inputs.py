@@ -116,7 +116,7 @@ def test_every_input_field_has_a_description_and_units_in_numeric_names():
             if f.annotation in (float, int) and fname not in unitless_ok:
                 units = ("_s", "_ms", "_gb", "_mb", "_tokens", "_per_s", "_fraction", "_factor", "_usd", "_billion",
                          "_replicas", "_cap", "_sequences", "_multiplier", "_percent", "_per_token", "_set", "_month",
-                         "_hour", "_second", "gpus_", "_tokens_mean", "_tokens_p99")
+                         "_hour", "_minutes", "_second", "gpus_", "_tokens_mean", "_tokens_p99")
                 assert any(u in fname for u in units), f"{obj.__name__}.{fname} has no unit in its name"
 
 
