@@ -63,7 +63,7 @@ class _TopologyModule(types.ModuleType):
 
     @plan.setter
     def plan(self, value: Any) -> None:
-        pass  # the subpackage binding: the name stays the function
+        """Ignore the import system binding the subpackage here: `topology.plan` stays the function."""
 
 
 sys.modules[__name__].__class__ = _TopologyModule
