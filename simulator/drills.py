@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import heapq
 import math
+from bisect import insort
 from dataclasses import dataclass
+from operator import itemgetter
 
 import numpy as np
 
@@ -308,7 +310,7 @@ def kv_step_replica(eng: Engine, max_seqs: int, prompts: list[float], outs: list
         start, pe, fin, first, _, redo = kv_fit(runs, cap, t, start, pfree, p, p, float(o), gap, inv_p)
         pfree = max(pfree, pe)
         heapq.heapreplace(slots, fin)
-        runs.append((fin, pe, gap, p, float(o)))
+        insort(runs, (fin, pe, gap, p, float(o)), key=itemgetter(0))  # kv_fit reads runs sorted by finish
         fins.append(fin)
         firsts.append(first - t)
         if o > 1:

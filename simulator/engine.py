@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_right, insort
 from collections import deque
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
@@ -52,11 +54,16 @@ HIST_LO = -5.0  # log10 seconds
 HIST_PER_DECADE = 300  # 0.77 % bin width: percentiles good to < 1 %
 API_P99_OVER_P50 = 2.0
 
+_FINISH = itemgetter(0)  # a run's finish time: run lists are kept sorted by it (see kv_fit)
+
 # request flags
 FLOOR, BURST, API, REJECTED = 0, 1, 2, 3
 BAD = 4  # added: served by a bad revision (or otherwise failed after being served: Modal's 303)
 TOO_LONG = 8  # with REJECTED: over the product limit (413/400) or refused by the burst's streaming rule (400)
 SHED = 16  # with REJECTED: admission control's 429 after the bounded wait
+# with REJECTED: no first token within the gateway's first-byte timeout; the gateway ends the request and vLLM aborts
+# it on the disconnect, so it holds no slot or KV afterwards. Counted as a failure with an infinite TTFT.
+TIMED_OUT = 32
 
 
 @dataclass(frozen=True)
@@ -208,7 +215,7 @@ def kv_fit(runs: list[tuple[float, float, float, float, float]], cap: float, t: 
        pfree: float, kvp: float, uncached: float, out: float, gap: float,
        inv_p: float) -> tuple[float, float, float, float, bool, float]:
     """vLLM's KV accounting for one new sequence on a replica whose in-flight sequences `runs` (finish, decode
-    start, token gap, prompt, output) may, grown to full length, not fit the cache `cap` (tokens).
+    start, token gap, prompt, output; sorted by finish) may, grown to full length, not fit the cache `cap` (tokens).
 
     The model (vLLM v1 scheduler, FCFS): a waiting request is admitted only when its prompt fits the free
     KV blocks; each decode step adds one token per running sequence; when a step cannot allocate, the most
@@ -225,10 +232,20 @@ def kv_fit(runs: list[tuple[float, float, float, float, float]], cap: float, t: 
     `_preempt_request` frees its blocks, sets num_computed_tokens = 0 and prepends it to the waiting queue.
     Not modelled: a freed block's prefix-cache hit on the recompute (counted as a full recompute), a second
     preemption of the same request, and the recompute's place in the replica's prefill queue."""
-    runs[:] = [x for x in runs if x[0] > t]
+    del runs[:bisect_right(runs, t, key=_FINISH)]
     waited = False
-    if runs:
-        a = np.asarray(runs)
+    # `runs` is sorted by finish (callers insert with insort): only sequences still running at `start` can hold
+    # KV then or later, so the ones that finish before it (the queue ahead of this request when the replica is
+    # behind) drop out exactly, and the arrays stay near the slot count however long the queue grows
+    live = runs[bisect_right(runs, start, key=_FINISH):]
+    if kvp + out + sum(x[3] + x[4] for x in live) <= cap:
+        # everything still running at its start, grown to full length, fits with it: no wait, no preemption
+        # (the caller's check counted the queue ahead too, which has left by then)
+        ps = max(start, pfree)
+        pe_i = ps + uncached * inv_p
+        return start, pe_i, pe_i + out * gap, pe_i + gap, False, 0.0
+    if live:
+        a = np.asarray(live)
         fin, pe, g, pr, ou = a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4]
     else:
         fin = pe = g = pr = ou = np.zeros(0)
@@ -391,6 +408,7 @@ class EndpointSim:
         self.kv_admission_waits = 0  # requests whose prompt did not fit the KV cache when a slot was free
         self.n_too_long = {413: 0, 400: 0}
         self.n_shed = 0  # admission control: 429 after the bounded wait
+        self.n_timed_out = 0  # no first token within the gateway's first-byte timeout
         # floor replicas: parallel lists indexed by replica id
         self.f_inflight: list[int] = []
         self.f_slots: list[list[float]] = []
@@ -753,6 +771,9 @@ class EndpointSim:
         has_burst, is_api = self.has_burst, self.is_api
         overflow = self.ep.gateway.overflow_inflight_per_replica if has_burst else 1 << 60
         shed_after = self.admission_wait_s
+        # the gateway's Lua filter ends a stream with no first byte in this long (components/gateway_config.py);
+        # it also bounds the replica's queue, which an under-provisioned floor would otherwise grow without end
+        first_byte_s = self.ep.gateway.first_byte_timeout_s
         kvs = 1.0 / (1.0 - self.hit)  # KV holds the whole prompt, cached prefix included
         if self.has_floor:
             fe = self.feng
@@ -810,6 +831,11 @@ class EndpointSim:
                     ttft[i] = math.inf
                     flag[i] = REJECTED | SHED
                     continue
+                if start - t > first_byte_s:  # a slot frees too late for any first token in time
+                    self.n_timed_out += 1
+                    ttft[i] = math.inf
+                    flag[i] = REJECTED | TIMED_OUT
+                    continue
                 b = fi[r] + 1
                 if b > c:
                     b = c
@@ -834,6 +860,11 @@ class EndpointSim:
                     fin = pe + o * gap
                     first = pe + gap
                     gap_mean = gap if o > 1 else 0.0
+                if first - t > first_byte_s:  # waited for KV blocks (or behind long prefills) past the timeout
+                    self.n_timed_out += 1
+                    ttft[i] = math.inf
+                    flag[i] = REJECTED | TIMED_OUT
+                    continue
                 n_floor += 1
                 if pe > fpfree[r]:
                     fpfree[r] = pe
@@ -845,9 +876,9 @@ class EndpointSim:
                 fkv[r] += kvfull
                 fin_[r] += u
                 rl = fruns[r]
-                rl.append((fin, pe, gap, kvp, o))
+                insort(rl, (fin, pe, gap, kvp, o), key=_FINISH)
                 if len(rl) > prune_at:
-                    rl[:] = [x for x in rl if x[0] > t]
+                    del rl[:bisect_right(rl, t, key=_FINISH)]
                 ttft[i] = first - t
                 itl[i] = gap_mean
                 if fbad[r]:
@@ -964,9 +995,9 @@ class EndpointSim:
         self.c_kv[best] += kvfull
         self.c_in[best] += uncached
         rl = self.c_runs[best]
-        rl.append((fin, pe, gap, kvp, out))
+        insort(rl, (fin, pe, gap, kvp, out), key=_FINISH)
         if len(rl) > 4 * eng.slots + 16:
-            rl[:] = [x for x in rl if x[0] > t]
+            del rl[:bisect_right(rl, t, key=_FINISH)]
         if fin > self.c_last[best]:
             self.c_last[best] = fin
         self.burst_waiting_peak = max(self.burst_waiting_peak, self.burst_inflight - len(live) * eng.slots)
@@ -980,7 +1011,7 @@ class EndpointSim:
         tier = flag & 3
         met = (ttft <= self.ttft_slo) & (itl <= self.itl_slo) & ((flag & BAD) == 0) & (tier != REJECTED)
         shed = (flag & SHED) != 0
-        no_replica = (flag & (3 | TOO_LONG | SHED)) == REJECTED  # 503: no ready replica
+        no_replica = (flag & (3 | TOO_LONG | SHED | TIMED_OUT)) == REJECTED  # 503: no ready replica
         tl.arrivals += np.bincount(hour, minlength=tl.hours)
         tl.met += np.bincount(hour, weights=met, minlength=tl.hours)
         tl.burst_requests += np.bincount(hour, weights=tier == BURST, minlength=tl.hours)

@@ -100,6 +100,7 @@ class EndpointResult:
     recompute_gpu_s: float = 0.0
     kv_admission_waits: int = 0  # requests that waited for KV blocks with a sequence slot free
     shed: int = 0  # admission control: 429 after the bounded wait
+    timed_out: int = 0  # no first token within the gateway's first-byte timeout (counted failed, TTFT infinite)
     focus_minute_shed: tuple[float, ...] = ()
     non_streamed_burst: int = 0  # non-streamed requests served by burst
     non_streamed_capped: int = 0  # … whose max_tokens the burst rule capped
@@ -272,7 +273,7 @@ def _result(sim: EndpointSim, ep: EndpointSpec, start_h: float, end_h: float) ->
         burst_backlog_replicas_added=sim.backlog_replicas_added, burst_inflight_peak=sim.backlog_peak,
         too_long_413=sim.n_too_long[413], too_long_400=sim.n_too_long[400], preemptions=sim.preemptions,
         recomputed_tokens=sim.recomputed_tokens, recompute_gpu_s=sim.recompute_gpu_s,
-        kv_admission_waits=sim.kv_admission_waits, shed=sim.n_shed,
+        kv_admission_waits=sim.kv_admission_waits, shed=sim.n_shed, timed_out=sim.n_timed_out,
         focus_minute_shed=tuple(float(x) for x in tl.minute_shed),
         non_streamed_burst=sim.n_ns_burst, non_streamed_capped=sim.n_ns_capped,
         non_streamed_refused=sim.n_ns_refused, non_streamed_redirected=sim.n_ns_redirected,
@@ -457,6 +458,10 @@ def summary(res: SimResult, markdown: bool = False) -> str:
             out.append(("- " if markdown else "  ") + f"{e.endpoint}: admission control shed {e.shed:,} requests "
                        f"({e.shed / max(1, e.requests):.2%}, 429 + Retry-After); admitted goodput "
                        f"{e.admitted_goodput:.2%}")
+        if e.timed_out:
+            out.append(("- " if markdown else "  ") + f"{e.endpoint}: {e.timed_out:,} requests "
+                       f"({e.timed_out / max(1, e.requests):.2%}) got no first token within the gateway's first-byte "
+                       "timeout and failed (the floor's queue outgrew it)")
         if e.non_streamed_capped or e.non_streamed_refused or e.non_streamed_redirected:
             out.append(("- " if markdown else "  ") + f"{e.endpoint}: non-streamed on burst: {e.non_streamed_burst:,} "
                        f"served, {e.non_streamed_capped:,} with max_tokens capped, {e.non_streamed_refused:,} refused "
