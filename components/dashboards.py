@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 from topology.inputs import Prices
 from topology.spec import EndpointSpec
 
-from .floor_replicas import burst_backlog_query, queue_query
+from .floor_replicas import burst_backlog_query, gateway_queues_floor, queue_query
 from .names import TRACK_METRIC_LABEL, burst_backend_name, config_name
 from .observability import (
     KV_SATURATION,
@@ -127,9 +127,11 @@ def endpoint_panels(ep: EndpointSpec, namespace: str, prices: Prices | None, yea
              (_line(slo_ms / 1000), "SLO p99")]))
     panels.append(_panel(
         "Requests waiting per stable replica vs the KEDA target",
-        "The queue trigger's query divided by the replicas reporting it (KEDA's AverageValue compares this).",
+        "The queue trigger's query (engine queue, plus the gateway's floor queue under admission control) divided "
+        "by the replicas reporting it (KEDA's AverageValue compares this).",
         "short",
-        [(f"{queue_query(namespace, ep.engine.served_model_name, m.requests_waiting)} / count({m.requests_waiting}{stable})",
+        [(f"({queue_query(namespace, ep.engine.served_model_name, m.requests_waiting, ep.name if gateway_queues_floor(ep) else None)})"
+          f" / count({m.requests_waiting}{stable})",
           "waiting per replica"), (_line(a.target_waiting_per_replica), "target")]))
     panels.append(_panel(
         "KV-cache usage", "Share of KV-cache blocks in use per pod (both tracks).", "percentunit",

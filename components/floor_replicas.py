@@ -31,6 +31,7 @@ from ._common import CAPACITY_LABEL, ENDPOINT_LABEL, GPU_TAINT_EFFECT_K8S, MIG_C
 from .gpu_node_pool import NVME_MOUNT, node_labels
 from .names import (
     TRACK_CANARY, TRACK_LABEL, TRACK_METRIC_LABEL, TRACK_PREVIOUS, TRACK_STABLE, VERSION_LABEL, burst_backend_name,
+    floor_backend_name,
 )
 
 WEIGHTS_MOUNT = "/models"  # where the node-local weight copy appears inside the pod
@@ -76,12 +77,30 @@ def _number(x: float) -> str:
     return f"{x:g}"
 
 
-def queue_query(namespace: str, served_model_name: str, waiting_metric: str) -> str:
+def queue_query(namespace: str, served_model_name: str, waiting_metric: str, gateway_queue_of: str | None = None) -> str:
     """Requests waiting summed over the endpoint's stable replicas; KEDA's AverageValue divides by replicas.
     Canary pods serve the same model name, so the track label keeps their queue out of the stable count.
-    `waiting_metric` is the pinned engine version's name (EngineSpec.metrics.requests_waiting)."""
-    return (f'sum({waiting_metric}{{namespace="{namespace}",model_name="{served_model_name}",'
-            f'{TRACK_METRIC_LABEL}="{TRACK_STABLE}"}})')
+    `waiting_metric` is the pinned engine version's name (EngineSpec.metrics.requests_waiting).
+
+    `gateway_queue_of` (an endpoint name): the endpoint runs admission control, so the gateway holds each floor
+    server at maxconn = the engine's max_num_seqs and the floor's queue waits in HAProxy, not in vLLM — the
+    engine's gauge stays near 0 however long the queue. Then the requests queued in the gateway's floor backend
+    (backend and per-server queues: a request pinned to a full replica waits on that server) are added, from
+    every gateway pod. An absent gateway series adds 0; an absent engine series still leaves the sum undefined
+    (the trigger's ignoreNullValues false holds the size rather than read "no queue")."""
+    q = (f'sum({waiting_metric}{{namespace="{namespace}",model_name="{served_model_name}",'
+         f'{TRACK_METRIC_LABEL}="{TRACK_STABLE}"}})')
+    if gateway_queue_of is None:
+        return q
+    sel = f'{{namespace="{namespace}",proxy="{floor_backend_name(gateway_queue_of)}"}}'
+    return (f"{q} + (sum(haproxy_backend_current_queue{sel}) or vector(0))"
+            f" + (sum(haproxy_server_current_queue{sel}) or vector(0))")
+
+
+def gateway_queues_floor(ep: EndpointSpec) -> bool:
+    """Whether the floor's queue waits in the gateway: admission control caps each floor server's in-flight."""
+    g = ep.gateway
+    return g.admission_queue_timeout_s is not None and g.admission_inflight_per_floor_replica > 0
 
 
 def colon_restoring_relabelings(metric_names: Sequence[str]) -> list[dict]:
@@ -512,7 +531,8 @@ def scaled_object_spec(ep: EndpointSpec, deployment: str, namespace: str, promet
                 "metricType": "AverageValue",
                 "metadata": {
                     "serverAddress": prometheus_url,
-                    "query": queue_query(namespace, ep.engine.served_model_name, ep.engine.metrics.requests_waiting),
+                    "query": queue_query(namespace, ep.engine.served_model_name, ep.engine.metrics.requests_waiting,
+                                         ep.name if gateway_queues_floor(ep) else None),
                     "threshold": _number(a.target_waiting_per_replica),
                     # no metric (Prometheus down) must not read as "no queue": hold the current size
                     "ignoreNullValues": "false",

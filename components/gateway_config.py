@@ -42,7 +42,7 @@ from typing import Mapping
 from urllib.parse import urlsplit
 
 from components.gateway_lua import GATEWAY_LUA
-from components.names import burst_backend_name, config_name
+from components.names import burst_backend_name, config_name, floor_backend_name
 from topology.gateway_timing import GATEWAY_CLIENT_IDLE_S
 from topology.spec import EndpointSpec, TopologySpec
 
@@ -414,7 +414,7 @@ def _endpoint_sections(
         raise ValueError(f"endpoint {e.name!r} ({e.tier}): burst.non_streamed_rule 'floor_only' needs a floor; "
                          "use 'require_streaming' or 'cap_max_tokens'")
     n = config_name(e.name)
-    fe, be_floor, be_burst, be_canary = f"fe_{n}", f"be_{n}_floor", burst_backend_name(e.name), f"be_{n}_canary"
+    fe, be_floor, be_burst, be_canary = f"fe_{n}", floor_backend_name(e.name), burst_backend_name(e.name), f"be_{n}_canary"
     has_floor, has_burst = needs_floor(e), needs_burst(e)
     if has_floor and e.name not in floor_servers:
         raise ValueError(f"endpoint {e.name!r} ({e.tier}) needs floor servers; none given")

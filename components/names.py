@@ -18,6 +18,12 @@ def config_name(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
+def floor_backend_name(endpoint: str) -> str:
+    """The floor backend's name: the `proxy` label of its series in the gateway's /metrics (with admission
+    control the floor's queue waits here, so the floor's autoscaler counts this backend's queue)."""
+    return f"be_{config_name(endpoint)}_floor"
+
+
 def burst_backend_name(endpoint: str) -> str:
     """The burst backend's name: the `proxy` label of its series in the gateway's /metrics (the floor's
     autoscaler watches `haproxy_backend_current_sessions` of this backend for burst backlog)."""

@@ -43,7 +43,7 @@ from topology.inputs import Prices
 from topology.spec import EndpointSpec, TopologySpec
 
 from ._common import ENDPOINT_LABEL, TYPE_PREFIX, child
-from .floor_replicas import burst_backlog_query
+from .floor_replicas import burst_backlog_query, gateway_queues_floor, queue_query
 from .names import TRACK_METRIC_LABEL, TRACK_STABLE
 
 # Metrics the alerts read, exported by vLLM's v1 engine (vllm/v1/metrics/loggers.py): prometheus_client
@@ -56,8 +56,11 @@ VLLM_METRICS = frozenset(
     if field != "requests_running"  # exported, but no alert reads it
 )
 
-# The gateway's metric (HAProxy's built-in exporter, a gauge per backend labelled `proxy`).
-GATEWAY_METRICS = frozenset({"haproxy_backend_current_sessions"})
+# The gateway's metrics (HAProxy's built-in exporter, gauges per backend or server labelled `proxy`): in-flight
+# sessions, and requests queued in a backend or on one of its servers (read against HAProxy 2.6.22's exporter in
+# tests/test_trigger_queries_live.py).
+GATEWAY_METRICS = frozenset({"haproxy_backend_current_sessions", "haproxy_backend_current_queue",
+                             "haproxy_server_current_queue"})
 
 # The top finite buckets of vLLM's latency histograms: a quantile above them is unmeasurable, so an SLO
 # must lie below (histogram_quantile returns the top finite bound when the quantile is in +Inf).
@@ -308,7 +311,11 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
 
     alerts.append(Alert(
         name="VllmQueueNotDraining",
-        query=f"avg(sum by (pod) ({m.requests_waiting}{_selector(namespace, ep, stable=True)}))",
+        # under admission control the queue waits in the gateway: the trigger's own sum, per replica
+        query=(f"({queue_query(namespace, served, m.requests_waiting, name)}) / "
+               f"count(sum by (pod) ({m.requests_waiting}{_selector(namespace, ep, stable=True)}))"
+               if gateway_queues_floor(ep) else
+               f"avg(sum by (pod) ({m.requests_waiting}{_selector(namespace, ep, stable=True)}))"),
         comparison=">", threshold=a.target_waiting_per_replica, for_s=react_s, severity="warning",
         summary=f"{name}: requests waiting per replica stayed above the autoscaling target",
         description=(f"{{{{ $value | humanize }}}} requests wait per stable replica of {served}, above KEDA's target "

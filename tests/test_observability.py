@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 
-from components.floor_replicas import TRACK_METRIC_LABEL, burst_backlog_query, queue_query
+from components.floor_replicas import TRACK_METRIC_LABEL, burst_backlog_query, gateway_queues_floor, queue_query
 from components.observability import (
     INTER_TOKEN_TOP_BUCKET_S,
     KV_SATURATION,
@@ -34,7 +34,7 @@ from offline.validate import validate_object, validate_objects
 NS = "llm-serving"
 MONITOR_LABELS = {"release": "kube-prometheus-stack"}
 # What the expressions may use besides vLLM's metric names.
-PROMQL_FUNCTIONS = {"sum", "avg", "max", "rate", "histogram_quantile"}
+PROMQL_FUNCTIONS = {"sum", "avg", "max", "rate", "histogram_quantile", "count", "vector"}
 GROUPING_LABELS = {"namespace", "pod", TRACK_METRIC_LABEL, "le"}
 MATCHER_LABELS = {"namespace", "model_name", TRACK_METRIC_LABEL, "le"}
 GATEWAY_MATCHER_LABELS = {"namespace", "proxy"}
@@ -278,6 +278,10 @@ def test_expressions_use_only_vllm_metrics_and_are_plausible_promql(declared):
                         assert metric in GATEWAY_METRICS and set(matchers) == GATEWAY_MATCHER_LABELS, (alert, matchers)
                         assert query == burst_backlog_query(NS, e.name)
                         continue
+                    if metric in GATEWAY_METRICS:  # under admission control the floor's queue waits in the gateway
+                        assert alert == "VllmQueueNotDraining" and gateway_queues_floor(e), (alert, metric)
+                        assert matchers == {"namespace": NS, "proxy": f"be_{e.name}_floor"}, (alert, matchers)
+                        continue
                     assert metric in VLLM_METRICS, (alert, metric)
                     assert set(matchers) <= MATCHER_LABELS, (alert, matchers)
                     assert matchers["namespace"] == NS and matchers["model_name"] == e.engine.served_model_name
@@ -316,7 +320,11 @@ def test_queue_alert_watches_what_the_autoscaler_scales_on(declared):
     for rule_obj in rules_of(rec):
         e = spec.endpoint(rule_obj["metadata"]["labels"]["serving.llm/endpoint"])
         expr = alerts_by_name(rule_obj)["VllmQueueNotDraining"]["expr"]
-        assert selectors(expr) == selectors(queue_query(NS, e.engine.served_model_name, e.engine.metrics.requests_waiting))
+        trigger = queue_query(NS, e.engine.served_model_name, e.engine.metrics.requests_waiting,
+                              e.name if gateway_queues_floor(e) else None)
+        def unique(q):
+            return {(m, tuple(sorted(d.items()))) for m, d in selectors(q)}
+        assert unique(expr) == unique(trigger), (expr, trigger)
 
 
 def test_prompt_p99_estimate_fires_only_above_the_threshold(planned_stacks):

@@ -22,7 +22,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from components.floor_replicas import TRACK_METRIC_LABEL, colon_restoring_relabelings, queue_query
+from components.floor_replicas import TRACK_METRIC_LABEL, colon_restoring_relabelings, gateway_queues_floor, queue_query
 from components.names import TRACK_STABLE
 from pulumi_support import by_name, objects, recording
 from tests.prometheus_support import PrometheusServer, operator_relabel_configs, require_binary
@@ -140,7 +140,9 @@ def test_relabelled_negotiated_scrape_answers_the_projects_queue_query(scraped):
     prom, ns, served = scraped["prom"], scraped["ns"], scraped["served"]
     metric = scraped["spec"].endpoint("assist").engine.metrics.requests_waiting
     assert metric == "vllm:num_requests_waiting"
-    assert queue_query(ns, served, metric) == scraped["query"]  # the function is what the ScaledObject carries
+    ep = scraped["spec"].endpoint("assist")
+    # the function is what the ScaledObject carries (assist runs admission control: the gateway's queue is added)
+    assert queue_query(ns, served, metric, "assist" if gateway_queues_floor(ep) else None) == scraped["query"]
     assert len(prom.query("up == 1")) == 3, "not every fake engine was scraped in time"
     # Prometheus 2.42 asked for OpenMetrics first, without an escaping term
     accept = scraped["engines"]["negotiated-bare"].accept_headers[0]

@@ -96,6 +96,11 @@ def live(planned_stacks, tmp_path):
     require_haproxy()
     require_binary("prometheus")
     spec = planned_stacks["prod"][1]
+    # guard (dedicated, admission control): requests queued at the gateway wait 30 s instead of 0.19 s before
+    # their 429, long enough for 1 s scrapes to see them
+    spec = spec.model_copy(update={"endpoints": tuple(
+        e.model_copy(update={"gateway": e.gateway.model_copy(update={"admission_queue_timeout_s": 30.0})})
+        if e.name == "guard" else e for e in spec.endpoints)})
     with ExitStack() as stack:
         ups = {n: FakeUpstream(n).start() for n in ("floor1", "floor2", "burst")}
         for u in ups.values():
@@ -117,7 +122,10 @@ def live(planned_stacks, tmp_path):
 
         served = spec.endpoint("assist").engine.served_model_name
         other = spec.endpoint("autocomplete").engine.served_model_name
+        guard = spec.endpoint("guard").engine.served_model_name
         engines = {  # pod: (engine, target labels the PodMonitor would add)
+            # guard's engines never queue: the gateway holds them at max_num_seqs
+            "guard-vllm-0": (FakeEngine(guard, 0), {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
             "assist-vllm-0": (FakeEngine(served, 3), {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
             "assist-vllm-1": (FakeEngine(served, 5), {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
             # the canary serves the same model name: its queue is not the stable floor's
@@ -134,7 +142,7 @@ def live(planned_stacks, tmp_path):
             *[("vllm", f"127.0.0.1:{e.port}", {**labels, "pod": pod}) for pod, (e, labels) in engines.items()],
         ])
         stack.callback(prom.stop)
-        yield {"spec": spec, "ups": ups, "port": ports["assist"], "prom": prom, "engines": engines}
+        yield {"spec": spec, "ups": ups, "port": ports["assist"], "prom": prom, "engines": engines, "ports": ports}
 
 
 def test_queue_trigger_returns_the_stable_floors_waiting_requests(live):
@@ -193,3 +201,46 @@ def test_burst_backlog_trigger_returns_requests_in_flight_to_burst(live):
     # the counter `calibrate` reads the hour-of-week profile from counted every request the endpoint received
     # (its increase: the harness's port probe at start-up counts too)
     assert wait_for_value(prom, requests, before + capacity + BURST_HELD) == before + capacity + BURST_HELD
+
+
+GATEWAY_QUEUED = 5  # guard requests beyond the floor servers' maxconn: they wait in HAProxy
+
+
+def test_under_admission_control_the_queue_trigger_counts_the_gateways_queue(live):
+    """guard runs admission control: each floor server's maxconn is the engine's max_num_seqs, so vLLM's own
+    waiting gauge reads 0 while requests queue in the gateway. The trigger must count those, or a dedicated
+    endpoint under a spike would never scale (it would shed instead)."""
+    prom, spec, ups, engines = live["prom"], live["spec"], live["ups"], live["engines"]
+    ep = spec.endpoint("guard")
+    trigger = triggers(spec, "guard")["requests-waiting"]
+    query = trigger["metadata"]["query"]
+    assert trigger["metricType"] == "AverageValue" and trigger["metadata"]["ignoreNullValues"] == "false"
+    assert wait_for_value(prom, query, 0.0) == 0.0  # no queue anywhere yet (the gateway's series read 0)
+    held = floor_capacity(ep.gateway.admission_inflight_per_floor_replica, 2)  # 2 floor servers, 1 gateway pod
+    payload = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    headers = {"Authorization": "Bearer value-of-default-api-key", "X-Fake-Hold": "1", "X-Fake-Chunks": "2"}
+    results: list = []
+
+    def load():
+        async def run():
+            return await asyncio.gather(*[stream_once(live["ports"]["guard"], payload, headers, timeout_s=40)
+                                          for _ in range(held + GATEWAY_QUEUED)])
+        results.extend(asyncio.run(run()))
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    try:
+        # every floor slot taken, the rest queued in HAProxy: the engines still report 0 waiting
+        assert wait_for_value(prom, query, float(GATEWAY_QUEUED)) == GATEWAY_QUEUED
+        for name in ("haproxy_backend_current_queue", "haproxy_server_current_queue"):  # both exported, by these names
+            assert prom.query(f'{name}{{proxy="be_guard_floor"}}'), name
+        assert len(ups["floor1"].log.completions()) + len(ups["floor2"].log.completions()) >= held
+        # the engine's queue adds to the gateway's (a replica whose KV is full queues in vLLM too)
+        engines["guard-vllm-0"][0].set(ep.engine.served_model_name, 2)
+        assert wait_for_value(prom, query, float(GATEWAY_QUEUED + 2)) == GATEWAY_QUEUED + 2
+    finally:
+        for u in ups.values():
+            u.release()
+        loader.join(timeout=60)
+    assert len(results) == held + GATEWAY_QUEUED and all(r[0] == 200 for r in results)  # queued, then served
+    assert wait_for_value(prom, query, 2.0) == 2.0  # gateway queue drained; the engine's 2 remain
