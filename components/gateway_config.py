@@ -722,9 +722,8 @@ def _quality_sections(servers: Servers, bind: str, health_check_interval_ms: int
         "backend be_quality_recorder",
         f"    timeout server {QUALITY_POST_TIMEOUT_MS}",
         "    timeout queue 1s",
-        "    retries 1",
-        "    retry-on conn-failure",
-        "    option redispatch 1",
+        # one Service address: a retry would only hold the post (and its slot) for HAProxy's 1 s turn-around
+        "    retries 0",
         "    option httpchk GET /healthz",
         "    http-check expect status 200",
         *_server_lines("recorder", servers, f"check inter {health_check_interval_ms} fall 2 rise 2"),

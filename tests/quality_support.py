@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class StallingSink:
-    """An 'S3 endpoint' that accepts connections, reads the request and never answers: a sink that is slow."""
+    """Accepts connections, reads the request and never answers: a slow S3 endpoint, or a stalled recorder.
+    `requests` counts PUTs and POSTs (uploads, record posts), not health checks."""
 
     def __init__(self):
         self.sock = socket.socket()
@@ -46,7 +47,7 @@ class StallingSink:
                 continue
             c.settimeout(1)
             try:
-                if c.recv(65536):
+                if c.recv(65536).startswith((b"PUT", b"POST")):
                     self.requests += 1
             except OSError:
                 pass
@@ -87,6 +88,9 @@ class RecorderProcess:
     def metrics(self) -> dict[tuple[str, tuple], float]:
         text = urllib.request.urlopen(f"http://{self.address}/metrics", timeout=5).read().decode()
         return parse_prometheus(text)
+
+    def queue_empty(self, metrics: dict) -> bool:
+        return total(metrics, "llm_quality_queue_records") == 0
 
     def stop(self):
         if self.proc.poll() is None:
