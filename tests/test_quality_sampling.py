@@ -239,3 +239,31 @@ def test_a_stalled_or_dead_recorder_never_reaches_the_user(planned_stacks, tmp_p
         gw.stop()
         if stall:
             stall.stop()
+
+
+def test_a_stream_ended_by_the_gateway_or_cut_by_the_capture_limit_is_recorded_as_such(
+        planned_stacks, tmp_path, upstreams, s3, moto_endpoint):  # noqa: F811
+    spec = sampled_spec(planned_stacks["prod"][1], 1.0)
+    # max_tokens 16: the capture keeps 16 × 512 bytes of response, less than 100 streamed chunks
+    eps = tuple(e.model_copy(update={"gateway": e.gateway.model_copy(update={"max_tokens": 16})})
+                if e.name == "assist" else e for e in spec.endpoints)
+    spec = spec.model_copy(update={"endpoints": eps})
+    rec, gw = _chain(spec, tmp_path, upstreams, moto_endpoint)
+    try:
+        # the upstream stalls after its second chunk: the gateway's 1 s gap limit ends the stream with an error event
+        _, _, stalled, rid_gap = post(gw.port, body(stream=True), headers={
+            "X-Fake-Chunks": "5", "X-Fake-Gap-After": "1", "X-Fake-Gap-Ms": "1600"})
+        assert b"event: error" in stalled and b"gateway_timeout" in stalled
+        _, _, long, rid_long = post(gw.port, body(stream=True), headers={"X-Fake-Chunks": "100"})
+        assert long.endswith(b"data: [DONE]\n\n") and _streamed_text(long).count("tok") == 100  # the user got it all
+        assert wait_until(lambda: len(sink_records(s3, BUCKET, "prod/")) == 2, timeout_s=15)
+        by = {r["request_id"]: r for _, r in sink_records(s3, BUCKET, "prod/")}
+        gap = by[rid_gap]
+        assert gap["completion"] == "tok0 tok1 " and gap["complete"] is False
+        assert gap["error"]["type"] == "gateway_timeout"
+        cut = by[rid_long]
+        assert cut["truncated"] is True and cut["complete"] is False
+        assert _streamed_text(long).startswith(cut["completion"]) and 0 < len(cut["completion"]) < len(_streamed_text(long))
+    finally:
+        gw.stop()
+        rec.stop()
