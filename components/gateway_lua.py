@@ -236,6 +236,7 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
   local prefix = salt_part
   if not has_limit then
     prefix = (prefix and prefix .. "," or "") .. '"max_tokens":' .. max_tokens_arg
+    txn:set_var("txn.gate_max", max_tokens_arg)  -- for the quality record: the limit the engine got
   end
   if prefix then
     if count > 0 then prefix = prefix .. "," end
@@ -264,6 +265,7 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
   txn:set_var("txn.gate_edits_b", table.concat(edits, ","))
   txn:set_var("txn.gate_cap_b", cap_text)
   txn:set_var("txn.gate_len_b", #body + #(prefix_b or "") + grow)
+  if #edits > 0 or not limited then txn:set_var("txn.gate_max_b", cap_text) end
 end, 6)
 
 local function now_ms()
@@ -323,6 +325,7 @@ local function quality_post(c, ep, version, route, txn_meta, status, body_req, b
     ["x-quality-path"] = { txn_meta.path }, ["x-quality-status"] = { tostring(status) },
     ["x-quality-started-ms"] = { tostring(txn_meta.t0) }, ["x-quality-ended-ms"] = { tostring(ended) },
     ["x-quality-request-bytes"] = { tostring(#body_req) }, ["x-quality-truncated"] = { truncated and "1" or "0" },
+    ["x-quality-gateway-max-tokens"] = { txn_meta.max_tokens },
   }
   quality_posts = quality_posts + 1
   core.register_task(function()
@@ -337,9 +340,13 @@ local function quality_post(c, ep, version, route, txn_meta, status, body_req, b
 end
 
 -- read from variables the action set: by the response's end the request's headers are gone
+-- max_tokens: the limit the gateway set in what the engine got (the burst cap on a non-streamed request that
+-- went to burst, else the endpoint's cap when the client gave none), "" when the client's own applied
 local function quality_meta(txn)
+  local capped = txn:get_var("txn.ns_capped") and txn:get_var("txn.gate_max_b")
   return { tenant = txn:get_var("txn.tenant") or "", rid = txn:get_var("txn.q_rid") or "",
-           path = txn:get_var("txn.q_path") or "/", t0 = txn:get_var("txn.q_t0") or 0 }
+           path = txn:get_var("txn.q_path") or "/", t0 = txn:get_var("txn.q_t0") or 0,
+           max_tokens = tostring(capped or txn:get_var("txn.gate_max") or "") }
 end
 
 -- shadow: what the mirror task needs to record the candidate's answer (nil when the mirror is not sampled)

@@ -43,6 +43,7 @@ class Exchange:
     request: bytes
     response: bytes
     truncated: bool
+    gateway_max_tokens: int | None = None
 
 
 def exchange_from_post(headers: Mapping[str, str], body: bytes) -> Exchange:
@@ -74,6 +75,7 @@ def exchange_from_post(headers: Mapping[str, str], body: bytes) -> Exchange:
         path=h.get("x-quality-path") or "/", status=integer("status"), started_ms=integer("started-ms"),
         ended_ms=integer("ended-ms"), request=body[:n_req], response=body[n_req:],
         truncated=h.get("x-quality-truncated") == "1",
+        gateway_max_tokens=integer("gateway-max-tokens") if h.get("x-quality-gateway-max-tokens") else None,
     )
 
 
@@ -189,6 +191,7 @@ def build_record(ex: Exchange, identity: Mapping[str, Any], *, record_id: str | 
         "streamed": answer["streamed"],
         "prompt": prompt,
         "parameters": req,
+        "gateway_max_tokens": ex.gateway_max_tokens,
         "completion": first["text"],
         "finish_reason": first["finish_reason"],
         "choices": answer["choices"],

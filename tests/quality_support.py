@@ -125,7 +125,8 @@ def total(metrics: dict, name: str, **labels) -> float:
                if n == name and all((k, str(val)) in pairs for k, val in labels.items()))
 
 
-def sampled_spec(spec, fraction: float, *, canary_percent: float | None = None, shadow_percent: float | None = None):
+def sampled_spec(spec, fraction: float, *, canary_percent: float | None = None, shadow_percent: float | None = None,
+                 overflow: int = 50):
     """The prod spec with test-sized gateway timeouts and the given sampling share on assist (the input model
     caps it at 5%; the tests sample more so a few hundred requests measure it)."""
     eps = []
@@ -140,7 +141,7 @@ def sampled_spec(spec, fraction: float, *, canary_percent: float | None = None, 
                       if canary_percent is not None else None)
             shadow = (ShadowSpec(percent=shadow_percent, version=r.candidate.version, max_inflight=50, replicas=1)
                       if shadow_percent is not None else None)
-            update |= {"overflow_inflight_per_replica": 50, "canary": canary, "shadow": shadow}
+            update |= {"overflow_inflight_per_replica": overflow, "canary": canary, "shadow": shadow}
             q = r.quality_sampling.model_copy(update={"sample_fraction": fraction})
             ep_update["rollout"] = r.model_copy(update={"quality_sampling": q})
         eps.append(e.model_copy(update={"gateway": e.gateway.model_copy(update=update), **ep_update}))

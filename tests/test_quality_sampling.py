@@ -9,6 +9,7 @@ recorder) costs the user nothing: every stream still arrives whole.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import math
 
@@ -139,9 +140,11 @@ def test_records_are_complete_for_streamed_and_whole_answers_and_hold_no_secret(
             assert r["completion"] == text and r["streamed"] is is_stream
             assert r["complete"] is True and r["truncated"] is False and r["error"] is None
             assert r["started_at"] <= r["ended_at"] and r["duration_ms"] >= 0
-        params = {r["request_id"]: r["parameters"] for _, r in sink_records(s3, BUCKET, "prod/")}
-        assert params[rid_s] == {"model": "m", "stream": True, "temperature": 0.2}
-        assert params[rid_w] == {"model": "m", "max_tokens": 7}
+        params = {r["request_id"]: (r["parameters"], r["gateway_max_tokens"]) for _, r in sink_records(s3, BUCKET, "prod/")}
+        # as the client sent them, and the limit the gateway stamped when the client gave none
+        assert params[rid_s] == ({"model": "m", "stream": True, "temperature": 0.2},
+                                 spec.endpoint("assist").gateway.max_tokens)
+        assert params[rid_w] == ({"model": "m", "max_tokens": 7}, None)
         # nothing secret anywhere in the sink: API keys, Authorization, cache salts (stamped into what the
         # engine got), Modal's proxy auth
         raw = b"".join(s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()
@@ -265,5 +268,37 @@ def test_a_stream_ended_by_the_gateway_or_cut_by_the_capture_limit_is_recorded_a
         assert cut["truncated"] is True and cut["complete"] is False
         assert _streamed_text(long).startswith(cut["completion"]) and 0 < len(cut["completion"]) < len(_streamed_text(long))
     finally:
+        gw.stop()
+        rec.stop()
+
+
+def test_the_record_states_the_limit_the_gateway_set_when_it_capped_a_request_for_burst(
+        planned_stacks, tmp_path, upstreams, s3, moto_endpoint):  # noqa: F811
+    spec = sampled_spec(planned_stacks["prod"][1], 1.0, overflow=1)  # one request in flight per floor replica
+    cap = spec.endpoint("assist").burst.non_streamed_max_tokens  # prod: cap_max_tokens (Modal's 150 s web cap)
+    rec, gw = _chain(spec, tmp_path, upstreams, moto_endpoint)
+    try:
+        def on_floor() -> int:
+            return sum(len(upstreams[f].log.completions()) for f in ("floor1", "floor2"))
+
+        before = on_floor()
+        with cf.ThreadPoolExecutor(max_workers=2) as pool:
+            held = [pool.submit(post, gw.port, body(stream=True), headers={"X-Fake-Hold": "1"}) for _ in range(2)]
+            assert wait_until(lambda: on_floor() == before + 2)
+            status, headers, _, rid = post(gw.port, body(max_tokens=2000))  # non-streamed, floor full: burst
+            for u in upstreams.values():
+                u.release()
+            [f.result(timeout=10) for f in held]
+        for u in upstreams.values():
+            u.release_event.clear()  # the module's upstreams hold again for whoever asks next
+        assert status == 200 and headers["x-served-by"] == "burst"
+        (engine_got,) = [r for r in upstreams["burst"].log.completions() if r.request_id == rid]
+        assert engine_got.body["max_tokens"] == cap
+        assert wait_until(lambda: rid in {r["request_id"] for _, r in sink_records(s3, BUCKET, "prod/")}, timeout_s=15)
+        (r,) = [r for _, r in sink_records(s3, BUCKET, "prod/") if r["request_id"] == rid]
+        assert r["route"] == "burst" and r["gateway_max_tokens"] == cap and r["parameters"]["max_tokens"] == 2000
+    finally:
+        for u in upstreams.values():
+            u.release()
         gw.stop()
         rec.stop()
