@@ -106,3 +106,19 @@ def test_config_errors_name_the_field_and_the_service_exits_without_a_traceback(
     out = subprocess.run([sys.executable, "-m", "recorder.app", "--config", str(path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "batch_max_age_s=-1" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_recorder_imports_only_what_its_image_installs():
+    """recorder/Dockerfile copies recorder/ alone and installs recorder/requirements.txt: nothing else may be imported."""
+    import ast
+
+    pinned = {line.split("==")[0].strip().lower().replace("-", "_") for line in
+              (ROOT / "recorder" / "requirements.txt").read_text().splitlines() if "==" in line}
+    allowed = set(sys.stdlib_module_names) | pinned | {"recorder"}
+    for path in sorted((ROOT / "recorder").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            for name in names:
+                assert name.split(".")[0] in allowed, f"{path.name} imports {name}, which the image does not install"
