@@ -285,6 +285,12 @@ end
 -- http-request lua.llm_quality <endpoint> <fraction> <served version> <candidate version or -> <dst>
 --   <capture bytes> <captures cap> <posts cap> <post timeout ms>
 -- served: the version the stable track (floor, burst) serves; candidate: the canary's or shadow's version.
+-- per-request choices (quality sampling, shadow): seeded to the microsecond, so gateway pods started in the
+-- same second draw differently (core.now works in the body context)
+do
+  local t = core.now()
+  math.randomseed(t.sec * 1000000 + t.usec)
+end
 local quality_cfg = {}
 local quality_posts = 0
 local quality_counts = { sampled = {}, dropped = {} }  -- "endpoint\tversion" / "endpoint\treason" -> count
@@ -433,7 +439,6 @@ end)
 local shadow_inflight = {}
 local SHADOW_SKIP = { ["content-length"] = true, ["host"] = true, ["connection"] = true,
   ["transfer-encoding"] = true, ["expect"] = true, ["idempotency-key"] = true }
-math.randomseed(os.time())
 core.register_action("llm_shadow", { "http-req" }, function(txn, name, dst, bp, cap, timeout_ms)
   if math.random(10000) > tonumber(bp) then return end
   local n = shadow_inflight[name] or 0
