@@ -103,6 +103,36 @@ def writer_policy(config: Mapping[str, Any]) -> str:
     }, sort_keys=True)
 
 
+BLIND_ALERT = "QualitySamplingBlind"
+BLIND_WINDOW = "1h"
+BLIND_FOR = "30m"
+
+
+def quality_alert_group(namespace: str) -> dict[str, Any]:
+    """The evaluation sink going blind: exchanges were sampled (the recorder accepted them, or the gateway
+    dropped them) for an hour and nothing was written. Serving metrics stay healthy meanwhile, and so would
+    the drift detector's dashboards, from stale samples. A counter that has never moved has no series (the
+    gateway exports its counters once they move), hence `or vector(0)`."""
+    sel = f'{{namespace="{namespace}"}}'
+
+    def moved(metric: str) -> str:
+        return f"(sum(increase({metric}{sel}[{BLIND_WINDOW}])) or vector(0))"
+
+    expr = (f"({moved('llm_gateway_quality_sampled_total')} + {moved('llm_gateway_quality_dropped_total')}) > 0 "
+            f"and {moved('llm_quality_records_written_total')} == 0")
+    return {"name": "quality-sampling", "rules": [{
+        "alert": BLIND_ALERT, "expr": expr, "for": BLIND_FOR,
+        "labels": {"severity": "warning"},
+        "annotations": {
+            "summary": f"No quality sample reached the evaluation sink in {BLIND_WINDOW} while exchanges were sampled",
+            "description": "The gateway sampled exchanges but the recorder wrote none: see "
+                           "llm_gateway_quality_dropped_total{reason} (recorder unreachable or its queue full) and "
+                           "llm_quality_records_dropped_total{reason} (upload_failed: the sink bucket, its region, "
+                           "the recorder's role). Output quality is not being watched.",
+        },
+    }]}
+
+
 def recorder_service_dns(namespace: str) -> str:
     return f"{RECORDER_NAME}.{namespace}.svc.cluster.local"
 
@@ -215,6 +245,12 @@ class QualityRecorder(pulumi.ComponentResource):
             metadata={**meta, "labels": {**labels, **args.monitor_labels}},
             spec={"selector": {"matchLabels": labels},
                   "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "30s"}]},
+            opts=child(self),
+        )
+        k8s.apiextensions.CustomResource(
+            f"{name}-rules", api_version="monitoring.coreos.com/v1", kind="PrometheusRule",
+            metadata={**meta, "labels": {**labels, **args.monitor_labels}},
+            spec={"groups": [quality_alert_group(ns)]},
             opts=child(self),
         )
         self.service_dns = recorder_service_dns(ns)

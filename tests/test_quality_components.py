@@ -116,3 +116,47 @@ def test_without_sampling_nothing_is_declared_and_without_an_image_the_error_nam
     config = {k: v for k, v in config.items() if k != "llm-serving:qualityRecorderImage"}
     with pytest.raises(Exception, match=r"llm-serving:qualityRecorderImage is not set; build recorder/Dockerfile"):
         run_program(stack, {**config, "llm-serving:planningDate": "2026-12-02"})
+
+
+def test_the_sink_going_blind_alerts_and_a_healthy_feed_does_not(prod, tmp_path):
+    """promtool (Prometheus 2.42) replays the counters as the gateway and the recorder export them, with the
+    namespace the PodMonitors add: sampled for an hour with nothing written fires after `for` (30 m); the
+    same with writes, or with no traffic at all, never fires."""
+    import subprocess
+
+    import yaml
+
+    from tests.prometheus_support import require_binary, write_rule_file
+
+    promtool = require_binary("promtool")
+    _, objs = prod
+    rule = objs[("PrometheusRule", "quality-recorder")]
+    write_rule_file(tmp_path / "rules.yml", rule["spec"]["groups"])
+    check = subprocess.run([promtool, "check", "rules", "rules.yml"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    ns = 'namespace="llm-serving"'
+    gw = f'llm_gateway_quality_sampled_total{{{ns},pod="gw-1",endpoint="assist",version="assist-2026-10"}}'
+    dropped = f'llm_gateway_quality_dropped_total{{{ns},pod="gw-1",endpoint="assist",reason="post_failed"}}'
+    written = f'llm_quality_records_written_total{{{ns},pod="rec-1",endpoint="assist",version="assist-2026-10"}}'
+    firing = [{"exp_labels": {"severity": "warning"},
+               "exp_annotations": rule["spec"]["groups"][0]["rules"][0]["annotations"]}]
+    cases = [
+        # the sink is down: the recorder accepts (gateway counts them sampled), writes nothing
+        {"interval": "1m", "input_series": [{"series": gw, "values": "0+2x120"}, {"series": written, "values": "0x120"}],
+         "alert_rule_test": [{"eval_time": "30m", "alertname": "QualitySamplingBlind", "exp_alerts": []},
+                             {"eval_time": "32m", "alertname": "QualitySamplingBlind", "exp_alerts": firing}]},
+        # the recorder is down: only the gateway's drops move, the recorder exports nothing at all
+        {"interval": "1m", "input_series": [{"series": dropped, "values": "0+2x120"}],
+         "alert_rule_test": [{"eval_time": "32m", "alertname": "QualitySamplingBlind", "exp_alerts": firing}]},
+        # healthy: written follows sampled; and a quiet endpoint (nothing sampled) is not blind
+        {"interval": "1m", "input_series": [{"series": gw, "values": "0+2x120"}, {"series": written, "values": "0+2x120"}],
+         "alert_rule_test": [{"eval_time": "100m", "alertname": "QualitySamplingBlind", "exp_alerts": []}]},
+        {"interval": "1m", "input_series": [{"series": gw, "values": "5x120"}, {"series": written, "values": "5x120"}],
+         "alert_rule_test": [{"eval_time": "100m", "alertname": "QualitySamplingBlind", "exp_alerts": []}]},
+    ]
+    (tmp_path / "test.yml").write_text(yaml.safe_dump({"rule_files": ["rules.yml"], "evaluation_interval": "1m",
+                                                       "tests": cases}, sort_keys=False))
+    out = subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
