@@ -61,6 +61,67 @@ class StallingSink:
         self.sock.close()
 
 
+class DelayingProxy:
+    """A TCP proxy to `target` that holds each block the client sends for `delay_s` before passing it on: a real
+    S3 API (moto behind it) that answers every request, slowly."""
+
+    def __init__(self, target: str, delay_s: float):
+        self.target, self.delay_s = target, delay_s
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.sock.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                continue
+            t = threading.Thread(target=self._serve, args=(c,), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _serve(self, c: socket.socket):
+        import select
+
+        host, port = self.target.removeprefix("http://").rsplit(":", 1)
+        try:
+            up = socket.create_connection((host, int(port)), timeout=5)
+        except OSError:
+            c.close()
+            return
+        try:
+            while not self._stop.is_set():
+                ready, _, _ = select.select([c, up], [], [], 0.2)
+                for src in ready:
+                    data = src.recv(65536)
+                    if not data:
+                        return
+                    if src is c:
+                        time.sleep(self.delay_s)  # every request waits before the sink sees it
+                        up.sendall(data)
+                    else:
+                        c.sendall(data)
+        except OSError:
+            return
+        finally:
+            c.close()
+            up.close()
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(timeout=2)
+        for t in self._threads:
+            t.join(timeout=2)
+        self.sock.close()
+
+
 class RecorderProcess:
     """`python -m recorder.app` in its own process, as in its pod, writing to `sink_url` (an S3 API)."""
 

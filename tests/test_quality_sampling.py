@@ -19,7 +19,7 @@ from tests.fake_upstream import FakeUpstream
 from tests.gateway_harness import free_port, require_haproxy
 from tests.moto_support import client, moto_endpoint  # noqa: F401 (fixture)
 from tests.quality_support import (
-    RecorderProcess, SampledGateway, StallingSink, sampled_spec, sink_records, total, wait_until,
+    DelayingProxy, RecorderProcess, SampledGateway, StallingSink, sampled_spec, sink_records, total, wait_until,
 )
 from tests.test_gateway import KEYS, MODAL, SALTS, body, post
 
@@ -190,25 +190,36 @@ def _users_get_whole_streams(port: int, n: int) -> None:
         assert _streamed_text(content) == "tok0 tok1 tok2 tok3 tok4 "
 
 
-@pytest.mark.parametrize("sink", ["slow", "down"])
-def test_a_slow_or_dead_sink_never_reaches_the_user(planned_stacks, tmp_path, upstreams, sink):
+@pytest.mark.parametrize("sink", ["slow", "stalled", "down"])
+def test_a_slow_stalled_or_dead_sink_never_reaches_the_user(planned_stacks, tmp_path, upstreams, sink, s3,
+                                                            moto_endpoint):  # noqa: F811
+    """slow: moto behind a proxy that holds every block a client sends 0.3 s (uploads succeed, slowly); stalled: an endpoint
+    that accepts and never answers (uploads time out after 1 s); down: nothing listens."""
     spec = sampled_spec(planned_stacks["prod"][1], 1.0)
-    stall = StallingSink() if sink == "slow" else None
-    url = stall.url if stall else f"http://127.0.0.1:{free_port()}"
-    # a small queue, so the stalled uploads also fill it: accepted exchanges then drop at once, counted
-    rec, gw = _chain(spec, tmp_path, upstreams, url, queue_max_records=3, batch_max_records=2)
+    slow = DelayingProxy(moto_endpoint, 0.3) if sink == "slow" else None
+    stall = StallingSink() if sink == "stalled" else None
+    url = slow.url if slow else stall.url if stall else f"http://127.0.0.1:{free_port()}"
+    # a small queue, so the held uploads also fill it: accepted exchanges then drop at once, counted
+    # (slow: an upload takes ~0.6 s, well inside its 3 s timeout; stalled: each times out after 1 s)
+    rec, gw = _chain(spec, tmp_path, upstreams, url, queue_max_records=3, batch_max_records=2,
+                     upload_timeout_s=3.0 if slow else 1.0)
     try:
         _users_get_whole_streams(gw.port, 16)
 
-        def accounted():  # every exchange dropped once: refused (queue full), or received and its upload failed
+        def accounted():  # every exchange once: written, or dropped (refused when the queue is full, or its upload failed)
             m = rec.metrics()
-            return total(m, "llm_quality_records_dropped_total") == 16 and rec.queue_empty(m)
+            return (total(m, "llm_quality_records_written_total") + total(m, "llm_quality_records_dropped_total") == 16
+                    and rec.queue_empty(m))
         assert wait_until(accounted, timeout_s=30)
         m = rec.metrics()
         assert (total(m, "llm_quality_records_received_total")
                 + total(m, "llm_quality_records_dropped_total", reason="queue_full")) == 16
-        assert total(m, "llm_quality_records_written_total") == 0
-        assert total(m, "llm_quality_records_dropped_total", reason="upload_failed") >= 1
+        written = total(m, "llm_quality_records_written_total")
+        if slow:  # the sink answered: what was written is there, the rest was refused while uploads were held
+            assert written >= 1 and len(sink_records(s3, BUCKET, "prod/")) == written
+            assert total(m, "llm_quality_records_dropped_total", reason="queue_full") >= 1
+        else:
+            assert written == 0 and total(m, "llm_quality_records_dropped_total", reason="upload_failed") >= 1
         if stall:
             assert stall.requests >= 1  # the uploads did reach the sink, which never answered
             assert total(m, "llm_quality_records_dropped_total", reason="queue_full") >= 1
@@ -217,8 +228,9 @@ def test_a_slow_or_dead_sink_never_reaches_the_user(planned_stacks, tmp_path, up
     finally:
         gw.stop()
         rec.stop()
-        if stall:
-            stall.stop()
+        for part in (slow, stall):
+            if part:
+                part.stop()
 
 
 @pytest.mark.parametrize("recorder", ["stalled", "dead"])
