@@ -22,6 +22,7 @@ from components.modal_burst import ModalBurst, ModalBurstArgs, ModalTokenError, 
 from components.monitoring import PROMETHEUS_URL, Monitoring, MonitoringArgs
 from components.node_autoscaler import NodeAutoscaler, NodeAutoscalerArgs
 from components.observability import Observability, ObservabilityArgs
+from components.quality_recorder import QualityRecorder, QualityRecorderArgs, sampled_endpoints
 from components.stack_settings import replication_destinations, stack_settings
 from components.weight_cache import WeightCache, WeightCacheArgs, WeightReader
 from components.weight_seed import WeightSeed, WeightSeedArgs
@@ -62,6 +63,7 @@ try:
             "weightReplication": config.get_object("weightReplication"),
             "s3GatewayEndpoint": config.get_object("s3GatewayEndpoint"),
             "monitoring": config.get("monitoring"),
+            "qualityRecorderImage": config.get("qualityRecorderImage"),
         },
         source,
     )
@@ -219,6 +221,22 @@ bursts = {
     ))
     for e in burst_endpoints
 }
+# ── quality sampling: the gateway's sampled exchanges → the evaluation sink, per model version ───
+quality_recorder = None
+if sampled_endpoints(spec):
+    if settings.quality_recorder_image is None:
+        raise StackConfigError(
+            f"{source}: endpoints {[e.name for e in sampled_endpoints(spec)]} sample quality (rollout.quality_sampling) "
+            f"but {config.name}:qualityRecorderImage is not set; build recorder/Dockerfile, push it and "
+            f"`pulumi config set qualityRecorderImage <registry>/quality-recorder:<tag>`")
+    quality_recorder = QualityRecorder(
+        "quality",
+        QualityRecorderArgs(spec=spec, namespace=settings.namespace, image=settings.quality_recorder_image,
+                            cluster_name=cluster.name, region=spec.cluster_region,
+                            monitor_labels=settings.monitor_labels),
+        opts=monitored_opts,
+    )
+
 gateway = None
 if any(e.gated for e in spec.endpoints):
     gateway = Gateway(
@@ -230,6 +248,7 @@ if any(e.gated for e in spec.endpoints):
             canary_services={n: f.canary_pods_dns for n, f in floors.items() if f.canary_pods_dns},
             burst_urls={n: b.url for n, b in bursts.items()},
             monitor_labels=settings.monitor_labels,
+            quality_recorder=(f"{quality_recorder.service_dns}:{quality_recorder.port}" if quality_recorder else None),
         ),
         opts=monitored_opts,
     )

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from components.gateway_config import StaticServers, env_name, render_gateway_config  # noqa: E402
-from tests.gateway_harness import HaproxyProcess, free_port, haproxy_binary, pod_ca_dir  # noqa: E402
+from tests.gateway_harness import HaproxyProcess, free_port, haproxy_binary, no_recorder, pod_ca_dir  # noqa: E402
 from topology import load_inputs, plan  # noqa: E402
 
 KEY = "bench-key"
@@ -117,7 +117,7 @@ def main() -> int:
                 gw_dir.mkdir()
                 ports = {e.name: free_port() for e in spec.endpoints if e.tier != "managed_api"}
                 rendered = render_gateway_config(
-                    spec, burst_urls={e: f"http://{servers['burst']}" for e in ("assist", "autocomplete")},
+                    spec, quality_servers=no_recorder(), burst_urls={e: f"http://{servers['burst']}" for e in ("assist", "autocomplete")},
                     floor_servers={e.name: StaticServers((servers["floor1"], servers["floor2"])) for e in spec.endpoints},
                     # prod's assist is in shadow: 5% of its requests are also mirrored to a candidate upstream
                     canary_servers={e.name: StaticServers((servers["candidate"],)) for e in spec.endpoints},

@@ -37,6 +37,7 @@ from .gateway_config import (
     longest_request_s,
     needs_burst,
     needs_floor,
+    quality_sampling,
     render_gateway_config,
 )
 
@@ -73,6 +74,8 @@ class GatewayArgs:
     # labels the Prometheus operator selects PodMonitors by (the floors' burst-backlog trigger reads the
     # gateway's own exporter)
     monitor_labels: Mapping[str, str] = field(default_factory=dict)
+    # "host:port" of the quality recorder's Service (QualityRecorder), when an endpoint samples quality
+    quality_recorder: str | None = None
 
 
 def tenant_secret_name(endpoint: str) -> str:
@@ -104,6 +107,13 @@ class Gateway(pulumi.ComponentResource):
                   for e, host in args.canary_services.items()}
         burst_names = [e.name for e in eps if needs_burst(e)]
         urls = pulumi.Output.all(*[args.burst_urls[n] for n in burst_names])
+        sampled = [e.name for e in eps if quality_sampling(e) is not None]
+        quality = None
+        if sampled:
+            if not args.quality_recorder:
+                raise ValueError(f"Gateway: endpoints {sampled} sample quality; quality_recorder (host:port) is required")
+            host, _, port = args.quality_recorder.rpartition(":")
+            quality = DnsServers(host, int(port), 1)  # a ClusterIP Service: one address, balanced by kube-proxy
 
         def render(values: list[str]) -> RenderedGateway:
             # ModalBurst's url is "" until a deploy printed its record: say so, and render a burst
@@ -116,11 +126,11 @@ class Gateway(pulumi.ComponentResource):
             return render_gateway_config(spec, burst_urls=urls, floor_servers=floor,
                                          canary_servers=canary, lua_path=f"{CONFIG_DIR}/{LUA_FILE}",
                                          gateway_replicas=args.replicas, ca_path=args.image.ca_dir,
-                                         client_limits=args.client_limits)
+                                         client_limits=args.client_limits, quality_servers=quality)
 
         rendered = urls.apply(render)
         self.ports = endpoint_ports(spec)
-        secret_env = _secret_env(spec, floor, canary, burst_names)
+        secret_env = _secret_env(spec, floor, canary, burst_names, quality)
 
         app = f"{name}-haproxy"
         labels = {"app.kubernetes.io/name": "haproxy", "app.kubernetes.io/instance": name,
@@ -218,7 +228,10 @@ class Gateway(pulumi.ComponentResource):
             metadata={**meta, "labels": {**labels, **args.monitor_labels}},
             spec={
                 "selector": {"matchLabels": labels},
-                "podMetricsEndpoints": [{"port": "stats", "path": "/metrics", "interval": "15s"}],
+                "podMetricsEndpoints": [{"port": "stats", "path": "/metrics", "interval": "15s"},
+                                        # what the gateway sampled and dropped for the evaluation sink
+                                        *([{"port": "stats", "path": "/metrics/quality", "interval": "30s"}]
+                                          if sampled else [])],
             },
             opts=child(self),
         )
@@ -240,11 +253,11 @@ def _slots(e) -> int:
     return max(e.floor.replicas_by_hour) if e.floor.replicas_by_hour else 1
 
 
-def _secret_env(spec: TopologySpec, floor, canary, burst_names: list[str]) -> dict[str, str]:
+def _secret_env(spec: TopologySpec, floor, canary, burst_names: list[str], quality) -> dict[str, str]:
     # Secret references depend on the spec only, not on the URLs: render with stand-ins to list them.
     stand_in = {n: "https://burst.invalid" for n in burst_names}
     return render_gateway_config(spec, burst_urls=stand_in, floor_servers=floor, canary_servers=canary,
-                                 gateway_replicas=2).secret_env
+                                 gateway_replicas=2, quality_servers=quality).secret_env
 
 
 def _endpoint_of(var: str, eps) -> str:

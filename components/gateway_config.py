@@ -88,6 +88,14 @@ BODY_WAIT_S = 10  # longest a client may take to upload a (size-capped) body
 STATS_CONNECTIONS = 50  # kept for probes and the exporter on top of the endpoints' maxconn (a flood cannot starve them)
 STREAM_BACKSTOP_MS = 1000  # native idle timeout = first-byte limit + this, so the Lua filter acts first
 HEADER_ROOM_BYTES = 16384  # headers + the stamped prefix on top of the largest allowed body
+# Quality sampling (spec rollout.quality_sampling; see `llm_quality` in gateway_lua.py): sampled exchanges are
+# posted to the quality recorder through a loopback-only frontend (inside the pod only)
+QUALITY_PORT = 9180
+QUALITY_BYTES_PER_TOKEN = 512  # a vLLM SSE chunk carries one token in ~200-300 bytes of JSON; room for it
+QUALITY_MAX_CAPTURE_BYTES = 1 << 20  # response bytes kept per sampled exchange; beyond: recorded as truncated
+QUALITY_MAX_CAPTURES = 64  # sampled exchanges in progress per endpoint and pod (≤ 64 MiB of copies); beyond: dropped
+QUALITY_MAX_POSTS = 16  # record posts in flight per pod; beyond: dropped (the recorder answers at once when up)
+QUALITY_POST_TIMEOUT_MS = 5000
 
 
 @dataclass(frozen=True)
@@ -272,6 +280,8 @@ def render_gateway_config(
     ca_path: str = HAPROXY_IMAGE.ca_dir,
     shadow_binds: Mapping[str, str] | None = None,
     client_limits: ClientLimits = ClientLimits(),
+    quality_servers: Servers | None = None,
+    quality_bind: str = f"127.0.0.1:{QUALITY_PORT}",
 ) -> RenderedGateway:
     """haproxy.cfg + gateway.lua for every gated endpoint of `spec`.
 
@@ -285,6 +295,8 @@ def render_gateway_config(
     requests, so each enforces its share of the per-replica threshold (`per_pod_threshold`).
     shadow_binds: endpoint -> loopback "127.0.0.1:port" where its shadow mirrors enter (default
     127.0.0.1:<9080+i>); only endpoints whose spec has a shadow use it.
+    quality_servers: the quality recorder (required when an endpoint's rollout samples quality); quality_bind:
+    the loopback frontend sampled exchanges are posted to, which forwards them to it.
     ca_path: the trust store TLS to Modal is verified against: the image's CA directory (explicit,
     because haproxy 2.6's `@system-ca` is OpenSSL's compiled-in directory and ignores SSL_CERT_DIR,
     so tests could not point it elsewhere); tests pass a directory holding exactly the pod's CAs.
@@ -304,13 +316,20 @@ def render_gateway_config(
     max_body = max(e.gateway.max_request_body_bytes for e in endpoints)
     bufsize = -(-(max_body + HEADER_ROOM_BYTES) // 1024) * 1024
 
+    sampled = [e.name for e in endpoints if quality_sampling(e) is not None]
+    if sampled and quality_servers is None:
+        raise ValueError(f"endpoints {sampled} sample quality (rollout.quality_sampling); no quality recorder "
+                         "servers given (quality_servers)")
     sections: list[str] = []
     for e in endpoints:
         if e.name not in binds:
             raise ValueError(f"no bind address for endpoint {e.name!r}; given: {sorted(binds)}")
         sections.append(_endpoint_sections(e, burst_urls, floor_servers, canary_servers, binds[e.name],
                                            health_check_interval_ms, secret_env, gateway_replicas, ca_path,
-                                           max_connections, shadow_binds.get(e.name), limits))
+                                           max_connections, shadow_binds.get(e.name), limits,
+                                           quality_bind if sampled else None))
+    if sampled:
+        sections.append(_quality_sections(quality_servers, quality_bind, health_check_interval_ms))
 
     head = [
         "# Rendered by components/gateway_config.py from the TopologySpec "
@@ -368,6 +387,7 @@ def render_gateway_config(
         f"    maxconn {STATS_CONNECTIONS}",
         "    monitor-uri /healthz",
         "    http-request use-service prometheus-exporter if { path /metrics }",
+        *(["    http-request use-service lua.llm_quality_metrics if { path /metrics/quality }"] if sampled else []),
         "    no log",
         "",
     ]
@@ -388,6 +408,7 @@ def _endpoint_sections(
     max_connections: int,
     shadow_bind: str | None,
     limits: ClientLimits,
+    quality_bind: str | None,
 ) -> str:
     g = e.gateway
     threshold = per_pod_threshold(g.overflow_inflight_per_replica, gateway_replicas)
@@ -505,6 +526,14 @@ def _endpoint_sections(
     for h in ("Authorization", "Modal-Key", "Modal-Secret", "X-Gateway-Tenant"):
         fl.append(f"    http-request del-header {h}")
     fl.append("    http-request set-header X-Gateway-Tenant %[var(txn.tenant)]")
+    q = quality_sampling(e)
+    if q is not None:
+        # before the shadow action: it decides whether this request's exchange (and its mirror's) is recorded
+        r = e.rollout
+        candidate = r.candidate.version if (g.canary is not None or g.shadow is not None) else "-"
+        fl.append(f"    http-request lua.llm_quality {e.name} {q.sample_fraction:.6g} {r.served_version} {candidate} "
+                  f"{quality_bind} {quality_capture_bytes(e)} {QUALITY_MAX_CAPTURES} {QUALITY_MAX_POSTS} "
+                  f"{QUALITY_POST_TIMEOUT_MS} if METH_POST")
     shadow_cap = 0
     if g.shadow is not None:
         # a validated request is mirrored (chosen per request) by a Lua task: this action only copies the
@@ -670,3 +699,33 @@ def _endpoint_sections(
                *auth,
                f"    server burst {host}:{port}{opts}", ""]
     return "\n".join(fl + bl)
+
+
+def quality_sampling(e: EndpointSpec):
+    """The endpoint's quality sampling (rollout.quality_sampling), or None."""
+    return e.rollout.quality_sampling if e.rollout is not None else None
+
+
+def quality_capture_bytes(e: EndpointSpec) -> int:
+    """Response bytes kept per sampled exchange: the endpoint's max_tokens streamed, within the pod-wide cap."""
+    return min(QUALITY_MAX_CAPTURE_BYTES, e.gateway.max_tokens * QUALITY_BYTES_PER_TOKEN)
+
+
+def _quality_sections(servers: Servers, bind: str, health_check_interval_ms: int) -> str:
+    # loopback only: the Lua tasks post sampled exchanges here; the recorder answers once it has queued one
+    return "\n".join([
+        "frontend quality_records",
+        f"    bind {bind}",
+        f"    maxconn {QUALITY_MAX_POSTS}",
+        "    default_backend be_quality_recorder",
+        "",
+        "backend be_quality_recorder",
+        f"    timeout server {QUALITY_POST_TIMEOUT_MS}",
+        "    timeout queue 1s",
+        # one Service address: a retry would only hold the post (and its slot) for HAProxy's 1 s turn-around
+        "    retries 0",
+        "    option httpchk GET /healthz",
+        "    http-check expect status 200",
+        *_server_lines("recorder", servers, f"check inter {health_check_interval_ms} fall 2 rise 2"),
+        "",
+    ])

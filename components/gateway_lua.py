@@ -236,6 +236,7 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
   local prefix = salt_part
   if not has_limit then
     prefix = (prefix and prefix .. "," or "") .. '"max_tokens":' .. max_tokens_arg
+    txn:set_var("txn.gate_max", max_tokens_arg)  -- for the quality record: the limit the engine got
   end
   if prefix then
     if count > 0 then prefix = prefix .. "," end
@@ -264,7 +265,169 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
   txn:set_var("txn.gate_edits_b", table.concat(edits, ","))
   txn:set_var("txn.gate_cap_b", cap_text)
   txn:set_var("txn.gate_len_b", #body + #(prefix_b or "") + grow)
+  if #edits > 0 or not limited then txn:set_var("txn.gate_max_b", cap_text) end
 end, 6)
+
+local function now_ms()
+  local t = core.now()
+  return t.sec * 1000 + t.usec // 1000
+end
+
+-- Quality sampling (issue #16 item 6): a share of production exchanges per model version, recorded for
+-- offline evaluation. The gateway is a tap, not a hop: the user's bytes take the same path as any other
+-- request; for a sampled one the llm filter also keeps a bounded copy of the response as it is forwarded,
+-- and when the exchange has ended a Lua task posts the copy (original request body + response bytes, with
+-- the version, route, tenant and timestamps as headers; never the API key or the stamped cache_salt) to
+-- the loopback quality frontend, which forwards it to the quality recorder. Nothing the user receives
+-- waits for that post. Every limit drops a record and counts it (llm_gateway_quality_dropped_total):
+-- captures in progress per endpoint, record posts in flight, the recorder's answer.
+--
+-- http-request lua.llm_quality <endpoint> <fraction> <served version> <candidate version or -> <dst>
+--   <capture bytes> <captures cap> <posts cap> <post timeout ms>
+-- served: the version the stable track (floor, burst) serves; candidate: the canary's or shadow's version.
+-- per-request choices (quality sampling, shadow): seeded to the microsecond, so gateway pods started in the
+-- same second draw differently (core.now works in the body context)
+do
+  local t = core.now()
+  math.randomseed(t.sec * 1000000 + t.usec)
+end
+local quality_cfg = {}
+local quality_posts = 0
+local quality_counts = { sampled = {}, dropped = {} }  -- "endpoint\tversion" / "endpoint\treason" -> count
+local function quality_count(kind, ep, label)
+  local k = ep .. "\t" .. label
+  quality_counts[kind][k] = (quality_counts[kind][k] or 0) + 1
+end
+core.register_action("llm_quality", { "http-req" }, function(txn, ep, fraction, served, candidate, dst, cap_bytes,
+                                                             max_captures, max_posts, timeout_ms)
+  local c = quality_cfg[ep]
+  if not c then
+    c = { served = served, candidate = candidate, dst = dst, cap = tonumber(cap_bytes), captures = 0,
+          max_captures = tonumber(max_captures), max_posts = tonumber(max_posts), timeout = tonumber(timeout_ms) }
+    quality_cfg[ep] = c
+  end
+  local f = tonumber(fraction)
+  -- chosen per request, independently for the user's exchange and for its shadow mirror (if one is sent)
+  local user = math.random() < f
+  local mirror = candidate ~= "-" and math.random() < f
+  if not user and not mirror then return end
+  txn:set_var("txn.q_ep", ep)
+  txn:set_var("txn.q_body", txn.f:req_body() or "")  -- as the client sent it: without the stamped cache_salt
+  txn:set_var("txn.q_t0", now_ms())
+  local rid = txn.f:req_fhdr("x-request-id") or ""
+  txn:set_var("txn.q_rid", #rid > 128 and rid:sub(1, 128) or rid)
+  txn:set_var("txn.q_path", txn.f:path() or "/")
+  if user then txn:set_var("txn.q_user", 1) end
+  if mirror then txn:set_var("txn.q_mirror", 1) end
+end, 9)
+
+local function quality_post(c, ep, version, route, txn_meta, status, body_req, body_resp, truncated, ended)
+  if quality_posts >= c.max_posts then quality_count("dropped", ep, "posts_full") return end
+  local hdrs = {
+    ["content-type"] = { "application/octet-stream" },
+    ["content-length"] = { tostring(#body_req + #body_resp) },  -- else 2.6's client sends the body chunked
+    ["x-quality-endpoint"] = { ep }, ["x-quality-version"] = { version }, ["x-quality-route"] = { route },
+    ["x-quality-tenant"] = { txn_meta.tenant }, ["x-quality-request-id"] = { txn_meta.rid },
+    ["x-quality-path"] = { txn_meta.path }, ["x-quality-status"] = { tostring(status) },
+    ["x-quality-started-ms"] = { tostring(txn_meta.t0) }, ["x-quality-ended-ms"] = { tostring(ended) },
+    ["x-quality-request-bytes"] = { tostring(#body_req) }, ["x-quality-truncated"] = { truncated and "1" or "0" },
+    ["x-quality-gateway-max-tokens"] = { txn_meta.max_tokens },
+  }
+  quality_posts = quality_posts + 1
+  core.register_task(function()
+    local ok, r = pcall(function()
+      return core.httpclient():post{ url = "http://quality/v1/records", dst = c.dst,
+                                     body = body_req .. body_resp, headers = hdrs, timeout = c.timeout }
+    end)
+    quality_posts = quality_posts - 1
+    if ok and r and r.status == 202 then quality_count("sampled", ep, version)
+    else quality_count("dropped", ep, "post_failed") end
+  end)
+end
+
+-- read from variables the action set: by the response's end the request's headers are gone
+-- max_tokens: the limit the gateway set in what the engine got (the burst cap on a non-streamed request that
+-- went to burst, else the endpoint's cap when the client gave none), "" when the client's own applied
+local function quality_meta(txn)
+  local capped = txn:get_var("txn.ns_capped") and txn:get_var("txn.gate_max_b")
+  return { tenant = txn:get_var("txn.tenant") or "", rid = txn:get_var("txn.q_rid") or "",
+           path = txn:get_var("txn.q_path") or "/", t0 = txn:get_var("txn.q_t0") or 0,
+           max_tokens = tostring(capped or txn:get_var("txn.gate_max") or "") }
+end
+
+-- shadow: what the mirror task needs to record the candidate's answer (nil when the mirror is not sampled)
+local function quality_mirror_sample(txn)
+  if not txn:get_var("txn.q_mirror") then return nil end
+  local ep = txn:get_var("txn.q_ep")
+  local c = ep and quality_cfg[ep]
+  if not c then return nil end
+  return { c = c, ep = ep, meta = quality_meta(txn), body = txn:get_var("txn.q_body") or "" }
+end
+
+-- the user's exchange: a capture starts with the response headers and is posted when the exchange ends
+local function quality_begin(txn, msg)
+  local ep = txn:get_var("txn.q_ep")
+  local c = ep and quality_cfg[ep]
+  if not c then return nil end
+  if c.captures >= c.max_captures then quality_count("dropped", ep, "captures_full") return nil end
+  c.captures = c.captures + 1
+  local st = msg:get_stline()
+  return { c = c, ep = ep, parts = {}, size = 0, truncated = false, status = tonumber(st and st.code) or 0 }
+end
+
+local function quality_capture(q, msg, n)
+  if n <= 0 or q.truncated then return end
+  local take = n
+  if q.size + take > q.c.cap then take, q.truncated = q.c.cap - q.size, true end
+  if take > 0 then
+    q.parts[#q.parts + 1] = msg:body(0, take)
+    q.size = q.size + take
+  end
+end
+
+local function quality_finish(q, txn)
+  local c = q.c
+  c.captures = c.captures - 1
+  local route = txn:get_var("txn.route")
+  local version = (route == "canary" and c.candidate ~= "-" and c.candidate)
+    or ((route == "floor" or route == "burst") and c.served) or nil
+  if not version then quality_count("dropped", q.ep, "no_model_route") return end
+  quality_post(c, q.ep, version, route, quality_meta(txn), q.status, txn:get_var("txn.q_body") or "",
+               table.concat(q.parts), q.truncated, now_ms())
+end
+
+local function quality_record_mirror(sample, r)
+  local c = sample.c
+  if not r then quality_count("dropped", sample.ep, "mirror_failed") return end
+  local resp = r.body or ""
+  local truncated = #resp > c.cap
+  if truncated then resp = resp:sub(1, c.cap) end
+  quality_post(c, sample.ep, c.candidate, "shadow", sample.meta, r.status or 0, sample.body, resp, truncated, now_ms())
+end
+
+-- Prometheus text for the stats frontend (/metrics/quality): what the gateway sampled and dropped.
+core.register_service("llm_quality_metrics", "http", function(applet)
+  local out = {
+    "# HELP llm_gateway_quality_sampled_total Exchanges handed to the quality recorder, per endpoint and model version.",
+    "# TYPE llm_gateway_quality_sampled_total counter",
+  }
+  for k, v in pairs(quality_counts.sampled) do
+    local ep, version = k:match("^(.-)\t(.*)$")
+    out[#out + 1] = string.format('llm_gateway_quality_sampled_total{endpoint="%s",version="%s"} %d', ep, version, v)
+  end
+  out[#out + 1] = "# HELP llm_gateway_quality_dropped_total Sampled exchanges the gateway dropped, per endpoint and reason."
+  out[#out + 1] = "# TYPE llm_gateway_quality_dropped_total counter"
+  for k, v in pairs(quality_counts.dropped) do
+    local ep, reason = k:match("^(.-)\t(.*)$")
+    out[#out + 1] = string.format('llm_gateway_quality_dropped_total{endpoint="%s",reason="%s"} %d', ep, reason, v)
+  end
+  local text = table.concat(out, "\n") .. "\n"
+  applet:set_status(200)
+  applet:add_header("content-type", "text/plain; version=0.0.4")
+  applet:add_header("content-length", tostring(#text))
+  applet:start_response()
+  applet:send(text)
+end)
 
 -- Shadow: http-request lua.llm_shadow <endpoint> <dst> <basis points> <cap> <timeout ms>
 -- Chosen per request (basis points of 10,000). The action copies the request as the incumbent will
@@ -276,7 +439,6 @@ end, 6)
 local shadow_inflight = {}
 local SHADOW_SKIP = { ["content-length"] = true, ["host"] = true, ["connection"] = true,
   ["transfer-encoding"] = true, ["expect"] = true, ["idempotency-key"] = true }
-math.randomseed(os.time())
 core.register_action("llm_shadow", { "http-req" }, function(txn, name, dst, bp, cap, timeout_ms)
   if math.random(10000) > tonumber(bp) then return end
   local n = shadow_inflight[name] or 0
@@ -299,12 +461,14 @@ core.register_action("llm_shadow", { "http-req" }, function(txn, name, dst, bp, 
   hdrs["content-length"] = { tostring(#body) }  -- else 2.6's client sends the body chunked
   local url = "http://shadow" .. (txn.f:path() or "/")
   local timeout = tonumber(timeout_ms)
+  local sample = quality_mirror_sample(txn)  -- nil unless this mirror was chosen for the evaluation sink
   shadow_inflight[name] = n + 1
   core.register_task(function()
-    pcall(function()
-      core.httpclient():post{ url = url, dst = dst, body = body, headers = hdrs, timeout = timeout }
+    local ok, r = pcall(function()
+      return core.httpclient():post{ url = url, dst = dst, body = body, headers = hdrs, timeout = timeout }
     end)
     shadow_inflight[name] = shadow_inflight[name] - 1
+    if sample then quality_record_mirror(sample, ok and r or nil) end
   end)
 end, 5)
 
@@ -369,10 +533,6 @@ end)
 -- drops the unfinished upstream connection, which aborts the generation.
 local Llm = { id = "llm", flags = filter.FLT_CFG_FL_HTX }
 Llm.__index = Llm
-local function now_ms()
-  local t = core.now()
-  return t.sec * 1000 + t.usec // 1000
-end
 -- HAProxy calls new() on the per-declaration copy that holds the filter's arguments: inherit from it
 function Llm:new()
   return setmetatable({ started = now_ms(), last = nil, active = false, ended = false, req_done = false },
@@ -386,6 +546,11 @@ function Llm:end_analyze(txn, chn)
   if chn:is_resp() then
     local claim = txn:get_var("txn.idem")
     if claim then idem_release(claim) end
+    if self.q then
+      local q = self.q
+      self.q = nil
+      quality_finish(q, txn)
+    end
   end
   return filter.CONTINUE
 end
@@ -393,6 +558,7 @@ function Llm:http_headers(txn, msg)
   if not msg:is_resp() then return filter.CONTINUE end
   self.req_done = true
   self.active = txn:get_var("txn.stream") == 1
+  if txn:get_var("txn.q_user") then self.q = quality_begin(txn, msg) end
   if self.active then
     -- engines send headers before the first token: the first-byte clock keeps running, and a
     -- wake-up is needed because no payload callback comes while the upstream stays silent
@@ -434,6 +600,7 @@ local function stamp(txn, msg, n)
   end
   return n, true
 end
+local watch_gaps
 function Llm:http_payload(txn, msg)
   local n = msg:input()
   if not self.req_done then
@@ -442,7 +609,12 @@ function Llm:http_payload(txn, msg)
     self.req_done = done
     return n
   end
-  if not self.active or self.ended then return n end
+  if self.active and not self.ended then n = watch_gaps(self, txn, msg, n) end
+  if self.q then quality_capture(self.q, msg, n) end  -- what the client is sent, limits' events included
+  return n
+end
+-- per-gap limits and heartbeats of a streamed response; returns the bytes to forward
+watch_gaps = function(self, txn, msg, n)
   local t = now_ms()
   if n > 0 then self.last = t end
   local limit, since, what

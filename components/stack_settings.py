@@ -118,6 +118,11 @@ class StackSettings(_Settings):
         None, alias="s3GatewayEndpoint",
         description="`llm-serving:s3GatewayEndpoint`: reuse or create the VPC's S3 gateway endpoint (None: neither).",
     )
+    quality_recorder_image: str | None = Field(
+        None, alias="qualityRecorderImage", pattern=r"^[^\s]+[:@][^\s/]+$",
+        description="`llm-serving:qualityRecorderImage`: the quality recorder's image, built from recorder/Dockerfile "
+        "(tag or digest); required when an endpoint's rollout samples quality.",
+    )
     monitoring: Literal["install", "platform"] | None = Field(
         None,
         description="`llm-serving:monitoring`: 'install' kube-prometheus-stack (default when the stack creates the "
@@ -142,7 +147,7 @@ class StackSettings(_Settings):
 
 def stack_settings(config: Mapping[str, Any], source: str) -> StackSettings:
     """Settings from the non-input config keys (`cluster`, `namespace`, `prometheusUrl`, `monitorLabels`,
-    `weightReplication`, `s3GatewayEndpoint`, `monitoring`)."""
+    `weightReplication`, `s3GatewayEndpoint`, `monitoring`, `qualityRecorderImage`)."""
     if config.get("cluster") is None:
         raise InputError(
             f"{source}: missing config key 'cluster'; set it to {{mode: existing, name, nodeRoleArn, subnetIds}} "

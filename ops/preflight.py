@@ -254,6 +254,31 @@ def check_weights(st: StackUnderCheck, c: Clients) -> list[Check]:
     return out
 
 
+def check_quality_sink(st: StackUnderCheck, c: Clients) -> list[Check]:
+    """Each quality-sampling sink bucket exists and is in the cluster's region: sampled prompts are customer
+    data, and the recorder writes them with the cluster region's S3 client (components/quality_recorder.py)."""
+    want = st.spec.cluster_region
+    buckets = sorted({uri.removeprefix("s3://").partition("/")[0] for e in st.spec.endpoints
+                      if e.rollout is not None and e.rollout.quality_sampling is not None
+                      for uri in e.rollout.quality_sampling.prefixes.values()})
+    out = []
+    for b in buckets:
+        try:
+            loc = c.aws("s3", want).get_bucket_location(Bucket=b).get("LocationConstraint")
+        except Exception as e:  # noqa: BLE001
+            out.append(Check(f"quality sink {b}", False, f"s3://{b} cannot be read ({_aws_error(e)})",
+                             f"create the evaluation sink in the cluster's region: aws s3api create-bucket --bucket {b} "
+                             f"--region {want}" + ("" if want == "us-east-1" else
+                                                   f" --create-bucket-configuration LocationConstraint={want}")))
+            continue
+        region = {None: "us-east-1", "": "us-east-1", "EU": "eu-west-1"}.get(loc, loc)  # S3's legacy spellings
+        out.append(Check(f"quality sink {b}", region == want,
+                         f"s3://{b} is in {region}" + ("" if region == want else
+                                                        f", the cluster in {want}: sampled prompts would leave the region"),
+                         f"name a sink bucket in {want} (rollout.quality_sampling.sink_uri)"))
+    return out
+
+
 def check_modal(st: StackUnderCheck, c: Clients) -> list[Check]:
     bursts = [e.burst for e in st.spec.endpoints if e.burst is not None]
     if not bursts:
@@ -325,6 +350,7 @@ def run_checks(st: StackUnderCheck, clients: Clients) -> list[Check]:
                             f"kubectl -n {ns} create secret generic <name> --from-literal=<key>=… (README, Deploying for real)",
                             blocking=False))
     checks += check_weights(st, clients)
+    checks += check_quality_sink(st, clients)
     checks += check_modal(st, clients)
     return checks
 

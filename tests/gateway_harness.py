@@ -78,6 +78,14 @@ def free_port() -> int:
             return port
 
 
+def no_recorder():
+    """Quality recorder servers where nothing listens: a stack that samples quality renders with them, and
+    its sampled exchanges are dropped (counted) as when the recorder is down (tests/test_quality_sampling.py)."""
+    from components.gateway_config import StaticServers
+
+    return StaticServers((f"127.0.0.1:{free_port()}",))
+
+
 def wait_for_port(port: int, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -49,8 +49,8 @@ def rendered_rule_groups(stack_file: Path) -> dict[str, dict]:
     rec = recorded(Path(stack_file).resolve())
     out = {}
     for obj in rec.kubernetes_objects():
-        if obj["kind"] == "PrometheusRule":
-            (group,) = obj["spec"]["groups"]
+        if obj["kind"] == "PrometheusRule" and "serving.llm/endpoint" in obj["metadata"]["labels"]:
+            (group,) = obj["spec"]["groups"]  # the endpoints' serving alerts (the quality recorder's: its own test)
             out[obj["metadata"]["labels"]["serving.llm/endpoint"]] = group
     return out
 

@@ -307,7 +307,9 @@ def test_replication_and_gateway_endpoint_and_prefix_limited_readers(stack):
     assert rec.of_type("aws:ec2/vpcEndpoint:VpcEndpoint") == []
     associations = {a.inputs["serviceAccount"]: a.inputs for a in rec.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
                     if a.inputs["namespace"] != "kube-system"}  # the node autoscaler has its own
-    assert sorted(associations) == sorted(f"{e.name}-vllm" for e in floor_endpoints(spec))
+    # the floors' weight readers, and the quality recorder where an endpoint samples quality (its own role)
+    recorder = ["quality-recorder"] if any(e.rollout and e.rollout.quality_sampling for e in spec.endpoints) else []
+    assert sorted(associations) == sorted([f"{e.name}-vllm" for e in floor_endpoints(spec)] + recorder)
     roles = {r.urn: r for r in rec.of_type("aws:iam/role:Role")}
     for e in floor_endpoints(spec):
         role = next(r for r in roles.values() if r.name.endswith(f"-reader-{e.name}"))

@@ -16,7 +16,7 @@ import pytest
 
 from components.gateway_config import DnsServers, StaticServers, env_name, floor_capacity, render_gateway_config
 from tests.fake_upstream import FakeUpstream
-from tests.gateway_harness import HaproxyProcess, free_port, lua_path, pod_ca_dir, require_haproxy
+from tests.gateway_harness import HaproxyProcess, free_port, lua_path, pod_ca_dir, require_haproxy, no_recorder
 from topology.spec import CanarySpec
 
 SALTS = {"acme": "salt-acme-7f3a", "globex": "salt-globex-19c2", "initech": "salt-initech-d00d"}
@@ -46,7 +46,7 @@ def gw(planned_stacks, tmp_path_factory):
     ports = {"assist": free_port(), "autocomplete": free_port(), "guard": free_port()}
     workdir = tmp_path_factory.mktemp("gw")
     rendered = render_gateway_config(
-        spec,
+        spec, quality_servers=no_recorder(),
         burst_urls={"assist": f"http://{ups['burst'].address}", "autocomplete": f"http://127.0.0.1:{dead[0]}"},
         floor_servers={"assist": StaticServers((ups["floor1"].address, ups["floor2"].address)),
                        "autocomplete": StaticServers((f"127.0.0.1:{dead[1]}",)),
@@ -526,7 +526,7 @@ def test_same_user_always_lands_on_the_same_canary_side(gw):
 def test_rendering_for_the_cluster_uses_dns_slots_and_references_secrets(planned_stacks):
     spec = planned_stacks["prod"][1]
     r = render_gateway_config(
-        spec,
+        spec, quality_servers=no_recorder(),
         burst_urls={"assist": "https://ws--assist.modal.run", "autocomplete": "https://ws--ac.modal.run"},
         floor_servers={e.name: DnsServers(f"{e.name}-floor.serving.svc.cluster.local", 8000, 24)
                        for e in spec.endpoints},
@@ -539,7 +539,7 @@ def test_rendering_for_the_cluster_uses_dns_slots_and_references_secrets(planned
         assert f"${{{var}}}" in cfg  # referenced, expanded by HAProxy from the pod's Secret env
     assert "maxconn 49" in cfg  # assist's overflow threshold per floor replica (one gateway pod)
     two_pods = render_gateway_config(
-        spec, burst_urls={"assist": "https://a.modal.run", "autocomplete": "https://b.modal.run"},
+        spec, quality_servers=no_recorder(), burst_urls={"assist": "https://a.modal.run", "autocomplete": "https://b.modal.run"},
         floor_servers={e.name: DnsServers(f"{e.name}.svc", 8000, 4) for e in spec.endpoints}, gateway_replicas=2,
         canary_servers={"assist": DnsServers("assist-canary.svc", 8000, 4)},
     ).files["haproxy.cfg"]
@@ -549,12 +549,12 @@ def test_rendering_for_the_cluster_uses_dns_slots_and_references_secrets(planned
 def test_renderer_rejects_missing_inputs(planned_stacks):
     spec = planned_stacks["prod"][1]
     with pytest.raises(ValueError, match="needs a burst URL"):
-        render_gateway_config(spec, burst_urls={}, floor_servers={e.name: StaticServers(("127.0.0.1:1",))
+        render_gateway_config(spec, quality_servers=no_recorder(), burst_urls={}, floor_servers={e.name: StaticServers(("127.0.0.1:1",))
                                                                   for e in spec.endpoints})
     with pytest.raises(ValueError, match="must be http"):
-        render_gateway_config(spec, burst_urls={"assist": "ftp://x", "autocomplete": "https://y"},
+        render_gateway_config(spec, quality_servers=no_recorder(), burst_urls={"assist": "ftp://x", "autocomplete": "https://y"},
                               floor_servers={e.name: StaticServers(("127.0.0.1:1",)) for e in spec.endpoints},
                               canary_servers={"assist": StaticServers(("127.0.0.1:2",))})
     with pytest.raises(ValueError, match="'assist' has a shadow .* no canary servers given"):  # prod's assist is in shadow
-        render_gateway_config(spec, burst_urls={"assist": "https://x", "autocomplete": "https://y"},
+        render_gateway_config(spec, quality_servers=no_recorder(), burst_urls={"assist": "https://x", "autocomplete": "https://y"},
                               floor_servers={e.name: StaticServers(("127.0.0.1:1",)) for e in spec.endpoints})

@@ -12,6 +12,7 @@ import pytest
 
 from components.gateway import Gateway, GatewayArgs, tenant_secret_name
 from components.gateway_config import HAPROXY_IMAGE, DnsServers, LUA_FILE, render_gateway_config
+from components.quality_recorder import sampled_endpoints
 from offline.mockrun import run_function
 from offline.validate import validate_objects
 from tests.gateway_harness import pod_ca_dir, require_haproxy
@@ -30,12 +31,21 @@ def candidate_dns(spec):
             if e.gateway.shadow is not None or e.gateway.canary is not None}
 
 
+RECORDER = "quality-recorder.serving.svc.cluster.local:8080"
+
+
+def recorder_wiring(spec) -> dict:
+    """The quality recorder's Service when an endpoint samples quality (the program passes QualityRecorder's)."""
+    return {"quality_recorder": RECORDER} if sampled_endpoints(spec) else {}
+
+
 def declare(spec, **extra):
     def program():
         bursts = {e.name: pulumi.Output.from_input(URLS[e.name]) for e in spec.endpoints
                   if e.tier in ("serverless_only", "floor_plus_burst")}
         Gateway("gateway", GatewayArgs(spec=spec, namespace="serving", floor_services=floor_dns(spec),
-                                       burst_urls=bursts, **{"canary_services": candidate_dns(spec), **extra}))
+                                       burst_urls=bursts, **{"canary_services": candidate_dns(spec),
+                                                             **recorder_wiring(spec), **extra}))
     return run_function(program, stack=spec.environment)
 
 
@@ -63,7 +73,8 @@ def test_configmap_is_the_rendered_config(prod):
     expected = render_gateway_config(spec, burst_urls={k: URLS[k] for k in ("assist", "autocomplete")},
                                      floor_servers=floor, canary_servers=canary,
                                      lua_path=f"/usr/local/etc/haproxy/{LUA_FILE}",
-                                     gateway_replicas=2)
+                                     gateway_replicas=2,
+                                     quality_servers=DnsServers(RECORDER.rsplit(":", 1)[0], 8080, 1))
     assert cm["data"] == expected.files
 
 
@@ -132,7 +143,7 @@ def test_undeployed_burst_renders_a_serverless_backend_not_an_invented_url(plann
 
     def program():
         Gateway("gateway", GatewayArgs(spec=spec, namespace="serving", floor_services=floor_dns(spec),
-                                       canary_services=candidate_dns(spec),
+                                       canary_services=candidate_dns(spec), **recorder_wiring(spec),
                                        burst_urls={"assist": pulumi.Output.from_input(""),
                                                    "autocomplete": pulumi.Output.from_input(URLS["autocomplete"])}))
 

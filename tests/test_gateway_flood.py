@@ -17,7 +17,7 @@ import pytest
 
 from components.gateway_config import ClientLimits, StaticServers, env_name, render_gateway_config
 from tests.fake_upstream import FakeUpstream
-from tests.gateway_harness import HaproxyProcess, free_port, haproxy_binary, lua_path, pod_ca_dir, require_haproxy
+from tests.gateway_harness import HaproxyProcess, free_port, haproxy_binary, lua_path, pod_ca_dir, require_haproxy, no_recorder
 from tests.test_gateway import KEYS, body
 
 LIMITS = ClientLimits(max_conn_per_source=10, max_requests_per_source_10s=30, header_timeout_s=3)
@@ -32,7 +32,7 @@ def gw(planned_stacks, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("gw")
     ports = {e.name: free_port() for e in spec.endpoints if e.gated}
     rendered = render_gateway_config(
-        spec, burst_urls={n: f"http://{ups['burst'].address}" for n in ("assist", "autocomplete")},
+        spec, quality_servers=no_recorder(), burst_urls={n: f"http://{ups['burst'].address}" for n in ("assist", "autocomplete")},
         floor_servers={e.name: StaticServers((ups["floor"].address,)) for e in spec.endpoints},
         canary_servers={e.name: StaticServers((f"127.0.0.1:{free_port()}",)) for e in spec.endpoints},
         binds={k: f"127.0.0.1:{p}" for k, p in ports.items()},
@@ -150,7 +150,7 @@ def test_client_source_behind_a_load_balancer_is_configurable_and_haproxy_accept
     require_haproxy()
     spec = planned_stacks["prod"][1]
     r = render_gateway_config(
-        spec, burst_urls={"assist": "https://a.modal.run", "autocomplete": "https://b.modal.run"},
+        spec, quality_servers=no_recorder(), burst_urls={"assist": "https://a.modal.run", "autocomplete": "https://b.modal.run"},
         floor_servers={e.name: StaticServers(("127.0.0.1:1",)) for e in spec.endpoints},
         canary_servers={"assist": StaticServers(("127.0.0.1:2",))},
         lua_path=lua_path(tmp_path), ca_path=str(pod_ca_dir(tmp_path / "ca")), client_limits=ClientLimits(source=source))
@@ -164,6 +164,6 @@ def test_client_source_behind_a_load_balancer_is_configurable_and_haproxy_accept
                            capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stderr
     with pytest.raises(ValueError, match="ClientLimits.source='forwarded'"):
-        render_gateway_config(spec, burst_urls={"assist": "https://a", "autocomplete": "https://b"},
+        render_gateway_config(spec, quality_servers=no_recorder(), burst_urls={"assist": "https://a", "autocomplete": "https://b"},
                               floor_servers={e.name: StaticServers(("127.0.0.1:1",)) for e in spec.endpoints},
                               client_limits=ClientLimits(source="forwarded"))

@@ -18,7 +18,7 @@ import pytest
 
 from components.gateway_config import HAPROXY_IMAGE, StaticServers, render_gateway_config
 from tests.fake_upstream import FakeUpstream
-from tests.gateway_harness import (HaproxyProcess, free_port, local_haproxy_major_minor, lua_path, pod_ca_dir,
+from tests.gateway_harness import (HaproxyProcess, no_recorder, free_port, local_haproxy_major_minor, lua_path, pod_ca_dir,
                                    require_haproxy)
 from tests.test_gateway import body, post
 from tests.test_gateway_component import declare
@@ -54,7 +54,7 @@ def test_deployment_uses_the_one_stated_tag(planned_stacks):
 
 def _render_cluster_like(spec, tmp_path, ca_dir, burst_url="https://acme-prod--assist.modal.run"):
     rendered = render_gateway_config(
-        spec, burst_urls={"assist": burst_url, "autocomplete": burst_url},
+        spec, quality_servers=no_recorder(), burst_urls={"assist": burst_url, "autocomplete": burst_url},
         floor_servers={e.name: StaticServers(("127.0.0.1:1",)) for e in spec.endpoints},
         canary_servers={e.name: StaticServers(("127.0.0.1:1",)) for e in spec.endpoints},
         binds={e.name: f"127.0.0.1:{free_port()}" for e in spec.endpoints if e.tier != "managed_api"},
@@ -110,7 +110,7 @@ def test_burst_tls_is_verified_against_the_trust_store(planned_stacks, tmp_path,
     port = free_port()
     try:
         rendered = render_gateway_config(
-            spec, burst_urls={n: f"https://{burst.address}" for n in gated}, floor_servers={},
+            spec, quality_servers=no_recorder(), burst_urls={n: f"https://{burst.address}" for n in gated}, floor_servers={},
             canary_servers={n: StaticServers((f"127.0.0.1:{free_port()}",)) for n in gated},
             binds={n: f"127.0.0.1:{port if n == 'assist' else free_port()}" for n in gated},
             shadow_binds={n: f"127.0.0.1:{free_port()}" for n in gated},

@@ -14,7 +14,7 @@ import pytest
 
 from components.gateway_config import StaticServers, env_name, floor_capacity, render_gateway_config
 from tests.fake_upstream import FakeUpstream
-from tests.gateway_harness import HaproxyProcess, free_port, lua_path, pod_ca_dir, require_haproxy, stream_once
+from tests.gateway_harness import HaproxyProcess, free_port, lua_path, pod_ca_dir, require_haproxy, stream_once, no_recorder
 
 CONCURRENCY = 200
 
@@ -27,7 +27,7 @@ def prod_gateway(planned_stacks, tmp_path):
     floors = StaticServers((ups["floor1"].address, ups["floor2"].address))
     ports = {e.name: free_port() for e in spec.endpoints if e.tier != "managed_api"}
     rendered = render_gateway_config(
-        spec,
+        spec, quality_servers=no_recorder(),
         burst_urls={"assist": f"http://{ups['burst'].address}", "autocomplete": f"http://{ups['burst'].address}"},
         floor_servers={e.name: floors for e in spec.endpoints},
         # prod's assist is in shadow: its mirrors (5%) go to a candidate that refuses them, off the users' path

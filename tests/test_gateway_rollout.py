@@ -18,7 +18,7 @@ import pytest
 
 from components.gateway_config import StaticServers, env_name, render_gateway_config
 from tests.fake_upstream import FakeUpstream
-from tests.gateway_harness import HaproxyProcess, free_port, lua_path, pod_ca_dir, require_haproxy
+from tests.gateway_harness import HaproxyProcess, free_port, lua_path, pod_ca_dir, require_haproxy, no_recorder
 from tests.test_gateway import KEYS, MODAL, SALTS, body, post, wait_until
 from topology.spec import CanarySpec, ShadowSpec
 
@@ -89,7 +89,7 @@ class Gateway:
         ports = {"assist": self.port, "autocomplete": free_port(), "guard": free_port()}
         dead = f"127.0.0.1:{free_port()}"
         rendered = render_gateway_config(
-            spec,
+            spec, quality_servers=no_recorder(),
             burst_urls={"assist": f"http://{burst}", "autocomplete": f"http://{dead}"},
             floor_servers={"assist": StaticServers(tuple(floors)), "autocomplete": StaticServers((dead,)),
                            "guard": StaticServers((dead,))},

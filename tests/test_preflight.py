@@ -84,6 +84,8 @@ def world(aws_env, moto_endpoint, tmp_path):
     cfg["llm-serving:inputs"]["regions"][0]["vpc_id"] = vpc
     cfg["llm-serving:s3GatewayEndpoint"]["existingId"] = endpoint["VpcEndpoint"]["VpcEndpointId"]
     cfg["llm-serving:weightReplication"]["destinationStacks"] = ["prod"]
+    assist = next(e for e in cfg["llm-serving:inputs"]["endpoints"] if e["name"] == "assist")
+    assist["rollout"]["quality_sampling"]["sink_uri"] = f"s3://evals-{run}/prod/"  # the evaluation sink
     stack_file = tmp_path / "Pulumi.prod.yaml"
     stack_file.write_text(yaml.safe_dump(doc))
     st = P.load_stack(stack_file)
@@ -92,6 +94,7 @@ def world(aws_env, moto_endpoint, tmp_path):
                        resourcesVpcConfig={"subnetIds": ["subnet-1"]})
     addons = {"eks-pod-identity-agent": {"status": "ACTIVE", "addonVersion": "v1.3.8-eksbuild.2"}}
     s3.create_bucket(Bucket=source)
+    s3.create_bucket(Bucket=f"evals-{run}")
     s3.put_bucket_versioning(Bucket=source, VersioningConfiguration={"Status": "Enabled"})
     for e in st.spec.endpoints:
         files = {"config.json": b"{}"}

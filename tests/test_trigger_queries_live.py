@@ -21,7 +21,7 @@ import pytest
 from components.floor_replicas import TRACK_METRIC_LABEL, scaled_object_spec
 from components.gateway_config import StaticServers, config_name, env_name, floor_capacity, render_gateway_config
 from tests.fake_upstream import FakeUpstream
-from tests.gateway_harness import HaproxyProcess, free_port, lua_path, require_haproxy, stream_once
+from tests.gateway_harness import HaproxyProcess, free_port, lua_path, require_haproxy, stream_once, no_recorder
 from tests.prometheus_support import PrometheusServer, require_binary
 from topology.calibrate import QUERIES
 
@@ -109,7 +109,7 @@ def live(planned_stacks, tmp_path):
         ports = {e.name: free_port() for e in spec.endpoints if e.tier != "managed_api"}
         stats_port = free_port()
         rendered = render_gateway_config(
-            spec, burst_urls={"assist": f"http://{ups['burst'].address}", "autocomplete": f"http://{ups['burst'].address}"},
+            spec, quality_servers=no_recorder(), burst_urls={"assist": f"http://{ups['burst'].address}", "autocomplete": f"http://{ups['burst'].address}"},
             floor_servers={e.name: floors for e in spec.endpoints}, binds={k: f"127.0.0.1:{p}" for k, p in ports.items()},
             # prod's assist is in shadow: its mirrors go to a candidate that refuses them, off the users' path
             canary_servers={e.name: StaticServers((f"127.0.0.1:{free_port()}",)) for e in spec.endpoints},

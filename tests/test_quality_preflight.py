@@ -1,0 +1,25 @@
+"""Preflight: the quality-sampling sink exists and is in the cluster's region (moto on 127.0.0.1)."""
+
+from __future__ import annotations
+
+from tests.moto_support import aws_env, client, moto_endpoint  # noqa: F401 (fixtures)
+from tests.test_preflight import run, world  # noqa: F401 (fixture)
+
+
+def test_the_sink_must_exist_in_the_clusters_region(world, moto_endpoint):  # noqa: F811
+    stack_file, clients, *_ = world
+    checks, text, status = run(stack_file, clients)
+    (name,) = [n for n in checks if n.startswith("quality sink ")]
+    bucket = name.removeprefix("quality sink ")
+    assert checks[name].ok and status == 0 and "is in us-east-1" in checks[name].detail
+
+    s3 = client("s3", moto_endpoint)
+    s3.delete_bucket(Bucket=bucket)
+    checks, text, status = run(stack_file, clients)
+    assert not checks[name].ok and status == 1 and f"aws s3api create-bucket --bucket {bucket}" in text
+
+    client("s3", moto_endpoint, "eu-west-1").create_bucket(
+        Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+    checks, text, status = run(stack_file, clients)
+    assert not checks[name].ok and status == 1
+    assert "is in eu-west-1, the cluster in us-east-1: sampled prompts would leave the region" in text
