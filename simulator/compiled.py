@@ -126,8 +126,11 @@ class Rows:
 
 
 class Runs:
-    """Per replica, its in-flight sequences (finish, decode start, token gap, prompt, output), sorted by
-    finish, for the exact KV check: a fixed-depth block per replica, deepened when one fills."""
+    """Per replica, its sequences (finish, decode start, token gap, prompt, output) in the order they were
+    admitted, for the exact KV check. The reference keeps them sorted by finish (bisect.insort); here they
+    are appended and sorted (stably, so equal finishes keep their admission order, as insort_right does) only
+    when kv_fit needs them. Sequences finished by the current arrival are dropped when a block fills (kv_fit
+    drops them itself first); a block still over half full after that is deepened."""
 
     __slots__ = ("a", "count", "n")
 
@@ -140,7 +143,8 @@ class Runs:
         return self.n
 
     def __getitem__(self, i: int) -> list[tuple[float, float, float, float, float]]:
-        return [tuple(x) for x in self.a[i, : self.count[i]].tolist()]
+        rows = self.a[i, : self.count[i]]
+        return [tuple(x) for x in rows[np.argsort(rows[:, 0], kind="stable")].tolist()]
 
     def append(self, _empty) -> None:
         if self.n == len(self.a):
@@ -158,53 +162,56 @@ class Runs:
 # --------------------------------------------------------------------------------------------------
 
 
-def _lt(fa, ra, ka, pa, fb, rb, kb, pb):
-    """Python's tuple order on (finish, id, KV, prompt): the heap pops in exactly heapq's order."""
-    if fa != fb:
-        return fa < fb
-    if ra != rb:
-        return ra < rb
-    if ka != kb:
-        return ka < kb
-    return pa < pb
+def _before(h, x, y):
+    """Heap row x before row y in Python's tuple order on (finish, id, KV, prompt): pops in heapq's order."""
+    for z in range(4):
+        if h[x, z] != h[y, z]:
+            return h[x, z] < h[y, z]
+    return False
 
 
-def _heap_push(dfin, drid, dkv, dpin, dn, f, r, k, p):
+def _heap_push(h, dn, f, r, k, p):
+    """Push (finish, id, KV, prompt); row `cap - 1` is scratch (the caller keeps a row free)."""
+    tmp = h.shape[0] - 1
+    h[tmp, 0], h[tmp, 1], h[tmp, 2], h[tmp, 3] = f, r, k, p
     pos = dn[0]
     dn[0] = pos + 1
     while pos > 0:
         parent = (pos - 1) >> 1
-        if _lt(f, r, k, p, dfin[parent], drid[parent], dkv[parent], dpin[parent]):
-            dfin[pos], drid[pos], dkv[pos], dpin[pos] = dfin[parent], drid[parent], dkv[parent], dpin[parent]
+        if _before(h, tmp, parent):
+            for z in range(4):
+                h[pos, z] = h[parent, z]
             pos = parent
         else:
             break
-    dfin[pos], drid[pos], dkv[pos], dpin[pos] = f, r, k, p
+    for z in range(4):
+        h[pos, z] = h[tmp, z]
 
 
-def _heap_pop_into(dfin, drid, dkv, dpin, dn, fi, fkv, fin_, ci, ckv, cin):
+def _heap_pop_into(h, dn, fi, fkv, fin_, ci, ckv, cin):
     """Pop the earliest completion and release its replica's (or container's) in-flight, KV and prompt
     counts; returns 1 when it was a burst container's (the caller's burst in-flight count drops)."""
-    rid, kvd, pin = drid[0], dkv[0], dpin[0]
+    rid, kvd, pin = int(h[0, 1]), h[0, 2], h[0, 3]
     n = dn[0] - 1
     dn[0] = n
     if n > 0:
-        f, r, k, p = dfin[n], drid[n], dkv[n], dpin[n]
         pos = 0
         while True:
             child = 2 * pos + 1
             if child >= n:
                 break
             right = child + 1
-            if right < n and _lt(dfin[right], drid[right], dkv[right], dpin[right],
-                                 dfin[child], drid[child], dkv[child], dpin[child]):
+            if right < n and _before(h, right, child):
                 child = right
-            if _lt(dfin[child], drid[child], dkv[child], dpin[child], f, r, k, p):
-                dfin[pos], drid[pos], dkv[pos], dpin[pos] = dfin[child], drid[child], dkv[child], dpin[child]
+            if _before(h, child, n):
+                for z in range(4):
+                    h[pos, z] = h[child, z]
                 pos = child
             else:
                 break
-        dfin[pos], drid[pos], dkv[pos], dpin[pos] = f, r, k, p
+        if pos != n:
+            for z in range(4):
+                h[pos, z] = h[n, z]
     if rid >= 0:
         fi[rid] -= 1
         fkv[rid] -= kvd
@@ -217,11 +224,11 @@ def _heap_pop_into(dfin, drid, dkv, dpin, dn, fi, fkv, fin_, ci, ckv, cin):
     return 1
 
 
-def _pop_done_until(now, dfin, drid, dkv, dpin, dn, fi, fkv, fin_, ci, ckv, cin):
+def _pop_done_until(now, h, dn, fi, fkv, fin_, ci, ckv, cin):
     """Every completion at or before `now`; returns how many were burst containers'."""
     burst = 0
-    while dn[0] > 0 and dfin[0] <= now:
-        burst += _heap_pop_into(dfin, drid, dkv, dpin, dn, fi, fkv, fin_, ci, ckv, cin)
+    while dn[0] > 0 and h[0, 0] <= now:
+        burst += _heap_pop_into(h, dn, fi, fkv, fin_, ci, ckv, cin)
     return burst
 
 
@@ -243,39 +250,38 @@ def _slot_replace(row, width, v):
     row[pos] = v
 
 
-def _runs_prune(runs, count, r, t):
-    """Drop the sequences finished by `t` (kv_fit ignores them: it drops them itself first)."""
+def _runs_room(runs, count, r, t):
+    """Room for one more sequence in replica r's block: drop those finished by `t` when it is full (kv_fit
+    ignores them); False when it stays over half full (the caller deepens the blocks)."""
     m = count[r]
+    depth = runs.shape[1]
+    if m < depth:
+        return True
     k = 0
-    while k < m and runs[r, k, 0] <= t:
-        k += 1
-    if k:
-        for q in range(k, m):
-            for z in range(5):
-                runs[r, q - k, z] = runs[r, q, z]
-        count[r] = m - k
+    for q in range(m):
+        if runs[r, q, 0] > t:
+            if k != q:
+                for z in range(5):
+                    runs[r, k, z] = runs[r, q, z]
+            k += 1
+    count[r] = k
+    return 2 * k <= depth
 
 
-def _runs_insort(runs, count, r, fin, pe, gap, kvp, o):
-    """bisect.insort (right) by finish: after every sequence finishing at or before `fin`."""
+def _runs_add(runs, count, r, fin, pe, gap, kvp, o):
     m = count[r]
-    q = m
-    while q > 0 and runs[r, q - 1, 0] > fin:
-        for z in range(5):
-            runs[r, q, z] = runs[r, q - 1, z]
-        q -= 1
-    runs[r, q, 0] = fin
-    runs[r, q, 1] = pe
-    runs[r, q, 2] = gap
-    runs[r, q, 3] = kvp
-    runs[r, q, 4] = o
+    runs[r, m, 0] = fin
+    runs[r, m, 1] = pe
+    runs[r, m, 2] = gap
+    runs[r, m, 3] = kvp
+    runs[r, m, 4] = o
     count[r] = m + 1
 
 
 def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, ttft, itl, flag,
            fi, fkv, fin_, fpfree, fbad, fslots, routable, nrout, fruns, frc,
            ci, ckv, cin, cpfree, cready, clast, cbad, cslots, live, nlive, cruns, crc,
-           dfin, drid, dkv, dpin, dn, p, st):
+           h, dn, p, st):
     """Serve arrivals i0.. until the chunk ends or the Python engine must act; returns (why, request index).
     The order of operations per request is EndpointSim.feed's (see there for the model's reasons)."""
     n = T.shape[0]
@@ -316,9 +322,7 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
     b_kvcap = p[32]
     b_gpus = p[33]
     one_minus_hit = p[34]
-    fdepth = fruns.shape[1]
-    cdepth = cruns.shape[1]
-    dcap = dfin.shape[0]
+    dcap = h.shape[0] - 1  # the last row is the push's scratch
     inf = math.inf
     i = i0
     while i < n:
@@ -327,8 +331,8 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
             return _TICK, i
         if t >= next_ready:
             return _READY, i
-        while dn[0] > 0 and dfin[0] <= t:
-            st[_S_BINF] -= _heap_pop_into(dfin, drid, dkv, dpin, dn, fi, fkv, fin_, ci, ckv, cin)
+        while dn[0] > 0 and h[0, 0] <= t:
+            st[_S_BINF] -= _heap_pop_into(h, dn, fi, fkv, fin_, ci, ckv, cin)
         if has_status and status[i] != 0:
             if status[i] == 413:
                 st[_S_413] += 1
@@ -357,10 +361,8 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
             if fi[r] >= overflow and (streamed or ns_rule != 1):
                 r = -1
         if r >= 0:
-            if frc[r] == fdepth:
-                _runs_prune(fruns, frc, r, t)
-                if frc[r] == fdepth:
-                    return _GROW_FRUNS, i
+            if not _runs_room(fruns, frc, r, t):
+                return _GROW_FRUNS, i
             s0 = fslots[r, 0]
             start = s0 if s0 > t else t
             if start - t > shed_after:
@@ -420,11 +422,11 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
                 else:
                     st[_S_WASTED] += (fin - leave) * (gpus / b)
             _slot_replace(fslots[r], c, fin)
-            _heap_push(dfin, drid, dkv, dpin, dn, fin, r, kvfull, u)
+            _heap_push(h, dn, fin, r, kvfull, u)
             fi[r] += 1
             fkv[r] += kvfull
             fin_[r] += u
-            _runs_insort(fruns, frc, r, fin, pe, gap, kvp, o)
+            _runs_add(fruns, frc, r, fin, pe, gap, kvp, o)
             ttft[i] = first - t
             itl[i] = gap_mean
             if fbad[r]:
@@ -458,10 +460,8 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
                     j = live[q]
                     if cslots[j, 0] < cslots[best, 0]:
                         best = j
-            if crc[best] == cdepth:
-                _runs_prune(cruns, crc, best, t)
-                if crc[best] == cdepth:
-                    return _GROW_CRUNS, i
+            if not _runs_room(cruns, crc, best, t):
+                return _GROW_CRUNS, i
             start = max(t, cslots[best, 0])
             if start - t > shed_after:
                 st[_S_SHED] += 1
@@ -509,11 +509,11 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
                 else:
                     st[_S_WASTED] += (fin - leave) * (b_gpus / bsz)
             _slot_replace(cslots[best], b_slots, fin)
-            _heap_push(dfin, drid, dkv, dpin, dn, fin, -1 - best, kvfull, u)
+            _heap_push(h, dn, fin, -1 - best, kvfull, u)
             ci[best] += 1
             ckv[best] += kvfull
             cin[best] += u
-            _runs_insort(cruns, crc, best, fin, pe, gap, kvp, o)
+            _runs_add(cruns, crc, best, fin, pe, gap, kvp, o)
             if fin > clast[best]:
                 clast[best] = fin
             waiting = binf - nlive * b_slots
@@ -539,14 +539,45 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
     return _DONE, n
 
 
+def _tally(hour, ttft, itl, flag, hi_ttft, hi_itl, ttft_slo, itl_slo, arrivals, met_h, burst_h, rejected_h,
+           ttft_hist, itl_hist, out):
+    """EndpointSim._record's hourly counts and histograms in one pass (every figure is a count, so the order
+    of the additions cannot change it); out = [TTFT max, burst, API, no replica (503), bad revision]."""
+    for e in range(hour.shape[0]):
+        h = hour[e]
+        fl = flag[e]
+        tier = fl & 3
+        x = ttft[e]
+        arrivals[h] += 1.0
+        if x <= ttft_slo and itl[e] <= itl_slo and (fl & _eng.BAD) == 0 and tier != _eng.REJECTED:
+            met_h[h] += 1.0
+        if tier == _eng.BURST:
+            burst_h[h] += 1.0
+            out[1] += 1
+        elif tier == _eng.API:
+            out[2] += 1
+        if (fl & (3 | _eng.TOO_LONG | _eng.SHED | _eng.TIMED_OUT)) == _eng.REJECTED:
+            rejected_h[h] += 1.0
+            out[3] += 1
+        if (fl & _eng.BAD) != 0:
+            out[4] += 1
+        if (fl & (_eng.TOO_LONG | _eng.SHED)) == 0:  # refused before any GPU: not a latency
+            ttft_hist[hi_ttft[e]] += 1.0
+            if itl[e] > 0:
+                itl_hist[hi_itl[e]] += 1.0
+        if x < math.inf and x > out[0]:
+            out[0] = x
+
+
 if numba is not None:
-    _lt = _jit(_lt)
+    _tally = _jit(_tally)
+    _before = _jit(_before)
     _heap_push = _jit(_heap_push)
     _heap_pop_into = _jit(_heap_pop_into)
     _pop_done_until = _jit(_pop_done_until)
     _slot_replace = _jit(_slot_replace)
-    _runs_prune = _jit(_runs_prune)
-    _runs_insort = _jit(_runs_insort)
+    _runs_room = _jit(_runs_room)
+    _runs_add = _jit(_runs_add)
     _serve = _jit(_serve)
 
 
@@ -569,19 +600,14 @@ class CompiledEndpointSim(_eng.EndpointSim):
         return Runs()
 
     def _init_state(self) -> None:
-        self._dfin = np.zeros(256)
-        self._drid = np.zeros(256, dtype=np.int64)
-        self._dkv = np.zeros(256)
-        self._dpin = np.zeros(256)
+        self._heap = np.zeros((256, 4))  # (finish, replica id or −1 − container id, KV, prompt) per row
         self._dn = np.zeros(1, dtype=np.int64)
         super()._init_state()
 
     @property
     def done(self) -> list[tuple[float, int, float, float]]:
         """The completion heap's entries (finish, replica id or −1 − container id, KV, prompt), unordered."""
-        m = int(self._dn[0])
-        return list(zip(self._dfin[:m].tolist(), self._drid[:m].tolist(), self._dkv[:m].tolist(),
-                        self._dpin[:m].tolist()))
+        return [(f, int(r), k, p) for f, r, k, p in self._heap[: int(self._dn[0])].tolist()]
 
     @done.setter
     def done(self, value: list) -> None:
@@ -591,7 +617,7 @@ class CompiledEndpointSim(_eng.EndpointSim):
 
     def _pop_done(self, now: float) -> None:
         self.burst_inflight -= int(_pop_done_until(
-            now, self._dfin, self._drid, self._dkv, self._dpin, self._dn, self.f_inflight.a, self.f_kv.a,
+            now, self._heap, self._dn, self.f_inflight.a, self.f_kv.a,
             self.f_in.a, self.c_inflight.a, self.c_kv.a, self.c_in.a))
 
     def _params(self) -> np.ndarray:
@@ -655,7 +681,7 @@ class CompiledEndpointSim(_eng.EndpointSim):
                 self.routable.a, self.routable.n, self.f_runs.a, self.f_runs.count,
                 self.c_inflight.a, self.c_kv.a, self.c_in.a, self.c_pfree.a, self.c_ready.a, self.c_last.a,
                 self.c_bad.a, self.c_slots.a, self.live.a, self.live.n, self.c_runs.a, self.c_runs.count,
-                self._dfin, self._drid, self._dkv, self._dpin, self._dn, self._p, st)
+                self._heap, self._dn, self._p, st)
             self.burst_inflight = int(st[_S_BINF])
             if why == _DONE:
                 break
@@ -686,9 +712,7 @@ class CompiledEndpointSim(_eng.EndpointSim):
                 flag[i] = _eng.API
                 i += 1
             elif why == _GROW_DONE:
-                for name in ("_dfin", "_drid", "_dkv", "_dpin"):
-                    a = getattr(self, name)
-                    setattr(self, name, np.concatenate([a, np.zeros_like(a)]))
+                self._heap = np.concatenate([self._heap, np.zeros_like(self._heap)])
             elif why == _GROW_FRUNS:
                 self.f_runs.deepen()
             elif why == _GROW_CRUNS:
@@ -710,3 +734,20 @@ class CompiledEndpointSim(_eng.EndpointSim):
         self.n_ns_redirected += int(st[_S_NS_REDIRECTED])
         self._record(chunk.arrival_s, ttft, itl, flag)
         return next_tick
+
+    def _record(self, t: np.ndarray, ttft: np.ndarray, itl: np.ndarray, flag: np.ndarray) -> None:
+        tl = self.tally
+        if len(t) == 0 or tl.focus is not None:  # drills' per-minute tallies: the reference's numpy code
+            super()._record(t, ttft, itl, flag)
+            return
+        hour = np.clip(((t - self.start_s) // 3600).astype(np.int64), 0, tl.hours - 1)
+        out = np.array([tl.ttft_max, 0.0, 0.0, 0.0, 0.0])
+        _tally(hour, ttft, itl, flag, _eng.hist_index(ttft), _eng.hist_index(itl), self.ttft_slo, self.itl_slo,
+               tl.arrivals, tl.met, tl.burst_requests, tl.rejected, tl.ttft_hist, tl.itl_hist, out)
+        tl.ttft_max = float(out[0])
+        self.n_total += len(t)
+        self.n_burst += int(out[1])
+        self.n_api += int(out[2])
+        self.n_rejected += int(out[3])
+        if self.ov.rollout is not None:
+            self.ov.rollout.bad_requests += int(out[4])
