@@ -143,7 +143,13 @@ class Runs:
         return self.n
 
     def __getitem__(self, i: int) -> list[tuple[float, float, float, float, float]]:
+        return self.running_at(i, -math.inf)
+
+    def running_at(self, i: int, start: float) -> list[tuple[float, float, float, float, float]]:
+        """Replica i's sequences finishing after `start`, in kv_fit's order. kv_fit reads only these (it drops
+        those finished by the arrival, and a sequence finished by the request's start holds no KV then)."""
         rows = self.a[i, : self.count[i]]
+        rows = rows[rows[:, 0] > start]
         return [tuple(x) for x in rows[np.argsort(rows[:, 0], kind="stable")].tolist()]
 
     def append(self, _empty) -> None:
@@ -266,6 +272,27 @@ def _runs_room(runs, count, r, t):
             k += 1
     count[r] = k
     return 2 * k <= depth
+
+
+def _kv_all_fit(runs, count, r, start, kvp, o, cap):
+    """kv_fit's exact shortcut: the sequences still running at `start` (finish > start), grown to full length,
+    fit with this one. Summed in kv_fit's order (by finish, equal finishes in admission order)."""
+    m = count[r]
+    idx = np.empty(m, dtype=np.int64)
+    k = 0
+    for q in range(m):
+        f = runs[r, q, 0]
+        if f > start:
+            w = k
+            while w > 0 and runs[r, idx[w - 1], 0] > f:  # stable insertion: after equal finishes
+                idx[w] = idx[w - 1]
+                w -= 1
+            idx[w] = q
+            k += 1
+    total = 0.0
+    for w in range(k):
+        total += runs[r, idx[w], 3] + runs[r, idx[w], 4]
+    return kvp + o + total <= cap
 
 
 def _runs_add(runs, count, r, fin, pe, gap, kvp, o):
@@ -391,6 +418,11 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
                 if pend[5] > 0.5 and int(pend[0]) == i:
                     start, pe, fin, first = pend[1], pend[2], pend[3], pend[4]
                     pend[5] = 0.0
+                elif _kv_all_fit(fruns, frc, r, start, kvp, o, kcap):
+                    ps = max(start, fpfree[r])
+                    pe = ps + u * inv_p
+                    fin = pe + o * gap
+                    first = pe + gap
                 else:
                     xo[0], xo[1], xo[2], xo[3], xo[4], xo[5], xo[6], xo[7] = r, start, fpfree[r], kvp, u, o, gap, 0.0
                     return _KV_FLOOR, i
@@ -464,6 +496,8 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
                 return _GROW_CRUNS, i
             start = max(t, cslots[best, 0])
             if start - t > shed_after:
+                if capped:  # the reference caps max_tokens before the burst tier sheds
+                    st[_S_NS_CAPPED] += 1
                 st[_S_SHED] += 1
                 ttft[i] = inf
                 flag[i] = _eng.REJECTED | _eng.SHED
@@ -482,6 +516,11 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
                 if pend[5] > 0.5 and int(pend[0]) == i:
                     start, pe, fin, first = pend[1], pend[2], pend[3], pend[4]
                     pend[5] = 0.0
+                elif _kv_all_fit(cruns, crc, best, start, kvp, o, b_kvcap):
+                    ps = max(start, cpfree[best])
+                    pe = ps + u * b_inv_p
+                    fin = pe + o * gap
+                    first = pe + gap
                 else:
                     xo[0], xo[1], xo[2], xo[3], xo[4], xo[5], xo[6], xo[7] = (best, start, cpfree[best], kvp, u, o,
                                                                               gap, 1.0)
@@ -578,6 +617,7 @@ if numba is not None:
     _slot_replace = _jit(_slot_replace)
     _runs_room = _jit(_runs_room)
     _runs_add = _jit(_runs_add)
+    _kv_all_fit = _jit(_kv_all_fit)
     _serve = _jit(_serve)
 
 
@@ -698,9 +738,11 @@ class CompiledEndpointSim(_eng.EndpointSim):
             elif why in (_KV_FLOOR, _KV_BURST):
                 r = int(xo[0])
                 if why == _KV_FLOOR:
-                    runs, cap, inv_p, gpus = self.f_runs[r], self.feng.kv_capacity_tokens, self._p[8], self._p[9]
+                    runs, cap, inv_p, gpus = (self.f_runs.running_at(r, float(xo[1])), self.feng.kv_capacity_tokens,
+                                              self._p[8], self._p[9])
                 else:
-                    runs, cap, inv_p, gpus = self.c_runs[r], self.beng.kv_capacity_tokens, self._p[31], self._p[33]
+                    runs, cap, inv_p, gpus = (self.c_runs.running_at(r, float(xo[1])), self.beng.kv_capacity_tokens,
+                                              self._p[31], self._p[33])
                 start, pe, fin, first = self._kv_fit(runs, cap, t, float(xo[1]), float(xo[2]), float(xo[3]),
                                                      float(xo[4]), float(xo[5]), float(xo[6]), float(inv_p),
                                                      float(gpus))
