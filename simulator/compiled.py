@@ -608,7 +608,30 @@ def _tally(hour, ttft, itl, flag, hi_ttft, hi_itl, ttft_slo, itl_slo, arrivals, 
             out[0] = x
 
 
+def _burst_scan(now, window, minimum, live, nlive, clast, cready, ci, slots, stops):
+    """EndpointSim._tick_burst's scan: the idle containers it stops, in pool order until the pool is down to
+    the minimum (rows of `stops`: container, stop time), and the requests waiting for a container slot."""
+    k = 0
+    left = nlive
+    waiting = 0
+    for q in range(nlive):
+        j = live[q]
+        if left > minimum:
+            idle_from = max(clast[j], cready[j])
+            if ci[j] == 0 and now - idle_from >= window:
+                stops[k, 0] = j
+                stops[k, 1] = idle_from + window
+                k += 1
+                left -= 1
+                continue
+        w = ci[j] - slots
+        if w > 0:
+            waiting += w
+    return k, waiting
+
+
 if numba is not None:
+    _burst_scan = _jit(_burst_scan)
     _tally = _jit(_tally)
     _before = _jit(_before)
     _heap_push = _jit(_heap_push)
@@ -641,6 +664,7 @@ class CompiledEndpointSim(_eng.EndpointSim):
 
     def _init_state(self) -> None:
         self._heap = np.zeros((256, 4))  # (finish, replica id or −1 − container id, KV, prompt) per row
+        self._stops = np.zeros((0, 2))
         self._dn = np.zeros(1, dtype=np.int64)
         super()._init_state()
 
@@ -654,6 +678,48 @@ class CompiledEndpointSim(_eng.EndpointSim):
         if value:
             raise ValueError("the compiled engine's completion heap starts empty")
         self._dn[0] = 0
+
+    # the autoscaler's scans of every replica and container, vectorised (same counts and the same order of
+    # promotions and stops as the reference's loops)
+    def promote(self, now: float) -> None:
+        n = self.f_state.n
+        st, ready_at = self.f_state.a[:n], self.f_ready_at.a[:n]
+        starting = st == 1
+        if starting.any():
+            up = starting & (ready_at <= now)
+            for i in np.flatnonzero(up).tolist():
+                st[i] = 2
+                self.routable.append(i)
+            rest = starting & ~up
+            self.next_ready = float(ready_at[rest].min()) if rest.any() else math.inf
+        else:
+            self.next_ready = math.inf
+
+    def _floor_census(self) -> tuple[int, int]:
+        n = self.f_state.n
+        st, fi = self.f_state.a[:n], self.f_inflight.a[:n]
+        st[(st == 3) & (fi == 0)] = 0
+        w = fi[(st == 2) | (st == 3)] - self.feng.slots
+        return int(np.count_nonzero(st == 2)), int(w[w > 0].sum())
+
+    def _n_replicas(self, lo: int, hi: int) -> int:
+        st = self.f_state.a[: self.f_state.n]
+        return int(np.count_nonzero((st >= lo) & (st <= hi)))
+
+    def _tick_burst(self, now: float) -> None:
+        b = self.ep.burst
+        assert b is not None
+        minimum = int(self.b_min[int(now // 60) % _eng.MINUTES_PER_WEEK])
+        while len(self.live) < min(minimum, b.max_containers):
+            self._launch_container(now)
+        if len(self._stops) < len(self.live):
+            self._stops = np.zeros((2 * len(self.live), 2))
+        stops = self._stops
+        k, waiting = _burst_scan(now, float(b.scaledown_window_s), minimum, self.live.a, self.live.n, self.c_last.a,
+                                 self.c_ready.a, self.c_inflight.a, self.beng.slots, stops)
+        for q in range(k):
+            self._stop_container(int(stops[q, 0]), float(stops[q, 1]))
+        self.burst_waiting_peak = max(self.burst_waiting_peak, int(waiting))
 
     def _pop_done(self, now: float) -> None:
         self.burst_inflight -= int(_pop_done_until(

@@ -489,7 +489,7 @@ class EndpointSim:
 
     def _add_replica(self, t: float, ready: bool, in_place: bool = False) -> None:
         c = self.feng.slots
-        alive = sum(1 for s in self.f_state if s in (1, 2, 3))
+        alive = self._n_replicas(1, 3)
         if ready:
             ready_at = t
         elif in_place or alive < self.nodes_up * self.rpn:
@@ -575,19 +575,9 @@ class EndpointSim:
         self.next_ready = nxt
 
     def _tick_floor(self, now: float, dt: float, hour: int) -> None:
-        st, c = self.f_state, self.feng.slots
-        ready_n = 0
-        waiting = 0
+        st = self.f_state
         self.promote(now)
-        for i, s in enumerate(st):
-            if s == 3 and self.f_inflight[i] == 0:
-                st[i] = 0
-                s = 0
-            if s in (2, 3):
-                ready_n += s == 2
-                w = self.f_inflight[i] - c
-                if w > 0:
-                    waiting += w
+        ready_n, waiting = self._floor_census()
         if 0 <= hour < self.tally.hours:
             self.tally.floor_replica_s[hour] += ready_n * dt
             if waiting > self.tally.waiting_peak[hour]:
@@ -599,7 +589,7 @@ class EndpointSim:
             return
         a = self.ep.autoscaling
         cron = int(self.cron[int(now // 60) % MINUTES_PER_WEEK])
-        current = sum(1 for s in st if s in (1, 2))
+        current = self._n_replicas(1, 2)
         threshold = None
         if a is None:
             desired_raw, up_w, down_w = cron, 0, 0
@@ -653,7 +643,7 @@ class EndpointSim:
         while self.scale_events and self.scale_events[0][0] < now - 3600:
             self.scale_events.popleft()
         # nodes: on-demand ones beyond the reserved go once unneeded for NODE_SCALE_DOWN_S
-        alive = sum(1 for s in st if s)
+        alive = self._n_replicas(1, 3)
         need = max(self.reserved_nodes, math.ceil(alive / self.rpn))
         if self.nodes_up > need:
             if self.node_surplus_since is None:
@@ -663,6 +653,27 @@ class EndpointSim:
                 self.node_surplus_since = None
         else:
             self.node_surplus_since = None
+
+    def _floor_census(self) -> tuple[int, int]:
+        """Drained replicas with nothing in flight go; returns (ready replicas, requests waiting for a slot on
+        the ready and draining ones)."""
+        st, c = self.f_state, self.feng.slots
+        ready_n = 0
+        waiting = 0
+        for i, s in enumerate(st):
+            if s == 3 and self.f_inflight[i] == 0:
+                st[i] = 0
+                s = 0
+            if s in (2, 3):
+                ready_n += s == 2
+                w = self.f_inflight[i] - c
+                if w > 0:
+                    waiting += w
+        return ready_n, waiting
+
+    def _n_replicas(self, lo: int, hi: int) -> int:
+        """Floor replicas in states lo..hi (1 starting, 2 ready, 3 draining)."""
+        return sum(1 for s in self.f_state if lo <= s <= hi)
 
     def _drain_one(self) -> None:
         st = self.f_state
