@@ -630,7 +630,52 @@ def _burst_scan(now, window, minimum, live, nlive, clast, cready, ci, slots, sto
     return k, waiting
 
 
+def _promote_scan(st, ready_at, n, now, out):
+    """EndpointSim.promote's scan: starting replicas whose cold start is over turn ready (their ids to `out`,
+    in id order, for the gateway's pool); returns (how many, the next cold start to finish or inf)."""
+    k = 0
+    nxt = math.inf
+    for i in range(n):
+        if st[i] == 1:
+            if ready_at[i] <= now:
+                st[i] = 2
+                out[k] = i
+                k += 1
+            elif ready_at[i] < nxt:
+                nxt = ready_at[i]
+    return k, nxt
+
+
+def _census(st, fi, n, c):
+    """EndpointSim._floor_census: drained replicas with nothing in flight go; (ready, waiting for a slot)."""
+    ready_n = 0
+    waiting = 0
+    for i in range(n):
+        s = st[i]
+        if s == 3 and fi[i] == 0:
+            st[i] = 0
+            s = 0
+        if s == 2 or s == 3:
+            if s == 2:
+                ready_n += 1
+            w = fi[i] - c
+            if w > 0:
+                waiting += w
+    return ready_n, waiting
+
+
+def _count_states(st, n, lo, hi):
+    k = 0
+    for i in range(n):
+        if lo <= st[i] <= hi:
+            k += 1
+    return k
+
+
 if numba is not None:
+    _promote_scan = _jit(_promote_scan)
+    _census = _jit(_census)
+    _count_states = _jit(_count_states)
     _burst_scan = _jit(_burst_scan)
     _tally = _jit(_tally)
     _before = _jit(_before)
@@ -665,6 +710,7 @@ class CompiledEndpointSim(_eng.EndpointSim):
     def _init_state(self) -> None:
         self._heap = np.zeros((256, 4))  # (finish, replica id or −1 − container id, KV, prompt) per row
         self._stops = np.zeros((0, 2))
+        self._promoted = np.zeros(0, dtype=np.int64)
         self._dn = np.zeros(1, dtype=np.int64)
         super()._init_state()
 
@@ -683,28 +729,18 @@ class CompiledEndpointSim(_eng.EndpointSim):
     # promotions and stops as the reference's loops)
     def promote(self, now: float) -> None:
         n = self.f_state.n
-        st, ready_at = self.f_state.a[:n], self.f_ready_at.a[:n]
-        starting = st == 1
-        if starting.any():
-            up = starting & (ready_at <= now)
-            for i in np.flatnonzero(up).tolist():
-                st[i] = 2
-                self.routable.append(i)
-            rest = starting & ~up
-            self.next_ready = float(ready_at[rest].min()) if rest.any() else math.inf
-        else:
-            self.next_ready = math.inf
+        if len(self._promoted) < n:
+            self._promoted = np.zeros(2 * n, dtype=np.int64)
+        k, self.next_ready = _promote_scan(self.f_state.a, self.f_ready_at.a, n, now, self._promoted)
+        for q in range(k):
+            self.routable.append(int(self._promoted[q]))
 
     def _floor_census(self) -> tuple[int, int]:
-        n = self.f_state.n
-        st, fi = self.f_state.a[:n], self.f_inflight.a[:n]
-        st[(st == 3) & (fi == 0)] = 0
-        w = fi[(st == 2) | (st == 3)] - self.feng.slots
-        return int(np.count_nonzero(st == 2)), int(w[w > 0].sum())
+        ready_n, waiting = _census(self.f_state.a, self.f_inflight.a, self.f_state.n, self.feng.slots)
+        return int(ready_n), int(waiting)
 
     def _n_replicas(self, lo: int, hi: int) -> int:
-        st = self.f_state.a[: self.f_state.n]
-        return int(np.count_nonzero((st >= lo) & (st <= hi)))
+        return int(_count_states(self.f_state.a, self.f_state.n, lo, hi))
 
     def _tick_burst(self, now: float) -> None:
         b = self.ep.burst
