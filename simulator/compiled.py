@@ -31,6 +31,13 @@ try:
 except ImportError:  # the reference engine serves instead
     numba = None
 
+# the request flags, as compile-time constants of this file: numba's cache is keyed to this file's source, so a
+# change to engine.py's values must be made here too (checked at import) or cached kernels would keep the old ones
+FLOOR, BURST, API, REJECTED, BAD, TOO_LONG, SHED, TIMED_OUT = 0, 1, 2, 3, 4, 8, 16, 32
+if (FLOOR, BURST, API, REJECTED, BAD, TOO_LONG, SHED, TIMED_OUT) != (
+        _eng.FLOOR, _eng.BURST, _eng.API, _eng.REJECTED, _eng.BAD, _eng.TOO_LONG, _eng.SHED, _eng.TIMED_OUT):
+    raise ImportError("simulator/compiled.py's request flags differ from simulator/engine.py's: update them")
+
 # why the kernel returned
 _DONE, _TICK, _READY, _LAUNCH, _KV_FLOOR, _KV_BURST, _API, _GROW_DONE, _GROW_FRUNS, _GROW_CRUNS = range(10)
 _NS_RULES = {None: 0, "fits": 0, "floor_only": 1, "require_streaming": 2, "cap_max_tokens": 3}
@@ -366,7 +373,7 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
             else:
                 st[_S_400] += 1
             ttft[i] = inf
-            flag[i] = _eng.REJECTED | _eng.TOO_LONG
+            flag[i] = REJECTED | TOO_LONG
             i += 1
             continue
         if dn[0] >= dcap:
@@ -395,13 +402,13 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
             if start - t > shed_after:
                 st[_S_SHED] += 1
                 ttft[i] = inf
-                flag[i] = _eng.REJECTED | _eng.SHED
+                flag[i] = REJECTED | SHED
                 i += 1
                 continue
             if start - t > first_byte_s:
                 st[_S_TIMED_OUT] += 1
                 ttft[i] = inf
-                flag[i] = _eng.REJECTED | _eng.TIMED_OUT
+                flag[i] = REJECTED | TIMED_OUT
                 i += 1
                 continue
             b = fi[r] + 1
@@ -440,7 +447,7 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
             if first - t > first_byte_s:
                 st[_S_TIMED_OUT] += 1
                 ttft[i] = inf
-                flag[i] = _eng.REJECTED | _eng.TIMED_OUT
+                flag[i] = REJECTED | TIMED_OUT
                 i += 1
                 continue
             st[_S_NFLOOR] += 1
@@ -462,12 +469,12 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
             ttft[i] = first - t
             itl[i] = gap_mean
             if fbad[r]:
-                flag[i] = _eng.BAD
+                flag[i] = BAD
         elif has_burst:
             if not streamed and ns_rule == 2:
                 st[_S_NS_REFUSED] += 1
                 ttft[i] = inf
-                flag[i] = _eng.REJECTED | _eng.TOO_LONG
+                flag[i] = REJECTED | TOO_LONG
                 i += 1
                 continue
             capped = not streamed and ns_rule == 3 and o > ns_max_tokens
@@ -500,7 +507,7 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
                     st[_S_NS_CAPPED] += 1
                 st[_S_SHED] += 1
                 ttft[i] = inf
-                flag[i] = _eng.REJECTED | _eng.SHED
+                flag[i] = REJECTED | SHED
                 i += 1
                 continue
             cold_wait = cready[best] > t and start >= cready[best]
@@ -560,20 +567,20 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
                 st[_S_BWPEAK] = waiting
             ttft[i] = first - t
             itl[i] = gap_mean
-            fl = _eng.BURST
+            fl = BURST
             if cbad[best]:
-                fl |= _eng.BAD
+                fl |= BAD
             if not streamed:
                 st[_S_NS_BURST] += 1
                 if fin - t > web_cap_s:
                     st[_S_NS_REDIRECTED] += 1
-                    fl |= _eng.BAD
+                    fl |= BAD
             flag[i] = fl
         elif is_api:
             return _API, i
         else:
             ttft[i] = inf
-            flag[i] = _eng.REJECTED
+            flag[i] = REJECTED
         i += 1
     return _DONE, n
 
@@ -588,19 +595,19 @@ def _tally(hour, ttft, itl, flag, hi_ttft, hi_itl, ttft_slo, itl_slo, arrivals, 
         tier = fl & 3
         x = ttft[e]
         arrivals[h] += 1.0
-        if x <= ttft_slo and itl[e] <= itl_slo and (fl & _eng.BAD) == 0 and tier != _eng.REJECTED:
+        if x <= ttft_slo and itl[e] <= itl_slo and (fl & BAD) == 0 and tier != REJECTED:
             met_h[h] += 1.0
-        if tier == _eng.BURST:
+        if tier == BURST:
             burst_h[h] += 1.0
             out[1] += 1
-        elif tier == _eng.API:
+        elif tier == API:
             out[2] += 1
-        if (fl & (3 | _eng.TOO_LONG | _eng.SHED | _eng.TIMED_OUT)) == _eng.REJECTED:
+        if (fl & (3 | TOO_LONG | SHED | TIMED_OUT)) == REJECTED:
             rejected_h[h] += 1.0
             out[3] += 1
-        if (fl & _eng.BAD) != 0:
+        if (fl & BAD) != 0:
             out[4] += 1
-        if (fl & (_eng.TOO_LONG | _eng.SHED)) == 0:  # refused before any GPU: not a latency
+        if (fl & (TOO_LONG | SHED)) == 0:  # refused before any GPU: not a latency
             ttft_hist[hi_ttft[e]] += 1.0
             if itl[e] > 0:
                 itl_hist[hi_itl[e]] += 1.0
@@ -853,7 +860,7 @@ class CompiledEndpointSim(_eng.EndpointSim):
                 ttft[i] = math.exp(self.api_mu + self.api_sigma * float(self.rng.standard_normal()))
                 itl[i] = 0.0
                 self.api_usd_total += IN[i] / (1.0 - self.hit) * self.api_in + OUT[i] * self.api_out
-                flag[i] = _eng.API
+                flag[i] = API
                 i += 1
             elif why == _GROW_DONE:
                 self._heap = np.concatenate([self._heap, np.zeros_like(self._heap)])
