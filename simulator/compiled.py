@@ -10,9 +10,10 @@ and growing an array — then resumes at the same request. Before it returns for
 nothing, so resuming repeats the request's first steps on unchanged state. `EndpointSim` stays the pure-Python
 reference; tests/test_compiled.py checks the two agree exactly.
 
-Why numba: it installs from PyPI wheels (numba + llvmlite, CPython 3.11–3.13 on Linux, macOS and Windows)
-with no compiler on the user's machine, and the kernel stays Python source next to the reference. Cython
-or a Rust extension would need a C compiler or a Rust toolchain on every fresh clone. Compiled functions are
+Why numba: it installs from PyPI wheels (numba, and llvmlite with LLVM statically linked, per llvmlite's
+installation guide; numba 0.68.1 / llvmlite 0.50.0 installed here by pip as wheels for CPython 3.11) with no
+compiler on the user's machine, and the kernel stays Python source next to the reference. Cython or a Rust
+extension would need a C compiler or a Rust toolchain on every fresh clone. Compiled functions are
 cached on disk (`cache=True`, in `__pycache__` or numba's user-wide cache directory); where neither is
 writable they compile in memory on each run instead.
 """
