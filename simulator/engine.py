@@ -194,10 +194,15 @@ class Tally:
 
 
 def hist_index(x: np.ndarray) -> np.ndarray:
+    # the same operations in place (one temporary, not five): a week's tallies run this on 100 M values
+    v = np.maximum(x, 1e-12)
     with np.errstate(divide="ignore", invalid="ignore"):
-        v = (np.log10(np.maximum(x, 1e-12)) - HIST_LO) * HIST_PER_DECADE
-    v = np.where(np.isfinite(x), v, HIST_BINS - 1)
-    return np.clip(v, 0, HIST_BINS - 1).astype(np.int64)
+        np.log10(v, out=v)
+    v -= HIST_LO
+    v *= HIST_PER_DECADE
+    v[~np.isfinite(x)] = HIST_BINS - 1
+    np.clip(v, 0, HIST_BINS - 1, out=v)
+    return v.astype(np.int64)
 
 
 def hist_quantile(hist: np.ndarray, q: float) -> float:

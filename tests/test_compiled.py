@@ -148,3 +148,13 @@ def test_pure_python_switch(planned_stacks, monkeypatch):
     assert not compiled.available()
     monkeypatch.delenv(compiled.DISABLE_ENV)
     assert compiled.available()
+
+
+def test_latency_histogram_bins_by_hand():
+    """Bins are 1/300 decade from 10⁻⁵ s: 1 s is bin (0 + 5)·300 = 1500, 10 s is 1800, 2 s is
+    ⌊(log10 2 + 5)·300⌋ = 1590; no latency (0) clips to the first bin, a refusal's ∞ goes to the last."""
+    from simulator.engine import HIST_BINS, hist_index
+
+    x = np.array([1.0, 10.0, 2.0, 0.0, math.inf, 1e9])
+    assert hist_index(x).tolist() == [1500, 1800, 1590, 0, HIST_BINS - 1, HIST_BINS - 1]
+    assert x.tolist() == [1.0, 10.0, 2.0, 0.0, math.inf, 1e9]  # the input is left as it was
