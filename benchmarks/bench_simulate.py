@@ -1,83 +1,136 @@
-"""Benchmark: one simulated week at a mean of 3 requests/s (~1.8 M requests) — not a test.
+"""Benchmark: a simulated prod week and a week at 3 requests/s, whole processes — not a test.
 
-    .venv/bin/python benchmarks/bench_simulate.py [--repeat 3] [--trace traces/azure2023_conv.csv]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_simulate.py [--repeats 3] [--cold] [--reference]
 
-Uses the prod stack's `assist` endpoint (70B on 2×H100, floor + burst) with its hour-of-week shape scaled
-to a 3 req/s mean, planned afresh, then simulated for the whole week. Reports wall time, requests
-simulated per second, and peak memory: the process's max RSS (everything, imports included) and the
-Python heap peak during the run (tracemalloc, measured in a separate run because tracing slows it).
+Each run is a fresh interpreter (`--child`) that loads and plans the stack and simulates the week; the parent
+reports medians over the runs of the whole process (wall and CPU: interpreter start, imports, planning, JIT or
+its cache, the simulation) and of the simulation alone as the child times it (`simulate_week` /
+`simulate_endpoint` and nothing around them). Weeks:
+
+- prod: `python -m topology simulate stacks/Pulumi.prod.yaml`'s week, every endpoint, seed 0 (49.3 M requests);
+- 3 req/s: the prod `assist` endpoint's hour-of-week shape scaled to a 3 req/s mean (1.8 M requests),
+  planned afresh (serverless only at that rate: the burst tier's path).
+
+Warm runs share a numba cache directory filled by one untimed run; `--cold` adds runs that each start from an
+empty cache (JIT compile included); `--reference` adds the pure-Python engine (SIMULATOR_PURE_PYTHON=1, one
+run each: the prod week takes minutes). The numba cache goes to a temporary directory (NUMBA_CACHE_DIR), never
+the repository's.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import resource
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
-import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from topology import load_inputs, plan  # noqa: E402
-from simulator.traffic import load_trace  # noqa: E402
-from simulator.simulate import simulate_endpoint  # noqa: E402
-
 MEAN_RPS = 3.0
 
 
 def three_rps_stack():
+    from topology import load_inputs, plan
+
     inputs = load_inputs(ROOT / "stacks" / "Pulumi.prod.yaml")
     ep = next(e for e in inputs.endpoints if e.name == "assist")
     prof = ep.traffic.hourly_mean_requests_per_s
     k = MEAN_RPS / (sum(prof) / len(prof))
     traffic = ep.traffic.model_copy(update={"hourly_mean_requests_per_s": [x * k for x in prof]})
-    ep = ep.model_copy(update={"traffic": traffic})
+    # no rollout section: at 3 req/s the plan is serverless only, and a rollout needs dedicated replicas
+    ep = ep.model_copy(update={"traffic": traffic, "rollout": None})
     inputs = inputs.model_copy(update={"endpoints": [ep]})
     return inputs, plan(inputs)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--trace", help="replay this trace instead of the synthetic week")
-    args = ap.parse_args()
-    inputs, spec = three_rps_stack()
-    trace = load_trace(args.trace) if args.trace else None
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    times = []
-    res = None
-    for i in range(args.repeat):
-        t0 = time.perf_counter()
-        res = simulate_endpoint(inputs, spec, "assist", seed=i, trace=trace)
-        times.append(time.perf_counter() - t0)
-    assert res is not None
-    rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    tracemalloc.start()
-    simulate_endpoint(inputs, spec, "assist", seed=0, trace=trace)
-    _, heap_peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    best = min(times)
-    print(f"week at {MEAN_RPS:g} req/s mean ({'trace ' + Path(args.trace).name if trace else 'synthetic'}), "
-          f"{spec.endpoints[0].tier}, floor {spec.endpoints[0].floor.base_replicas}–"
-          f"{max(spec.endpoints[0].floor.replicas_by_hour)} replicas, burst ≤ "
-          f"{spec.endpoints[0].burst.max_containers if spec.endpoints[0].burst else 0} containers")
-    print(f"requests simulated: {res.requests:,}")
-    print(f"wall time: best {best:.2f} s, runs {', '.join(f'{t:.2f}' for t in times)} s")
-    print(f"throughput: {res.requests / best:,.0f} requests simulated per second")
-    print(f"memory: max RSS {rss1:.0f} MiB (before the runs {rss0:.0f} MiB); Python heap peak during a run "
-          f"{heap_peak / 2**20:.1f} MiB")
-    print(f"result: goodput {res.goodput:.2%}, TTFT p99 {res.ttft_p99_s * 1000:.0f} ms, "
-          f"ITL p99 {res.itl_p99_s * 1000:.0f} ms, burst share {res.burst_share:.1%}")
-    # at 3 req/s the planner picks serverless only; the floor path is timed on the prod stack's assist week
-    prod = load_inputs(ROOT / "stacks" / "Pulumi.prod.yaml")
-    prod_spec = plan(prod)
+def child(week: str) -> None:
+    """One run in this process: plan, then time the simulation alone; prints one JSON line."""
+    from topology import load_inputs, plan
+    from simulator.simulate import simulate_endpoint, simulate_week
+
+    if week == "prod":
+        inputs = load_inputs(ROOT / "stacks" / "Pulumi.prod.yaml")
+        spec = plan(inputs)
+        w0, c0 = time.perf_counter(), time.process_time()
+        res = simulate_week(inputs, spec, seed=0)
+        w1, c1 = time.perf_counter(), time.process_time()
+        requests = res.wall_requests
+        goodput = {e.endpoint: e.goodput for e in res.endpoints}
+    else:
+        inputs, spec = three_rps_stack()
+        w0, c0 = time.perf_counter(), time.process_time()
+        r = simulate_endpoint(inputs, spec, "assist", seed=0)
+        w1, c1 = time.perf_counter(), time.process_time()
+        requests = r.requests
+        goodput = {"assist": r.goodput}
+    print(json.dumps({"sim_wall_s": w1 - w0, "sim_cpu_s": c1 - c0, "requests": requests, "goodput": goodput}))
+
+
+def run_child(week: str, env: dict[str, str]) -> dict:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    r2 = simulate_endpoint(prod, prod_spec, "assist", seed=0, trace=trace)
-    dt = time.perf_counter() - t0
-    print(f"floor + burst path (prod assist, {prod_spec.endpoint('assist').tier}, 12 req/s mean): "
-          f"{r2.requests:,} requests in {dt:.2f} s = {r2.requests / dt:,.0f} requests/s")
+    proc = subprocess.run([sys.executable, __file__, "--child", week], env=env, cwd=ROOT, capture_output=True,
+                          text=True)
+    if proc.returncode:
+        raise SystemExit(f"--child {week} failed:\n{proc.stderr}")
+    out = proc.stdout
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    rec = json.loads(out.strip().splitlines()[-1])
+    rec.update(proc_wall_s=wall, proc_cpu_s=cpu)
+    return rec
+
+
+def report(label: str, runs: list[dict]) -> None:
+    def med(k: str) -> float:
+        return statistics.median(r[k] for r in runs)
+
+    r0 = runs[0]
+    if any(r["goodput"] != r0["goodput"] or r["requests"] != r0["requests"] for r in runs):
+        raise SystemExit(f"{label}: runs disagree (the simulation should be deterministic for a seed)")
+    gp = ", ".join(f"{k} {v:.2%}" for k, v in r0["goodput"].items())
+    print(f"{label}: {r0['requests']:,} requests, {len(runs)} runs, medians: "
+          f"whole process {med('proc_wall_s'):.1f} s wall / {med('proc_cpu_s'):.1f} s CPU; "
+          f"simulation {med('sim_wall_s'):.2f} s wall / {med('sim_cpu_s'):.2f} s CPU "
+          f"({r0['requests'] / med('sim_wall_s') / 1e6:.2f} M requests/s); goodput {gp}", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cold", action="store_true", help="also runs from an empty numba cache (JIT compile included)")
+    ap.add_argument("--reference", action="store_true", help="also the pure-Python engine, once per week")
+    ap.add_argument("--weeks", default="rps3,prod", help="comma-separated: rps3, prod")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child)
+        return 0
+    base = dict(os.environ, PYTHONPATH=str(ROOT))
+    base.pop("SIMULATOR_PURE_PYTHON", None)
+    print(f"load average before: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-numba-") as cache:
+        warm_env = dict(base, NUMBA_CACHE_DIR=cache)
+        weeks = args.weeks.split(",")
+        for week in weeks:
+            label = "prod week" if week == "prod" else f"week at {MEAN_RPS:g} req/s"
+            run_child(week, warm_env)  # fills the cache
+            report(f"{label}, compiled, warm cache", [run_child(week, warm_env) for _ in range(args.repeats)])
+            if args.cold:
+                runs = []
+                for _ in range(args.repeats):
+                    with tempfile.TemporaryDirectory(prefix="bench-numba-cold-") as fresh:
+                        runs.append(run_child(week, dict(base, NUMBA_CACHE_DIR=fresh)))
+                report(f"{label}, compiled, cold cache (JIT compile included)", runs)
+            if args.reference:
+                report(f"{label}, pure-Python reference", [run_child(week, dict(base, SIMULATOR_PURE_PYTHON="1"))])
+    print(f"load average after: {os.getloadavg()[0]:.2f} (1 min)")
     return 0
 
 

@@ -30,6 +30,7 @@ from topology.inputs import CostInputs
 from topology.spec import EndpointSpec, TopologySpec
 from topology.timebase import HOURS_PER_WEEK, SECONDS_PER_HOUR
 
+from . import compiled as compiled_engine
 from .engine import EndpointSim, Overrides, hist_quantile
 from .format import WEEKDAYS, fmt_seconds, hour_of_week_label, table
 from .traffic import Spike, Trace, arrivals
@@ -156,13 +157,22 @@ def simulate_endpoint(
     inputs: CostInputs, spec: TopologySpec, name: str, *, seed: int = 0, trace: Trace | None = None,
     start_h: float = 0.0, end_h: float = float(HOURS_PER_WEEK), spike: Spike | None = None, overrides: Overrides | None = None,
     raw_tokens: bool = False, progress: Callable[[int], None] | None = None, rate_scale: float = 1.0,
+    compiled: bool | None = None,
 ) -> EndpointResult:
-    """Serve one endpoint's traffic over [start_h, end_h) hours of the week (Monday 00:00 local = 0)."""
+    """Serve one endpoint's traffic over [start_h, end_h) hours of the week (Monday 00:00 local = 0).
+
+    compiled: the numba engine (simulator/compiled.py, same results) when True, the pure-Python reference
+    when False; None picks the compiled one when numba is installed and SIMULATOR_PURE_PYTHON is unset."""
     ep = spec.endpoint(name)
     ep_in = next(e for e in inputs.endpoints if e.name == name)
     rng = np.random.default_rng([seed, _stable_hash(name)])
     start_s, end_s = start_h * SECONDS_PER_HOUR, end_h * SECONDS_PER_HOUR
-    sim = EndpointSim(inputs, ep_in, ep, start_s, end_s, rng, overrides)
+    if compiled is None:
+        compiled = compiled_engine.available()
+    elif compiled and compiled_engine.numba is None:
+        raise RuntimeError("the compiled simulator needs numba: pip install numba")
+    cls = compiled_engine.CompiledEndpointSim if compiled else EndpointSim
+    sim = cls(inputs, ep_in, ep, start_s, end_s, rng, overrides)
     tick_s = float(ep.autoscaling.polling_interval_s) if ep.autoscaling else 15.0
     next_tick = start_s + tick_s
     for chunk in arrivals(ep_in, trace, start_s, end_s, rng, spike=spike, raw_tokens=raw_tokens, chunk_s=CHUNK_S,
@@ -181,7 +191,7 @@ def simulate_endpoint(
 def simulate_week(
     inputs: CostInputs, spec: TopologySpec, *, seed: int = 0, trace: Trace | None = None, start_h: float = 0.0,
     end_h: float = float(HOURS_PER_WEEK), endpoints: Sequence[str] | None = None, raw_tokens: bool = False, progress: bool = False,
-    spike: Spike | None = None,
+    spike: Spike | None = None, compiled: bool | None = None,
 ) -> SimResult:
     """Every endpoint (or the named ones) of a stack over the window; progress shows a bar on a terminal."""
     names = list(endpoints) if endpoints else [e.name for e in spec.endpoints]
@@ -190,7 +200,7 @@ def simulate_week(
     for n in names:
         out.append(simulate_endpoint(
             inputs, spec, n, seed=seed, trace=trace, start_h=start_h, end_h=end_h, raw_tokens=raw_tokens,
-            progress=bar.update if bar is not None else None, spike=spike,
+            progress=bar.update if bar is not None else None, spike=spike, compiled=compiled,
         ))
     if bar is not None:
         bar.close()
