@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from inputs_factory import inputs_dict, office_profile
@@ -36,6 +36,9 @@ def _inputs(profile, *, api_price=0.88, with_api=True, od_price=2.69, fixed=1500
 
 @SETTINGS
 @given(profile=profiles, k=st.floats(1.0, 3.0), with_api=st.booleans(), od=st.floats(1.5, 8.0))
+# found by hypothesis when the layer DP's single schedule was taken as is: 3% more traffic planned $30,032/month
+# against $30,084.50 (the DP prices serverless by the layers' share, not the exact marginal)
+@example(profile=office_profile(33.0, 0.0, 0.0), k=1.03125, with_api=True, od=2.0)
 def test_more_traffic_never_lowers_cost(profile, k, with_api, od):
     a = plan(_inputs(profile, with_api=with_api, od_price=od))
     b = plan(_inputs([x * k for x in profile], with_api=with_api, od_price=od))
