@@ -402,7 +402,9 @@ def options_for(
             if top is None or ev.weekly_usd < top.weekly_usd - 1e-9:
                 by_placement[pl.label] = (ev, c, why)
             bound = min(bound, ev.weekly_usd)
-        for label, (ev, c, why) in by_placement.items():
+        # across placements in the placements' own order (`better` breaks ties within its 1% band by order)
+        for label in dict.fromkeys(c.pl.label for c in floors if c.tier == tier and c.pl.label in by_placement):
+            ev, c, why = by_placement[label]
             if ev is None:
                 why_not.append(f"{label}: {why or 'no feasible schedule'}")
             elif best is None or better(ev, best):
