@@ -33,7 +33,9 @@ def fleet(inputs: CostInputs, n: int, distinct: bool = False) -> CostInputs:
         k = 0.25 + (i % 10) * 0.25
         traffic = base.traffic.model_copy(update={"hourly_mean_requests_per_s": [x * k for x in base.traffic.hourly_mean_requests_per_s]})
         update = {"name": f"{base.name[:30]}-{i}", "traffic": traffic, "max_dedicated_replicas": 200,
-                  "serverless": base.serverless.model_copy(update={"max_containers_cap": 200})}
+                  "serverless": base.serverless.model_copy(update={"max_containers_cap": 200}),
+                  # a rollout needs dedicated replicas, which a scaled copy may not get: the fleet times planning
+                  "rollout": None}
         if distinct:
             update["slo"] = base.slo.model_copy(update={"ttft_p99_ms": base.slo.ttft_p99_ms * (1 + 0.001 * i)})
         eps.append(base.model_copy(update=update))

@@ -260,4 +260,6 @@ def test_command_line_mistakes_are_clear_errors(tmp_path, capsys):
     for args, message in cases:
         assert cli(["calibrate", str(STACK), *args, "--out", out]) == 2, args
         err = capsys.readouterr().err
-        assert err.startswith("error:") and message in err and "Traceback" not in err, (args, err)
+        # the prod stack's rate trace has windows with no data: a `warning:` line may come first
+        lines = [x for x in err.splitlines() if not x.startswith("warning: ")]
+        assert lines and lines[0].startswith("error:") and message in err and "Traceback" not in err, (args, err)

@@ -37,7 +37,14 @@ def test_guards_weekday_second_node_is_on_the_clock_ahead_of_its_pods(prod_spec)
     windows = guard.floor.windows
     assert len(windows) == 5 and all(w.replicas == 14 for w in windows)
     minimums = pool_minimums(prod_spec)
-    assert set(minimums) == {"guard-on-demand"}  # assist and autocomplete follow no clock above their reserved nodes
+    # assist and autocomplete also run a node on the clock above their reserved ones (the plan's exact costing
+    # of the layer DP's schedules): assist one node, (12 − 8 reserved) / 4 per node, for its Saturday-evening
+    # window — up before the window, down at its end
+    assert set(minimums) == {"guard-on-demand", "assist-on-demand", "autocomplete-on-demand"}
+    (aw,) = prod_spec.endpoint("assist").floor.windows
+    up, down = minimums["assist-on-demand"]
+    assert (up.min_nodes, down.min_nodes) == (1, 0) and aw.replicas == 12
+    assert up.minute_of_week < aw.start_minute_of_week and down.minute_of_week == aw.end_minute_of_week
     got = [(m.minute_of_week, m.min_nodes) for m in minimums["guard-on-demand"]]
     want = sorted([(w.start_minute_of_week - 6, 1) for w in windows] + [(w.end_minute_of_week, 0) for w in windows])
     assert got == want
@@ -59,15 +66,21 @@ def test_a_window_wrapping_past_sunday_midnight_keeps_its_node_across_the_wrap(p
 def test_scheduled_actions_change_only_the_groups_minimum():
     rec = recording("prod")
     schedules = rec.of_type("aws:autoscaling/schedule:Schedule")
-    assert len(schedules) == 10
+    # one action per change of an on-demand pool's minimum: guard's and autocomplete's 5 weekday windows
+    # (up, down: 10 each) and assist's Saturday-evening window (2)
+    assert len(schedules) == 22
     groups = {r.inputs["nodeGroupName"]: r for r in rec.of_type("aws:eks/nodeGroup:NodeGroup")}
+    pools = ("guard-on-demand", "autocomplete-on-demand", "assist-on-demand")
+    per_pool = {p: 0 for p in pools}
     for s in schedules:
         i = s.inputs
         # -1 = unchanged; the provider's default is 0, which would empty the group at every action
         assert i["maxSize"] == -1 and i["desiredCapacity"] == -1
-        assert i["autoscalingGroupName"].startswith("eks-guard-on-demand-")
-        assert 0 <= i["minSize"] <= groups["guard-on-demand"].inputs["scalingConfig"]["maxSize"]
+        (pool,) = [p for p in pools if i["autoscalingGroupName"].startswith(f"eks-{p}-")]
+        per_pool[pool] += 1
+        assert 0 <= i["minSize"] <= groups[pool].inputs["scalingConfig"]["maxSize"]
         assert i["timeZone"] == "America/New_York"
+    assert per_pool == {"guard-on-demand": 10, "autocomplete-on-demand": 10, "assist-on-demand": 2}
 
 
 def asg_templates(rec) -> dict[str, dict]:

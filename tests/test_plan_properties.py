@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from inputs_factory import inputs_dict, office_profile
@@ -36,6 +36,9 @@ def _inputs(profile, *, api_price=0.88, with_api=True, od_price=2.69, fixed=1500
 
 @SETTINGS
 @given(profile=profiles, k=st.floats(1.0, 3.0), with_api=st.booleans(), od=st.floats(1.5, 8.0))
+# found by hypothesis when the layer DP's single schedule was taken as is: 3% more traffic planned $30,032/month
+# against $30,084.50 (the DP prices serverless by the layers' share, not the exact marginal)
+@example(profile=office_profile(33.0, 0.0, 0.0), k=1.03125, with_api=True, od=2.0)
 def test_more_traffic_never_lowers_cost(profile, k, with_api, od):
     a = plan(_inputs(profile, with_api=with_api, od_price=od))
     b = plan(_inputs([x * k for x in profile], with_api=with_api, od_price=od))
@@ -44,15 +47,23 @@ def test_more_traffic_never_lowers_cost(profile, k, with_api, od):
 
 @SETTINGS
 @given(profile=profiles, k=st.floats(1.0, 3.0), od=st.floats(1.5, 8.0), with_api=st.booleans())
+@example(profile=office_profile(39.5, 0.0, 0.0), k=1.0625, od=1.75, with_api=False)
 def test_more_traffic_never_lowers_floors(profile, k, od, with_api):
-    """Within a decision and placement, floors only rise with traffic. (When more traffic makes a burst
-    tier worth its fixed cost, dedicated_only can become floor + burst and a marginal hour may move to
-    the burst; coverage of every hour is checked by the headroom property below.)"""
+    """Within a decision and placement, the floor's reserved base and its replica-hours over the week only
+    rise with traffic. Not hour by hour: floor + burst schedules are chosen by their exact weekly cost among
+    the layer DP's candidates (one per serverless price scale), and with more traffic the cheapest can move a
+    node from one hour to another and carry the hour it left on the burst. Worked example (the @example
+    below): office profile, peak 39.5 req/s, no night or weekend traffic, ×1.0625, on-demand $1.75/GPU-h, no
+    API — the floor goes from 20 to 24 replicas at 08:00 and from 28 to 24 at 12:00 (the lunch dip), the same
+    1,440 replica-hours a week; the schedule that keeps every hour at least as high bills $80/month more.
+    (When more traffic makes a burst tier worth its fixed cost, dedicated_only can become floor + burst and
+    a marginal hour may move to the burst; coverage of every hour is checked by the headroom property below.)"""
     a = plan(_inputs(profile, with_api=with_api, od_price=od)).endpoints[0]
     b = plan(_inputs([x * k for x in profile], with_api=with_api, od_price=od)).endpoints[0]
     same_placement = (a.capacity.gpu_kind, a.capacity.mig_profile) == (b.capacity.gpu_kind, b.capacity.mig_profile)
     if a.tier == b.tier and same_placement:
-        assert (np.asarray(b.floor.replicas_by_hour) >= np.asarray(a.floor.replicas_by_hour)).all()
+        assert b.floor.reserved_replicas >= a.floor.reserved_replicas
+        assert sum(b.floor.replicas_by_hour) >= sum(a.floor.replicas_by_hour)
 
 
 @SETTINGS

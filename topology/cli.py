@@ -12,11 +12,12 @@ import math
 import os
 import re
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .catalog import MigLayoutError
-from .loading import InputError
+from .loading import InputError, InputNotice
 from .plan import PlanningError
 
 PLOT_SUFFIXES = ("", ".png", ".svg", ".pdf")
@@ -235,11 +236,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _show_notice(show: Callable[..., None]) -> Callable[..., None]:
+    """Notices about the inputs as one plain `warning:` line on stderr (no Python source line); others as before."""
+    def shown(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 (warnings' signature)
+        if issubclass(category, InputNotice):
+            print(f"warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+    return shown
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_notice(warnings.showwarning)
+            warnings.simplefilter("default", InputNotice)  # once per message, whatever the caller's filters
+            return int(args.func(args) or 0)
     except (InputError, PlanningError, MigLayoutError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

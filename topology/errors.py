@@ -14,3 +14,8 @@ class FieldsError(ValueError):
     def __init__(self, fields: tuple[str, ...] | list[str], message: str) -> None:
         super().__init__(message)
         self.fields = tuple(fields)
+
+
+class InputNotice(UserWarning):
+    """Something about the inputs the user should know that is not an error (the CLI prints it once as a plain
+    `warning:` line on stderr; library callers get it as a Python warning)."""

@@ -133,6 +133,10 @@ class RateTrace(_Inputs):
     start_weekday: Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"] = Field(
         default="mon", description="Weekday of the trace's first window (window 0 starts at local midnight)."
     )
+    zero_rate_is_traffic: bool = Field(
+        default=False,
+        description="A window with rate 0 is a real idle window; by default it is a gap with no data and skipped.",
+    )
 
 
 class Traffic(_Inputs):
@@ -147,7 +151,23 @@ class Traffic(_Inputs):
         default=1.5,
         ge=1,
         le=20,
-        description="Peak minute's rate over the hour's mean rate (burstiness inside an hour); 1.5 is typical.",
+        description=(
+            "Busiest minute's request rate over the hour's mean rate (burstiness inside an hour), averaged over "
+            "hours. Measurable from the gateway's request log: per-minute counts of each hour, Poisson noise "
+            "removed (topology.plan.serverless.peak_factor_from_minute_counts). Default 1.5: the bundled "
+            "ServeGen, Mooncake and Azure-conversation replays measure 1.0-1.5 (Azure code: about 4)."
+        ),
+    )
+    arrival_cluster_size: float = Field(
+        default=1.0,
+        ge=1,
+        le=1000,
+        description=(
+            "Requests that arrive together (1 = independent arrivals): the variance over the mean of request "
+            "counts in 10-second windows within each minute, from the gateway's request log "
+            "(topology.plan.serverless.cluster_size_from_counts). Default 1: ServeGen, Mooncake and "
+            "Azure-conversation replays measure 1.0-1.4; batch-submitting clients (Azure code) measure 10-70."
+        ),
     )
     rate_trace: RateTrace | None = Field(
         default=None,

@@ -13,12 +13,13 @@ import difflib
 import math
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from .errors import FieldsError, InputError
+from .errors import FieldsError, InputError, InputNotice
 from .inputs import HOURS_PER_WEEK, CostInputs, RateTrace
 from .reading import find_non_finite, open_text_lines, read_document
 from .spec import TopologySpec, saved_spec_problems
@@ -26,7 +27,7 @@ from .spec import TopologySpec, saved_spec_problems
 CONFIG_KEY_SUFFIX = ":inputs"
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
-__all__ = ["InputError", "format_validation_error", "load_inputs", "load_spec_or_inputs", "inputs_from_document"]
+__all__ = ["InputError", "InputNotice", "format_validation_error", "load_inputs", "load_spec_or_inputs", "inputs_from_document"]
 
 # root models whose errors can list the allowed field names (ValidationError.title is the class name)
 _ROOT_MODELS: dict[str, type[BaseModel]] = {"CostInputs": CostInputs, "TopologySpec": TopologySpec}
@@ -140,12 +141,18 @@ def stack_inputs_document(doc: Any, source: str) -> dict[str, Any]:
     return _unwrap_value(doc)
 
 
-def rate_trace_profile(path: Path, trace: RateTrace, what: str = "traffic.rate_trace.path") -> list[float]:
-    """Hour-of-week mean requests/s from a rate trace of windows (window 0 at local midnight), scaled.
-    `what` names the field in errors (e.g. 'stack.yaml: endpoints.0.traffic.rate_trace.path')."""
+def rate_trace_profile(path: Path, trace: RateTrace, what: str = "traffic.rate_trace.path") -> tuple[list[float], int]:
+    """Hour-of-week mean requests/s from a rate trace of windows (window 0 at local midnight), scaled; and how
+    many windows had no data. `what` names the field in errors (e.g. 'stack.yaml: endpoints.0.traffic.rate_trace.path').
+
+    A window absent from the file, or (unless the trace says zeros are real) one whose rate is 0, has no data:
+    it is skipped, not averaged in as zero traffic. An hour of the week left with no data at all takes the
+    mean of the nearest hours on either side that have some."""
     sums = [0.0] * HOURS_PER_WEEK
     counts = [0] * HOURS_PER_WEEK
     offset_h = WEEKDAYS.index(trace.start_weekday) * 24
+    starts: list[float] = []
+    skipped = 0
     f = open_text_lines(path, what)
     try:
         reader = csv.DictReader(f)
@@ -165,23 +172,42 @@ def rate_trace_profile(path: Path, trace: RateTrace, what: str = "traffic.rate_t
                 )
             if t < 0 or r < 0:
                 raise InputError(f"{what}={str(path)!r} line {i}: window_start_s and total_rate_rps must be ≥ 0: {row}")
+            starts.append(t)
+            if r == 0 and not trace.zero_rate_is_traffic:
+                skipped += 1
+                continue
             h = (offset_h + int(t // 3600)) % HOURS_PER_WEEK
             sums[h] += r
             counts[h] += 1
     except csv.Error as e:
         raise InputError(f"{what}={str(path)!r}: not a CSV file ({e})") from None
-    missing = [h for h in range(HOURS_PER_WEEK) if counts[h] == 0]
-    if missing:
+    # windows absent from the file: the span at the most common spacing, less the rows present
+    absent = 0
+    if len(starts) >= 2:
+        ordered = sorted(starts)
+        steps = sorted(b - a for a, b in zip(ordered, ordered[1:]) if b > a)
+        width = steps[len(steps) // 2] if steps else 0.0
+        if width > 0:
+            absent = max(0, round((ordered[-1] - ordered[0]) / width) + 1 - len(set(starts)))
+    covered = 0 if not starts else min(HOURS_PER_WEEK, int((max(starts) - min(starts)) // 3600) + 1)
+    if covered < HOURS_PER_WEEK:
         raise InputError(
-            f"{what}={str(path)!r} covers {HOURS_PER_WEEK - len(missing)} of 168 hours of the week; "
+            f"{what}={str(path)!r} covers {covered} of 168 hours of the week; "
             "a rate trace must cover at least one full week"
         )
-    profile = [s / c for s, c in zip(sums, counts)]
+    if not any(counts):
+        raise InputError(f"{what}={str(path)!r}: the trace has no traffic (every window is 0 or absent)")
+    profile = [sums[h] / counts[h] if counts[h] else 0.0 for h in range(HOURS_PER_WEEK)]
+    for h in range(HOURS_PER_WEEK):
+        if not counts[h]:
+            before = next(profile[(h - d) % HOURS_PER_WEEK] for d in range(1, HOURS_PER_WEEK) if counts[(h - d) % HOURS_PER_WEEK])
+            after = next(profile[(h + d) % HOURS_PER_WEEK] for d in range(1, HOURS_PER_WEEK) if counts[(h + d) % HOURS_PER_WEEK])
+            profile[h] = (before + after) / 2
     mean = sum(profile) / HOURS_PER_WEEK
     if not mean > 0 or not math.isfinite(mean):
         raise InputError(f"{what}={str(path)!r}: the trace has no traffic (or rates too large to average)")
     k = trace.scale_to_mean_requests_per_s / mean
-    return [round(x * k, 6) for x in profile]
+    return [round(x * k, 6) for x in profile], skipped + absent
 
 
 def resolve_traces(inputs: CostInputs, base_dir: Path, source: str = "") -> CostInputs:
@@ -196,8 +222,15 @@ def resolve_traces(inputs: CostInputs, base_dir: Path, source: str = "") -> Cost
         path = Path(tr.path)
         if not path.is_absolute():
             path = base_dir / path
-        profile = rate_trace_profile(path, tr, f"{source}: endpoints.{i}.traffic.rate_trace.path" if source
-                                     else f"endpoints.{i}.traffic.rate_trace.path")
+        what = f"{source}: endpoints.{i}.traffic.rate_trace.path" if source else f"endpoints.{i}.traffic.rate_trace.path"
+        profile, missing = rate_trace_profile(path, tr, what)
+        if missing:
+            warnings.warn(
+                f"endpoint {ep.name}: {what}={str(path)!r}: {missing} window(s) had no data (absent, or rate 0); "
+                "skipped in the hourly means, not counted as zero traffic (rate_trace.zero_rate_is_traffic: true "
+                "counts zeros as idle windows)",
+                InputNotice, stacklevel=2,
+            )
         traffic = ep.traffic.model_copy(update={"hourly_mean_requests_per_s": profile, "rate_trace": None})
         endpoints.append(ep.model_copy(update={"traffic": traffic}))
         changed = True

@@ -81,6 +81,7 @@ def _endpoint_lines(e: EndpointSpec) -> list[str]:
         for layer in e.layers:
             tiers[layer.tier] = tiers.get(layer.tier, 0) + 1
         L.append("  layers (load-duration curve): " + ", ".join(f"{n} {t.replace('_', ' ')}" for t, n in tiers.items()))
+        L += ["    " + row for row in layer_rows(e)]
     f = e.floor
     if any(f.replicas_by_hour):
         L.append(f"  floor — replicas ready each hour ({f.timezone}); {f.reserved_replicas} reserved, "
@@ -173,6 +174,27 @@ def _rollout_lines(e: EndpointSpec) -> list[str]:
     return L
 
 
+def _fixed_shares(e: EndpointSpec) -> dict[str, float]:
+    """The winner's fixed-cost shares (platform, serverless), monthly — the part of its cost no layer carries."""
+    win = next((a for a in e.alternatives if a.option == e.tier), None)
+    return {k: v for k, v in (win.breakdown_usd.items() if win else ()) if k.endswith("_fixed") and v}
+
+
+def layer_rows(e: EndpointSpec) -> list[str]:
+    """The layer table: each node of the load-duration curve with what the plan pays for it (the hours it
+    runs, its share of the serverless bill), then the fixed shares; the rows sum to the endpoint's cost."""
+    rows = []
+    for layer in e.layers:
+        label = f"node {layer.index:>2}  needed {layer.duty_fraction:>4.0%} of hours  {layer.tier.replace('_', ' ')}"
+        rows.append(f"{label:<50} {usd(layer.monthly_usd):>10}")
+    fixed = _fixed_shares(e)
+    for k, v in fixed.items():
+        rows.append(f"{k.replace('_', ' '):<50} {usd(v):>10}")
+    total = sum(layer.monthly_usd for layer in e.layers) + sum(fixed.values())
+    rows.append(f"{'total':<50} {usd(total):>10}")
+    return rows
+
+
 def terminal(spec: TopologySpec) -> str:
     t = spec.monthly_usd_by_tier
     L = [
@@ -211,6 +233,15 @@ def markdown(spec: TopologySpec) -> str:
         L += ["", "| figure | value | arithmetic |", "|---|---:|---|"]
         for d in e.derivations:
             L.append(f"| {d.figure} | {d.value:g} {d.unit} | `{d.formula}` |")
+        if e.layers:
+            L += ["", "| node | needed (share of hours) | tier | pays monthly | alone: reserved / on the clock / serverless |",
+                  "|---:|---:|---|---:|---|"]
+            for layer in e.layers:
+                c = layer.costs_usd_per_month
+                L.append(f"| {layer.index} | {layer.duty_fraction:.0%} | {layer.tier} | {usd(layer.monthly_usd)} | "
+                         f"{usd(c.get('reserved'))} / {usd(c.get('scheduled_on_demand'))} / {usd(c.get('serverless_burst'))} |")
+            for k, v in _fixed_shares(e).items():
+                L.append(f"| | | {k} | {usd(v)} | |")
         if any(e.floor.replicas_by_hour):
             L += ["", "Floor (replicas ready per hour, " + e.floor.timezone + "):", "```"] + floor_grid(e.floor.replicas_by_hour, "") + ["```"]
         if e.rollout is not None:

@@ -11,11 +11,11 @@ Outline for one endpoint:
    node-sized layers (nodes are what is paid for). The bottom nodes may be reserved (all hours,
    discounted); every other node runs on the clock in the hours where that beats letting serverless
    carry its share (an on/off schedule per node by dynamic programming: on-demand while running, the
-   cold-start lead billed ahead of each start; serverless pays only the used share of each hour at the
-   serverless premium, plus a cold start and scaledown tail, and a warm container where a restore is
-   slower than the TTFT SLO).
+   cold-start lead billed ahead of each start; serverless pays each layer's share of what the serverless
+   model bills that hour, and a warm container where a restore is slower than the TTFT SLO).
 3. Options — managed API, serverless only, dedicated only, floor + burst — each at its cheapest layer
-   split, costed on the real profile with node packing and fixed platform costs; the cheapest feasible
+   split, costed on the real profile with node packing and fixed platform costs, serverless by the
+   containers the arrival process and Modal's routing keep alive (serverless.py); the cheapest feasible
    one wins and the report says why the runner-up lost.
 4. The winner's floors (168 hours, windows starting a cold-start lead ahead of each rise), autoscaling
    (queue signal, thresholds from cold start and the steepest ramp, capped step), thundering-herd
@@ -25,7 +25,8 @@ Where each stage lives (each a function from typed inputs to typed outputs; the 
   placement.py    1. placements, replica capacity, Erlang C (`placements`, `capacity_section`)
   demand.py       the hour-of-week demand (`demand_of`, `replicas_needed_by_hour`)
   timing.py       cold starts, the herd of weight loads, lead time, longest request
-  schedule.py     2. node layers, per-node schedule DP, serverless container-hours, the floor schedule
+  schedule.py     2. node layers, per-node schedule DP, the floor schedule
+  serverless.py      serverless containers alive and launches by hour (the derivation is its docstring)
   options.py      3. the four options costed, the platform share, the decision, the MIG decision
   economics.py    $/request, break-even duty cycles, serverless premium
   autoscaling.py  4. KEDA/HPA settings and the burst-backlog trigger
@@ -55,7 +56,6 @@ from .placement import (
     slo_utilisation,
 )
 from .schedule import (
-    PEAKS_PER_HOUR,
     FloorChoice,
     NodeGroups,
     Prices,
@@ -63,15 +63,16 @@ from .schedule import (
     floor_windows,
     node_groups,
     schedule_dp,
-    serverless_alive_container_hours,
 )
+from .serverless import ContainerHours, expected_containers, gamma_alpha_for_peak, service_time_s
 from .timing import herd_limits, lead_time_s, longest_request_s, serverless_cold_start_s
 
 __all__ = [
-    "ACTIVATION_OVERHEAD_GB_PER_GPU", "GB_PER_MIB", "GPU_MEMORY_UTILIZATION", "PEAKS_PER_HOUR",
+    "ACTIVATION_OVERHEAD_GB_PER_GPU", "GB_PER_MIB", "GPU_MEMORY_UTILIZATION",
     "Demand", "EndpointPlan", "FloorChoice", "Infeasible", "NodeGroups", "OptionEval", "Placement", "PlanningError",
     "Prices", "better", "build_endpoint_spec", "choose_floors", "decide", "demand_of", "erlang_c", "evaluate_floor",
     "floor_windows", "herd_limits", "lead_time_s", "longest_request_s", "node_groups", "options_for", "p99_wait_s",
     "placements", "plan", "prepare_endpoint", "replicas_needed_by_hour", "schedule_dp",
-    "serverless_alive_container_hours", "serverless_cold_start_s", "slo_utilisation", "with_platform_share",
+    "ContainerHours", "expected_containers", "gamma_alpha_for_peak", "service_time_s", "serverless_cold_start_s",
+    "slo_utilisation", "with_platform_share",
 ]

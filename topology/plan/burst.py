@@ -17,6 +17,7 @@ from .demand import Demand
 from .options import OptionEval
 from .placement import Placement
 from .section import Section
+from .serverless import buffer_containers
 from .limits import non_streamed_burst_rule, spike_headroom
 from .timing import longest_request_s, serverless_cold_start_s
 from .weights import bucket_name
@@ -43,11 +44,11 @@ def burst_spec(
     ns = non_streamed_burst_rule(ep, sls, has_floor=win.tier == "floor_plus_burst")
     # headroom for the spike the endpoint must absorb: the cap is free until used (only running containers bill)
     max_c = max(1, min(ep.serverless.max_containers_cap, max(win.burst_max_containers, spike.containers)))
-    ramp_rps_per_s = max(0.0, float(np.max(np.diff(demand.peak_rps)))) / 3600.0
     # the buffer as it ran under the planned peak's cap (at most that cap − 1 beyond the containers in use): the
     # spike headroom raises the cap, and must not turn a buffer the planned cap held back into billed containers
+    # (the serverless cost model bills the same buffer: serverless.buffer_containers)
     planned_max = max(1, min(ep.serverless.max_containers_cap, win.burst_max_containers))
-    buffer = (min(planned_max - 1, math.ceil(ramp_rps_per_s * cold / sls.planning_rps))
+    buffer = (buffer_containers(demand.peak_rps, sls.planning_rps, cold, planned_max)
               if win.tier == "serverless_only" else 0)
     kind = catalog[sls.gpu_kind]
     return BurstSpec(

@@ -30,9 +30,9 @@ from .schedule import (
     floor_problem,
     node_groups,
     prices_for,
-    serverless_alive_container_hours,
     solve_floor_problems,
 )
+from .serverless import buffer_containers, expected_containers, gamma_alpha_for_peak, service_time_s
 from .timing import herd_limits, lead_time_s, serverless_cold_start_s, ttft_budget_s
 
 
@@ -49,6 +49,7 @@ class OptionEval:
     floor_by_hour: np.ndarray | None = None
     burst_max_containers: int = 0
     warm_min_by_hour: np.ndarray | None = None
+    serverless_usd_by_hour: np.ndarray | None = None  # what the serverless tier bills in each hour of the week
     layers: list[CapacityLayer] = field(default_factory=list)
 
     @property
@@ -61,23 +62,66 @@ class OptionEval:
         return self.tier in ("serverless_only", "floor_plus_burst")
 
 
+def serverless_usd_by_hour(
+    tier: Tier, ep: EndpointInputs, demand: Demand, pl: Placement, sls: Placement, pr: Prices, floor: np.ndarray,
+    warm_min: np.ndarray, max_containers: int, start_hour: int | None = None, cache: dict | None = None,
+) -> np.ndarray:
+    """What the serverless tier bills in each hour: containers alive (from the arrival process and the
+    routing, topology.plan.serverless) plus each launch's cold start. start_hour, cache: see
+    expected_containers (a cache for floor + burst only, one per endpoint and placement)."""
+    if max_containers <= 0 and not warm_min.any():
+        return np.zeros(HOURS_PER_WEEK)
+    cold = serverless_cold_start_s(ep)
+    cap = max(1, min(ep.serverless.max_containers_cap, max_containers))  # the BurstSpec's planned max_containers
+    target = max(1, math.floor(sls.usable_concurrency * sls.planning_utilisation))  # its target_inputs
+    alpha = gamma_alpha_for_peak(ep.traffic.within_hour_peak_factor)
+    window = ep.serverless.scaledown_window_s
+    if tier == "serverless_only":
+        buffer = buffer_containers(demand.peak_rps, sls.planning_rps, cold, cap)
+        # requests spread over the alive containers: the batch one sees sets its service time
+        batch = np.full(HOURS_PER_WEEK, float(target))
+        for _ in range(2):
+            service = service_time_s(ep, sls, batch)
+            ch = expected_containers(demand.mean_rps, service, target_inputs=target, buffer_containers=buffer,
+                                     scaledown_window_s=window, alpha=alpha, warm_min=warm_min, max_containers=cap,
+                                     start_hour=start_hour, cluster_size=ep.traffic.arrival_cluster_size)
+            batch = 1.0 + demand.mean_rps * service / np.maximum(ch.alive, 1.0)
+    else:
+        # the gateway sends to burst what the floor's replicas × overflow threshold places cannot hold
+        overflow = max(1, math.floor(pl.usable_concurrency * pl.planning_utilisation))  # the GatewaySpec's
+        service = service_time_s(ep, pl, overflow)
+        s1 = float(service_time_s(ep, pl, 2) - service_time_s(ep, pl, 1))  # the decode line, per request
+        line = (float(service_time_s(ep, pl, 1)) - s1, s1, floor, overflow)
+        ch = expected_containers(demand.mean_rps, service, floor_inflight=floor * overflow, target_inputs=target,
+                                 scaledown_window_s=window, alpha=alpha, warm_min=warm_min, max_containers=cap,
+                                 start_hour=start_hour, cluster_size=ep.traffic.arrival_cluster_size,
+                                 floor_service_line=line, cache=cache)
+    # billed launch to stop: the time alive, plus each launch's cold start before it serves
+    return (ch.alive + ch.launches * cold / 3600.0) * pr.serverless_container_hour
+
+
+def dedicated_weekly_usd(pl: Placement, pr: Prices, floor: np.ndarray, reserved_nodes: int,
+                         lead_s: float) -> tuple[float, float]:
+    """(reserved, on demand) weekly bill of a floor: whole nodes, each node the clock adds billed from lead_s
+    before its hour."""
+    od_nodes = np.maximum(np.ceil(floor / pl.replicas_per_node).astype(int) - reserved_nodes, 0)
+    node_rises = np.maximum(od_nodes - np.roll(od_nodes, 1), 0).sum()
+    reserved_usd = HOURS_PER_WEEK * reserved_nodes * pr.reserved_node_hour
+    return reserved_usd, float((od_nodes.sum() + node_rises * lead_s / 3600.0) * pr.on_demand_node_hour)
+
+
 def evaluate_floor(
     tier: Tier, ep: EndpointInputs, demand: Demand, pl: Placement, sls: Placement, pr: Prices,
     floor: np.ndarray, reserved_nodes: int, lead_s: float, ng: NodeGroups | None = None,
-    running: np.ndarray | None = None,
+    running: np.ndarray | None = None, cache: dict | None = None,
 ) -> OptionEval:
-    """Exact weekly cost of a floor on the profile: whole nodes, warm minimums, cold starts, tails."""
+    """Exact weekly cost of a floor on the profile: whole nodes, warm minimums, cold starts, tails. cache: see
+    serverless_usd_by_hour."""
     rpn = pl.replicas_per_node
     nodes = np.ceil(floor / rpn).astype(int)
-    od_nodes = np.maximum(nodes - reserved_nodes, 0)
-    # each node added by the clock starts lead_s before its hour and is billed from then
-    node_rises = np.maximum(od_nodes - np.roll(od_nodes, 1), 0).sum()
-    reserved_usd = HOURS_PER_WEEK * reserved_nodes * pr.reserved_node_hour
-    od_usd = (od_nodes.sum() + node_rises * lead_s / 3600.0) * pr.on_demand_node_hour
+    reserved_usd, od_usd = dedicated_weekly_usd(pl, pr, floor, reserved_nodes, lead_s)
     # burst: what the floor cannot carry, in serverless containers
-    over_mean = np.maximum(demand.mean_rps - floor * pl.planning_rps, 0.0)
     over_peak = np.maximum(demand.peak_rps - floor * pl.planning_rps, 0.0)
-    containers_mean = over_mean / sls.planning_rps
     containers_peak = np.ceil(over_peak / sls.planning_rps - 1e-9)
     burst_active = containers_peak > 0
     cold = serverless_cold_start_s(ep)
@@ -87,27 +131,41 @@ def evaluate_floor(
         warm_min = np.where(burst_active, 1, 0)
     if tier == "serverless_only" and not ep.scale_to_zero_allowed:
         warm_min = np.maximum(warm_min, 1)
-    sls_hours = np.maximum(serverless_alive_container_hours(over_mean, containers_mean, containers_peak,
-                                                            ep.serverless.scaledown_window_s), warm_min)
-    overhead = containers_peak * cold / 3600.0  # each start bills its cold start
-    serverless_usd = float((sls_hours.sum() + overhead.sum()) * pr.serverless_container_hour)
     max_containers = int(containers_peak.max()) if containers_peak.size else 0
+    serverless_by_hour = serverless_usd_by_hour(tier, ep, demand, pl, sls, pr, floor, warm_min, max_containers,
+                                                cache=cache if tier == "floor_plus_burst" else None)
+    serverless_usd = float(serverless_by_hour.sum())
     scheduled_nodes = int(max(0, nodes.max(initial=0) - reserved_nodes))
     ev = OptionEval(
         tier=tier, feasible=True, reason="", placement=pl, reserved_layers=reserved_nodes * rpn,
         scheduled_layers=scheduled_nodes * rpn, floor_by_hour=floor.astype(int), burst_max_containers=max_containers,
-        warm_min_by_hour=warm_min,
+        warm_min_by_hour=warm_min, serverless_usd_by_hour=serverless_by_hour,
     )
     ev.breakdown_weekly = {"reserved": reserved_usd, "on_demand": float(od_usd), "serverless": serverless_usd}
     ev.weekly_usd = reserved_usd + float(od_usd) + serverless_usd
     if ng is not None and running is not None:
-        ev.layers = layers_of(ng, running, reserved_nodes)
+        ev.layers = layers_of(ng, running, reserved_nodes, np.maximum(nodes, reserved_nodes), lead_s, serverless_usd)
     return ev
 
 
-def layers_of(ng: NodeGroups, running: np.ndarray, reserved_nodes: int) -> list[CapacityLayer]:
-    """One row per node of the load-duration curve: its duty, the tier it went to, what each tier would cost."""
+def layers_of(
+    ng: NodeGroups, running: np.ndarray, reserved_nodes: int, nodes_by_hour: np.ndarray, lead_s: float,
+    serverless_usd: float,
+) -> list[CapacityLayer]:
+    """One row per node of the load-duration curve: its duty, its tier, what the plan pays for it, and what
+    each tier would cost for it alone.
+
+    What it pays is the option's own bill split by node, so the rows sum to the option's variable cost:
+    node g (from 0) runs in the hours the option runs more than g nodes — reserved nodes all week, the
+    others on demand in those hours plus the lead billed ahead of each start — and the serverless bill goes
+    to the nodes in proportion to the serverless cost of the hours each is needed but not running."""
     out = []
+    on = np.arange(ng.groups)[:, None] < nodes_by_hour[None, :]  # (G, HOURS_PER_WEEK)
+    carried = ng.needed & ~on
+    share = np.where(carried, ng.serverless_usd, 0.0).sum(axis=1)
+    if serverless_usd > 0 and share.sum() <= 0:
+        share = ng.needed.sum(axis=1).astype(float)  # a warm minimum only: by the hours each node is needed
+    share = share / share.sum() if share.sum() > 0 else np.zeros(ng.groups)
     hours_by_group = ng.needed.sum(axis=1)
     rises_by_group = (ng.needed & ~np.roll(ng.needed, 1, axis=1)).sum(axis=1)
     for g in range(ng.groups):
@@ -120,9 +178,15 @@ def layers_of(ng: NodeGroups, running: np.ndarray, reserved_nodes: int) -> list[
             "serverless_burst": float(ng.serverless_usd[g][needed].sum()),
         }
         tier = "reserved" if g < reserved_nodes else ("scheduled_on_demand" if running[g].any() else "serverless_burst")
+        if g < reserved_nodes:
+            paid = ng.reserved_usd_week
+        else:
+            starts = int((on[g] & ~np.roll(on[g], 1)).sum()) if on[g].sum() < HOURS_PER_WEEK else 0
+            paid = (on[g].sum() + starts * lead_s / 3600.0) * ng.on_demand_node_hour
+        paid += serverless_usd * share[g]
         out.append(CapacityLayer(
             index=g + 1, duty_fraction=round(hours / HOURS_PER_WEEK, 4), tier=tier,
-            monthly_usd=round(costs.monthly_from_weekly(c[tier]), 2),
+            monthly_usd=round(costs.monthly_from_weekly(paid), 2),
             costs_usd_per_month={k: round(costs.monthly_from_weekly(v), 2) for k, v in c.items()},
         ))
     return out
@@ -139,10 +203,18 @@ def better(a: OptionEval, b: OptionEval) -> bool:
     return a.placement.gpu_fraction_per_replica < b.placement.gpu_fraction_per_replica
 
 
+# The layer DP prices a node's serverless alternative by its share of the hour's serverless bill, which is not
+# the exact marginal (containers, tails and launches do not split by layer). So floor + burst runs the DP with
+# that price scaled by each of these factors, each schedule it yields is costed exactly, and the cheapest is
+# kept: a family from "serverless cheaper than estimated" to "dearer", which always holds the unscaled choice.
+SERVERLESS_PRICE_SCALES = (1.0, 0.8, 1.1, 1.25, 1.5, 2.0)
+
+
 @dataclass
 class FloorCandidate:
-    """A dedicated tier at one placement: its node groups and the floor the schedule DP chooses for them
-    (a FloorProblem until `solve_floor_candidates` has run)."""
+    """A dedicated tier at one placement (and, for floor + burst, one serverless price scale): its node
+    groups and the floor the schedule DP chooses for them (a FloorProblem until `solve_floor_candidates`
+    has run)."""
 
     tier: Tier
     pl: Placement
@@ -150,6 +222,7 @@ class FloorCandidate:
     pr: Prices
     ng: NodeGroups | None  # None when the caps refuse it before any sizing
     choice: FloorProblem | FloorChoice | str
+    serverless_price_scale: float = 1.0
 
 
 def floor_candidates(
@@ -175,21 +248,44 @@ def floor_candidates(
         )
 
     short = {(t, i): shortfall(t, pl, bpl) for t in tiers for i, (pl, bpl) in enumerate(zip(ded, burst_pl_of))}
+
+    sls_all_by_burst: dict[tuple[str, float], np.ndarray] = {}
+
+    def serverless_all(i: int, bpl: Placement, pr: Prices) -> np.ndarray | None:
+        # what carrying the whole demand on serverless bills each hour: burst containers at their own full
+        # batch (only the floor + burst DP reads the serverless price); the same for every floor placement
+        if short.get(("floor_plus_burst", i), "no burst tier") is not None:
+            return None
+        key = (bpl.label, pr.serverless_container_hour)
+        if key not in sls_all_by_burst:
+            peak_c = int(np.ceil(demand.peak_rps / bpl.planning_rps - 1e-9).max(initial=0))
+            none = np.zeros(HOURS_PER_WEEK, int)
+            sls_all_by_burst[key] = serverless_usd_by_hour("floor_plus_burst", ep, demand, bpl, bpl, pr, none, none,
+                                                           peak_c)
+        return sls_all_by_burst[key]
+
     # both tiers cut the same demand into the same node groups; only the DP's constraints differ
-    groups = [node_groups(demand, pl, bpl, pr, lead, sls_overhead, warm_container=cold > ttft_budget_s(ep))
+    groups = [node_groups(demand, pl, bpl, pr, lead, sls_overhead, warm_container=cold > ttft_budget_s(ep),
+                          serverless_all_usd=serverless_all(i, bpl, pr))
               if any(short[(t, i)] is None for t in tiers) else None
               for i, (pl, bpl, pr) in enumerate(zip(ded, burst_pl_of, prices))]
     out: list[FloorCandidate] = []
     for tier in tiers:
+        burst = tier == "floor_plus_burst"
         for i, (pl, bpl, pr, ng) in enumerate(zip(ded, burst_pl_of, prices, groups)):
             if short[(tier, i)] is not None:
                 out.append(FloorCandidate(tier, pl, bpl, pr, ng, short[(tier, i)]))
                 continue
-            problem = floor_problem(
-                ng, allow_serverless=tier == "floor_plus_burst", max_replicas=ep.max_dedicated_replicas,
-                min_floor=0 if ep.scale_to_zero_allowed else 1, burst_cap_containers=ep.serverless.max_containers_cap,
-            )
-            out.append(FloorCandidate(tier, pl, bpl, pr, ng, problem))
+            # without a burst the serverless price is unused: one DP
+            for scale in SERVERLESS_PRICE_SCALES if burst else (1.0,):
+                problem = floor_problem(
+                    ng, allow_serverless=burst, max_replicas=ep.max_dedicated_replicas,
+                    min_floor=0 if ep.scale_to_zero_allowed else 1,
+                    burst_cap_containers=ep.serverless.max_containers_cap, serverless_price_scale=scale,
+                )
+                out.append(FloorCandidate(tier, pl, bpl, pr, ng, problem, scale))
+                if not isinstance(problem, FloorProblem):
+                    break  # answered before the DP: the same at every price
     return out
 
 
@@ -197,6 +293,10 @@ def solve_floor_candidates(candidates: list[FloorCandidate]) -> None:
     """Choose every candidate's floor, the DP run once over all of them."""
     for c, choice in zip(candidates, solve_floor_problems([c.choice for c in candidates])):
         c.choice = choice
+
+
+def _estimate(c: FloorCandidate) -> float:
+    return c.choice.estimated_weekly_usd if isinstance(c.choice, FloorChoice) else math.inf
 
 
 def options_for(
@@ -259,37 +359,66 @@ def options_for(
         best: OptionEval | None = None
         best_floor: FloorCandidate | None = None
         why_not: list[str] = []
-        for c in floors:
-            if c.tier != tier:
-                continue
+        # per placement, the cheapest of its candidate schedules by exact weekly cost (the DP at each price
+        # scale); across placements, `better`
+        by_placement: dict[str, tuple[OptionEval | None, FloorCandidate | None, str]] = {}
+        seen: set[tuple[str, int, bytes]] = set()
+        bound = math.inf  # the cheapest schedule of this tier costed so far
+        hour_cache: dict[str, dict] = {}  # per placement: the serverless model's hours already worked out
+        # the DP's own estimate first, so the bound is tight early
+        for c in sorted((c for c in floors if c.tier == tier), key=_estimate):
             pl, burst_pl, pr, choice = c.pl, c.burst_pl, c.pr, c.choice
             assert not isinstance(choice, FloorProblem), "floor candidates are solved before options_for reads them"
+            top, top_c, why = by_placement.get(pl.label, (None, None, ""))
             if isinstance(choice, str):
-                why_not.append(f"{pl.label}: {choice}")
+                by_placement[pl.label] = (top, top_c, why or choice)
                 continue
-            ev = evaluate_floor(tier, ep, demand, pl, burst_pl, pr, choice.floor, choice.reserved_nodes, lead)
-            if burst and ev.burst_max_containers == 0:
-                why_not.append(f"{pl.label}: the cheapest floor leaves nothing to burst (that is dedicated_only)")
+            key = (pl.label, choice.reserved_nodes, choice.floor.tobytes())
+            if key in seen:
                 continue
+            seen.add(key)
             if burst and not choice.floor.any():
-                why_not.append(f"{pl.label}: the cheapest mix runs no floor (that is serverless_only)")
+                by_placement[pl.label] = (top, top_c, why or "the cheapest mix runs no floor (that is serverless_only)")
+                continue
+            if bound < math.inf:
+                # a schedule whose dedicated bill alone is past the cheapest option costed so far by more than
+                # `better`'s 1% band cannot win: skip its serverless model (the planner's main cost)
+                fixed = sls_fixed if burst else 0.0
+                if sum(dedicated_weekly_usd(pl, pr, choice.floor, choice.reserved_nodes, lead)) + fixed > bound / 0.99:
+                    continue
+            ev = evaluate_floor(tier, ep, demand, pl, burst_pl, pr, choice.floor, choice.reserved_nodes, lead,
+                                cache=hour_cache.setdefault(pl.label, {}))
+            if burst and ev.burst_max_containers == 0:
+                by_placement[pl.label] = (top, top_c, why or
+                                          "the cheapest floor leaves nothing to burst (that is dedicated_only)")
                 continue
             if burst:
                 ev.breakdown_weekly["serverless_fixed"] = sls_fixed
                 ev.weekly_usd += sls_fixed
                 if ev.burst_max_containers > ep.serverless.max_containers_cap:
-                    why_not.append(f"{pl.label}: burst needs {ev.burst_max_containers} containers > cap "
-                                   f"{ep.serverless.max_containers_cap}")
+                    by_placement[pl.label] = (top, top_c, why or f"burst needs {ev.burst_max_containers} containers > "
+                                              f"cap {ep.serverless.max_containers_cap}")
                     continue
-            if best is None or better(ev, best):
+            if top is None or ev.weekly_usd < top.weekly_usd - 1e-9:
+                by_placement[pl.label] = (ev, c, why)
+            bound = min(bound, ev.weekly_usd)
+        # across placements in the placements' own order (`better` breaks ties within its 1% band by order)
+        for label in dict.fromkeys(c.pl.label for c in floors if c.tier == tier and c.pl.label in by_placement):
+            ev, c, why = by_placement[label]
+            if ev is None:
+                why_not.append(f"{label}: {why or 'no feasible schedule'}")
+            elif best is None or better(ev, best):
                 best, best_floor = ev, c
         if best is None:
             out.append(OptionEval(tier, False, "; ".join(why_not) or "no feasible schedule"))
         else:
             # the layer table only for the placement that won the tier (the losers' are never read)
-            assert best_floor is not None and isinstance(best_floor.choice, FloorChoice)
-            best.layers = layers_of(best_floor.ng, best_floor.choice.running, best_floor.choice.reserved_nodes)
+            assert best_floor is not None and isinstance(best_floor.choice, FloorChoice) and best.floor_by_hour is not None
             rpn = best.placement.replicas_per_node
+            ch = best_floor.choice
+            nodes = np.maximum(np.ceil(best.floor_by_hour / rpn).astype(int), ch.reserved_nodes)
+            best.layers = layers_of(best_floor.ng, ch.running, ch.reserved_nodes, nodes, lead,
+                                    best.breakdown_weekly["serverless"])
             reserved_nodes, scheduled_nodes = best.reserved_layers // rpn, best.scheduled_layers // rpn
             best.reason = (
                 f"{best.placement.label}, {rpn} replica(s)/node: {reserved_nodes} reserved node(s)"

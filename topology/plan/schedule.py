@@ -1,7 +1,7 @@
 """Stage 2, the per-node schedule: the load-duration curve cut into node-sized layers, each node reserved,
-on the clock (an on/off schedule per node by dynamic programming) or left to serverless, and the
-serverless container-hours a layer costs when it is not running (PEAKS_PER_HOUR). Also the spec's floor
-schedule: replicas by hour and the clock windows that start a cold-start lead ahead of each rise.
+on the clock (an on/off schedule per node by dynamic programming) or left to serverless, and what
+serverless costs a layer when it is not running (its share of the hour's bill from serverless.py). Also the
+spec's floor schedule: replicas by hour and the clock windows that start a cold-start lead ahead of each rise.
 """
 
 from __future__ import annotations
@@ -63,8 +63,10 @@ class NodeGroups:
 
 def node_groups(
     demand: Demand, pl: Placement, sls: Placement, pr: Prices, lead_s: float, sls_overhead_s: float,
-    warm_container: bool = False,
+    warm_container: bool = False, serverless_all_usd: np.ndarray | None = None,
 ) -> NodeGroups:
+    """serverless_all_usd: what serverless bills each hour for the whole demand (serverless.py); the layers'
+    shares of an hour are scaled to it."""
     need = replicas_needed_by_hour(demand.peak_rps, pl.planning_rps)
     rpn = pl.replicas_per_node
     top = int(need.max()) if need.size else 0
@@ -76,6 +78,11 @@ def node_groups(
     fill = np.clip(demand.mean_rps[None, :] / pl.planning_rps - (ks[:, None] - 1), 0.0, 1.0) * active
     ratio = pl.planning_rps / sls.planning_rps
     per_layer = (fill * ratio + active * math.ceil(ratio) * sls_overhead_s / 3600.0) * pr.serverless_container_hour
+    if serverless_all_usd is not None:
+        # the layers' shares of each hour, scaled to what serverless bills for the whole demand that hour
+        # (serverless.py: containers stay up while in flight reaches them, not just at the mean)
+        total = per_layer.sum(axis=0)
+        per_layer = per_layer * np.where(total > 0, serverless_all_usd / np.maximum(total, 1e-300), 0.0)
     starts = np.arange(groups) * rpn
     sls_usd = np.add.reduceat(per_layer, starts, axis=0) if groups else np.zeros((0, HOURS_PER_WEEK))
     if warm_container and groups:
@@ -128,6 +135,7 @@ class FloorChoice:
     reserved_nodes: int
     running: np.ndarray  # (G, HOURS_PER_WEEK) node g runs in hour h
     floor: np.ndarray  # (HOURS_PER_WEEK,) replicas ready
+    estimated_weekly_usd: float = math.inf  # the DP's own cost of it (its serverless price, not the exact bill)
 
 
 @dataclass
@@ -146,10 +154,12 @@ class FloorProblem:
 
 
 def floor_problem(
-    ng: NodeGroups, *, allow_serverless: bool, max_replicas: int, min_floor: int, burst_cap_containers: int
+    ng: NodeGroups, *, allow_serverless: bool, max_replicas: int, min_floor: int, burst_cap_containers: int,
+    serverless_price_scale: float = 1.0,
 ) -> FloorProblem | FloorChoice | str:
     """The schedule DP's rows for one placement's node groups, or already the answer: a FloorChoice when there
-    is nothing to schedule, a reason when no floor meets the caps."""
+    is nothing to schedule, a reason when no floor meets the caps. serverless_price_scale multiplies what a
+    stopped node's serverless alternative costs (see options.SERVERLESS_PRICE_SCALES)."""
     g_count, rpn = ng.groups, ng.rpn
     max_nodes = max_replicas // rpn
     if g_count == 0:
@@ -170,7 +180,7 @@ def floor_problem(
     g_index = np.arange(g_count)[:, None]
     forced = g_index < min_nodes[None, :]
     idle = np.where(ng.needed, ng.serverless_usd, 0.0)
-    idle = np.where(forced, np.inf, idle)
+    idle = np.where(forced, np.inf, idle * serverless_price_scale)
     run = np.where(g_index < max_nodes, ng.on_demand_node_hour, np.inf) * np.ones((1, HOURS_PER_WEEK))
     return FloorProblem(ng, max_replicas, max_nodes, run, idle, np.full(g_count, ng.rise_usd))
 
@@ -189,7 +199,7 @@ def finish_floors(pb: FloorProblem, dp_cost: np.ndarray, running: np.ndarray) ->
     running = running.copy()
     running[:best_r] = True
     floor = np.minimum(running.sum(axis=0) * rpn, pb.max_replicas)
-    return FloorChoice(best_r, running, floor.astype(int))
+    return FloorChoice(best_r, running, floor.astype(int), best)
 
 
 def solve_floor_problems(problems: list[FloorProblem | FloorChoice | str]) -> list[FloorChoice | str]:
@@ -223,23 +233,6 @@ def choose_floors(
     pb = floor_problem(ng, allow_serverless=allow_serverless, max_replicas=max_replicas, min_floor=min_floor,
                        burst_cap_containers=burst_cap_containers)
     return solve_floor_problems([pb])[0]
-
-
-PEAKS_PER_HOUR = 8  # within-hour peaks recur about every 7.5 minutes (bursty arrivals; calibrated against the simulator)
-
-
-def serverless_alive_container_hours(
-    rps: np.ndarray, containers_mean: np.ndarray, containers_peak: np.ndarray, scaledown_window_s: float
-) -> np.ndarray:
-    """Container-hours a serverless tier bills in each hour: containers live on for the scaledown window.
-
-    A container bills whole while it is up, not the fraction of it the mean load uses: the first one is
-    alive whenever a request came within the window (Poisson: 1 − e^(−λ·W)), and the containers a
-    within-hour peak starts stay up for W after it — for the whole hour when peaks recur within W."""
-    first = 1.0 - np.exp(-rps * scaledown_window_s)
-    base = np.maximum(containers_mean, first)
-    held = min(1.0, scaledown_window_s * PEAKS_PER_HOUR / 3600.0)
-    return base + np.maximum(containers_peak - base, 0.0) * held
 
 
 def floor_section(ep: EndpointInputs, floor_by_hour: np.ndarray, reserved_replicas: int, herd: HerdSpec) -> Section[FloorSchedule]:

@@ -1,0 +1,71 @@
+"""Benchmark: planned vs simulated cost of every option on every bundled trace at 0.3, 3, 30 and 150 req/s.
+
+    .venv/bin/python benchmarks/bench_cost_model.py [--hours 168] [--hours-150 24] [--start 0] [--rates 0.3,3,30,150]
+
+The prod stack's `assist` endpoint (70B on 2×H100), its hour-of-week profile scaled to each mean rate (the
+ServeGen trace brings its own hourly shape), the within-hour burstiness measured from the replayed arrivals
+(simulator/costcheck.py). Each option is built into a spec as if it had won and simulated for the hours; the
+table shows the serverless bill and the option's variable bill (reserved + on demand + serverless), planned
+and simulated, and the decision check: the chosen option's simulated bill against every rejected one's.
+
+"before" is the replaced formula (PEAKS_PER_HOUR = 8: containers above the mean held W × 8 / 3600 of each
+hour, plus a cold start per peak container), applied to the same option and demand, for comparison only.
+A full week at 150 req/s is ~90 M requests per option (minutes each here): `--hours` bounds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from simulator.costcheck import TOLERANCE, TRACES, check  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--hours", type=float, default=168.0, help="simulated hours from Monday 00:00 (168 = the week)")
+    ap.add_argument("--hours-150", type=float, default=24.0, help="hours simulated at 150 req/s")
+    ap.add_argument("--start", type=float, default=0.0, help="first simulated hour (0 = Monday 00:00)")
+    ap.add_argument("--rates", default="0.3,3,30,150")
+    ap.add_argument("--traces", default=",".join(TRACES))
+    args = ap.parse_args()
+    print("| trace | req/s | hours | option | chosen | serverless planned (before) | simulated | error (before) | "
+          "option planned | simulated | error |")
+    print("|---|---:|---:|---|:-:|---:|---:|---:|---:|---:|---:|")
+    flips = []
+    t0 = time.perf_counter()
+    for rate in (float(x) for x in args.rates.split(",")):
+        hours = args.hours_150 if rate >= 150 else args.hours
+        for tr in args.traces.split(","):
+            start = args.start if hours < 168 else 0.0
+            rows = check(ROOT / "stacks" / "Pulumi.prod.yaml", "assist", tr, rate, start, start + hours)
+            for r in sorted(rows, key=lambda r: r.option):
+                e, eb = r.serverless_error, r.before_serverless_error
+                fmt = (lambda x: "—" if x is None else f"{x:+.1%}")
+                print(f"| {tr} | {rate:g} | {hours:g} | {r.option} | {'✓' if r.chosen else ''} | "
+                      f"${r.planned_serverless_usd:,.0f} (${r.before_serverless_usd:,.0f}) | ${r.simulated_serverless_usd:,.0f} | "
+                      f"{fmt(e)} ({fmt(eb)}) | ${r.planned_variable_usd:,.0f} | ${r.simulated_variable_usd:,.0f} | "
+                      f"{r.variable_error:+.1%} |", flush=True)
+            chosen = next((r for r in rows if r.chosen), None)
+            if chosen is not None:
+                for r in rows:
+                    if not r.chosen and chosen.simulated_total_usd > r.simulated_total_usd * (1 + TOLERANCE):
+                        flips.append(f"{tr} at {rate:g} req/s: chosen {chosen.option} simulates "
+                                     f"${chosen.simulated_total_usd:,.0f}, rejected {r.option} ${r.simulated_total_usd:,.0f}")
+    print()
+    print("decision check (chosen never dearer in simulation than a rejected option by more than "
+          f"{TOLERANCE:.0%}): " + ("holds" if not flips else "fails: " + "; ".join(flips)))
+    print(f"wall time {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

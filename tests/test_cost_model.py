@@ -1,0 +1,139 @@
+"""The serverless cost model (topology/plan/serverless.py) against hand-worked cases, and the plan's bill for
+every option against the simulator's on every bundled trace (a bounded horizon; the full week is in
+benchmarks/bench_cost_model.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from simulator.costcheck import TOLERANCE, check, measured_burstiness
+from topology import load_inputs
+from topology.plan.serverless import (
+    cluster_size_from_counts,
+    expected_containers,
+    gamma_alpha_for_peak,
+    gamma_quadrature,
+    poisson_below_and_at,
+)
+
+
+def test_poisson_probabilities_match_the_direct_sums():
+    for mean, level in [(2.0, 1), (2.0, 3), (60.0, 70), (180.0, 200), (900.0, 950)]:
+        pmf = [math.exp(j * math.log(mean) - mean - math.lgamma(j + 1)) for j in range(level)]
+        below, at = poisson_below_and_at(np.array([[[level]]]), np.array([[[mean]]]))
+        assert below.item() == pytest.approx(sum(pmf), abs=2e-4)
+        assert at.item() == pytest.approx(pmf[-1], rel=1e-9)
+
+
+def test_minute_factor_nodes_have_mean_one_and_the_gamma_variance():
+    for pf in (1.5, 2.0, 3.0):
+        alpha = gamma_alpha_for_peak(pf)
+        g, w = gamma_quadrature(alpha)
+        assert float((g * w).sum()) == pytest.approx(1.0)
+        assert float(((g - 1) ** 2 * w).sum()) == pytest.approx(1 / alpha, rel=0.08)
+
+
+def test_one_request_per_container_and_no_window_is_the_mean_occupancy():
+    """target 1, W → 0: a container per request in flight, gone when it finishes: E[containers] = λ·S."""
+    r = expected_containers(np.array([2.0]), 5.0, target_inputs=1, scaledown_window_s=1e-6, alpha=None)
+    assert float(r.alive[0]) == pytest.approx(10.0, rel=1e-3)
+
+
+def test_instant_requests_keep_the_container_for_the_window():
+    """Service → 0: the container is up iff a request came in the last W: 1 − e^(−λW)."""
+    # two hours at the same rate: the week is billed from no container up, so the first hour carries the
+    # start; the second is the steady state
+    r = expected_containers(np.array([0.01, 0.01]), 1e-6, target_inputs=1, scaledown_window_s=120, alpha=None)
+    assert float(r.alive[1]) == pytest.approx(1 - math.exp(-0.01 * 120), rel=1e-3)
+    assert float(r.alive[0]) < float(r.alive[1])  # the first W after the start, none was up yet
+
+
+def test_containers_stay_up_while_requests_spread_over_them():
+    """40 in flight on average (1 req/s × 40 s), target 49 per container: the 2nd container starts when in
+    flight reaches 50 (P ≈ 7% at any moment, so within minutes) and never stops, since least-in-flight routing
+    keeps sending it requests unless fewer than 2 are in flight for the whole 120 s. The 3rd needs 99: never.
+    So 2 containers all the time — the replaced formula gave 40/49 + (1 − 40/49)·(120·8/3600) ≈ 0.87."""
+    # (the second of two equal hours: the first starts from no container up and launches the two)
+    r = expected_containers(np.array([1.0, 1.0]), 40.0, target_inputs=49, scaledown_window_s=120, alpha=None)
+    assert float(r.alive[1]) == pytest.approx(2.0, abs=0.02)
+    assert float(r.launches[1]) < 0.01  # nothing cycles
+    assert float(r.launches[0]) < 2.0 + 0.01  # at most the two starts
+
+
+def test_a_long_window_keeps_the_busiest_hours_containers():
+    """W → ∞: containers stay at the most ever needed; after a busy hour a quiet one still bills them."""
+    lam = np.array([10.0, 0.5])
+    r = expected_containers(lam, 1.0, target_inputs=1, scaledown_window_s=1e7, alpha=None, start_hour=0)
+    short = expected_containers(lam, 1.0, target_inputs=1, scaledown_window_s=1e-6, alpha=None, start_hour=0)
+    assert r.alive[1] >= r.alive[0] > 10.0
+    assert short.alive[1] == pytest.approx(0.5, rel=1e-2)
+
+
+def test_peak_factor_measured_from_a_synthetic_week_recovers_the_input(root):
+    """The input is measurable: the simulator's synthetic arrivals at peak factor 2.0, measured from their
+    per-minute counts (Poisson noise removed), give 2.0 back."""
+    inputs = load_inputs(root / "stacks/Pulumi.dev.yaml")
+    ep = inputs.endpoints[0]
+    prof = [20.0] * 168
+    ep = ep.model_copy(update={"traffic": ep.traffic.model_copy(update={
+        "hourly_mean_requests_per_s": prof, "within_hour_peak_factor": 2.0})})
+    pf, cluster = measured_burstiness(inputs.model_copy(update={"endpoints": [ep]}), None, 0.0, 12.0, seed=3)
+    assert pf == pytest.approx(2.0, abs=0.15)
+    assert cluster == pytest.approx(1.0, abs=0.1)
+
+
+def test_cluster_size_of_bunched_arrivals():
+    rng = np.random.default_rng(0)
+    bunches = rng.poisson(2.0, size=(600, 6))  # bunches per 10-second window, rate constant in each minute
+    # 5 requests a bunch: counts 5·X, X ~ Poisson(2): Var / mean = 25·2 / (5·2) = 5
+    assert cluster_size_from_counts(bunches * 5) == pytest.approx(5.0, rel=0.1)
+    assert cluster_size_from_counts(bunches) == pytest.approx(1.0, rel=0.1)
+
+
+# --------------------------------------------------------------------------------------------------
+# planned vs simulated, every option, every bundled trace
+# --------------------------------------------------------------------------------------------------
+
+# A few representative cells on bounded horizons (start Tuesday 09:00, a busy morning; whole hours: the plan bills
+# by the hour): every bundled trace at 3 req/s (where the issue found serverless-only planned 30–138% under and
+# chosen over a cheaper floor + burst), the batch-submitting Azure code trace at 0.3 req/s, and 30 req/s on two
+# traces. The full table (every trace at 0.3, 3, 30 and 150 req/s, whole days and weeks) is
+# benchmarks/bench_cost_model.py; README "Serverless cost" has it with the gaps measured there.
+START_H = 33.0
+CELLS = [  # (trace, mean req/s, hours)
+    ("azure2023_code.csv", 3.0, 3.0), ("azure2023_conv.csv", 3.0, 3.0), ("servegen_m-small_14d_rate.csv", 3.0, 3.0),
+    ("mooncake_synthetic.jsonl", 3.0, 3.0), ("azure2023_code.csv", 0.3, 8.0), ("azure2023_conv.csv", 30.0, 1.0),
+    ("servegen_m-small_14d_rate.csv", 30.0, 1.0),
+]
+# Cells the model misses by more than the tolerance at these horizons, as measured (simulated vs planned option
+# cost), with the bound they must stay within (so a regression still fails) and the reason; README lists them.
+KNOWN_GAPS: dict[tuple[str, float, str], tuple[float, str]] = {
+    # batch-submitting clients: bunches of ~50 requests within seconds; the cluster model (B requests sharing
+    # one service time) overstates how long they hold containers at low rates and behind floors
+    ("azure2023_code.csv", 0.3, "serverless_only"): (0.25, "−17.2%: cluster model overstates bunches' hold time"),
+    ("azure2023_code.csv", 3.0, "floor_plus_burst"): (0.25, "−12.4%: same, behind a floor"),
+    # from 30 req/s, a cold start (25 s) queues the requests routed to a starting container, which adds in
+    # flight and launches more containers; starting from no container at all (as these bounded runs do), the
+    # cascade is largest: the model bills each launch's cold start but not the cascade
+    ("azure2023_conv.csv", 30.0, "serverless_only"): (0.25, "+16.2%: cold-start queueing cascade not modelled"),
+}
+
+
+@pytest.mark.parametrize("trace,rate,hours", CELLS)
+def test_planned_bill_matches_the_simulated_one(root, trace, rate, hours):
+    rows = check(root / "stacks/Pulumi.prod.yaml", "assist", trace, rate, START_H, START_H + hours)
+    assert rows
+    report = "\n".join(
+        f"{r.option}: planned ${r.planned_variable_usd:,.0f} simulated ${r.simulated_variable_usd:,.0f} "
+        f"({r.variable_error:+.1%}); serverless {r.planned_serverless_usd:,.0f} vs {r.simulated_serverless_usd:,.0f}"
+        for r in rows)
+    for r in rows:
+        tol = KNOWN_GAPS[(trace, rate, r.option)][0] if (trace, rate, r.option) in KNOWN_GAPS else TOLERANCE
+        assert abs(r.variable_error) <= tol, report
+    # the chosen option is never dearer in simulation than a rejected one by more than the tolerance
+    chosen = next(r for r in rows if r.chosen)
+    for r in rows:
+        assert chosen.simulated_total_usd <= r.simulated_total_usd * (1 + TOLERANCE), report

@@ -1,0 +1,91 @@
+"""Rate traces with gaps: windows without data are skipped (not averaged in as zero traffic) and counted."""
+
+from __future__ import annotations
+
+import pytest
+
+from topology.inputs import RateTrace
+from topology.loading import rate_trace_profile, resolve_traces
+from tests.inputs_factory import inputs_dict
+from topology.inputs import CostInputs
+
+WINDOW_S = 600
+
+
+def true_rate(hour_of_week: int) -> float:
+    return 100.0 + 2.0 * hour_of_week  # linear: an hour with no data at all is recovered exactly from its neighbours
+
+
+def write_trace(path, *, zero: set[int], drop: set[int]) -> None:
+    """Two weeks of 10-minute windows at true_rate; window indices in `zero` read 0, those in `drop` are absent."""
+    lines = ["window_start_s,total_rate_rps"]
+    for i in range(2 * 168 * 6):
+        if i in drop:
+            continue
+        rate = 0.0 if i in zero else true_rate((i // 6) % 168)
+        lines.append(f"{i * WINDOW_S},{rate}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def trace_input(path) -> RateTrace:
+    mean = sum(true_rate(h) for h in range(168)) / 168
+    return RateTrace(path=str(path), scale_to_mean_requests_per_s=mean)  # scale 1: the profile is the true means
+
+
+def test_gaps_are_skipped_and_counted(tmp_path):
+    p = tmp_path / "gappy.csv"
+    zero = {5 * 6 + 1, 5 * 6 + 2, 5 * 6 + 3, 1008 + 40 * 6}  # half of hour 5 in week 1; a window of hour 40 in week 2
+    drop = {30 * 6 + j for j in range(6)} | {1008 + 30 * 6 + j for j in range(6)} | {1008 + 99 * 6}  # hour 30: no data
+    write_trace(p, zero=zero, drop=drop)
+    profile, missing = rate_trace_profile(p, trace_input(p))
+    assert missing == len(zero) + len(drop)
+    for h in range(168):
+        assert profile[h] == pytest.approx(true_rate(h), rel=1e-6), h
+
+
+def test_without_gaps_nothing_is_missing(tmp_path):
+    p = tmp_path / "whole.csv"
+    write_trace(p, zero=set(), drop=set())
+    profile, missing = rate_trace_profile(p, trace_input(p))
+    assert missing == 0
+    assert profile[5] == pytest.approx(true_rate(5))
+
+
+def test_zero_windows_can_be_declared_real(tmp_path):
+    p = tmp_path / "idle.csv"
+    write_trace(p, zero={5 * 6 + j for j in range(6)}, drop=set())  # hour 5 of week 1 idle
+    tr = trace_input(p).model_copy(update={"zero_rate_is_traffic": True})
+    profile, missing = rate_trace_profile(p, tr)
+    assert missing == 0
+    # hour 5 averages one idle and one busy week: half the true rate, before the scaling to the mean
+    mean_raw = (sum(true_rate(h) for h in range(168)) - true_rate(5) / 2) / 168
+    assert profile[5] == pytest.approx(true_rate(5) / 2 * tr.scale_to_mean_requests_per_s / mean_raw, rel=1e-6)
+
+
+def test_loading_says_how_many_windows_were_missing(tmp_path):
+    p = tmp_path / "gappy.csv"
+    write_trace(p, zero={7, 8}, drop={100})
+    d = inputs_dict()
+    d["endpoints"][0]["traffic"] = {"rate_trace": {"path": str(p), "scale_to_mean_requests_per_s": 2.0}}
+    inputs = CostInputs.model_validate(d)
+    with pytest.warns(UserWarning, match=r"3 window\(s\) had no data"):
+        resolved = resolve_traces(inputs, tmp_path)
+    assert len(resolved.endpoints[0].traffic.hourly_mean_requests_per_s) == 168
+
+
+def test_cli_prints_the_missing_windows_once_as_a_plain_warning_line(tmp_path, capsys):
+    import json
+
+    from topology.cli import main
+
+    p = tmp_path / "gappy.csv"
+    write_trace(p, zero={7, 8}, drop={100})
+    d = inputs_dict()
+    d["endpoints"][0]["traffic"] = {"rate_trace": {"path": str(p), "scale_to_mean_requests_per_s": 2.0}}
+    f = tmp_path / "inputs.json"
+    f.write_text(json.dumps(d, default=str))
+    assert main(["plan", "--json", str(f)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    notes = [line for line in err if "had no data" in line]
+    assert len(notes) == 1 and notes[0].startswith("warning: endpoint ") and "3 window(s)" in notes[0]
+    assert not any("UserWarning" in line or "resolve_traces" in line for line in err)  # no Python warning form

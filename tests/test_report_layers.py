@@ -1,0 +1,37 @@
+"""The report's layer table shows what the plan pays for each layer: rows (plus the fixed shares) sum to the
+endpoint's monthly cost."""
+
+from __future__ import annotations
+
+import pytest
+
+from topology import load_inputs, plan
+from topology.report import layer_rows, terminal
+
+
+def _fixed(e) -> float:
+    win = next(a for a in e.alternatives if a.option == e.tier)
+    return sum(v for k, v in win.breakdown_usd.items() if k.endswith("_fixed"))
+
+
+@pytest.mark.parametrize("stack", ["stacks/Pulumi.prod.yaml", "stacks/Pulumi.dev.yaml"])
+def test_layer_rows_sum_to_the_endpoint_cost(root, stack):
+    spec = plan(load_inputs(root / stack))
+    with_layers = [e for e in spec.endpoints if e.layers]
+    assert with_layers or stack.endswith("dev.yaml")
+    for e in with_layers:
+        total = sum(layer.monthly_usd for layer in e.layers) + _fixed(e)
+        # each row is rounded to the cent
+        assert total == pytest.approx(e.monthly_usd, abs=0.01 * (len(e.layers) + 3)), e.name
+
+
+def test_a_layer_run_part_time_is_priced_for_what_it_runs(root):
+    """prod assist: a node needed most of the week but run on the clock for fewer hours pays for those hours
+    (plus the serverless bill of the hours it is not running), not for every hour it is needed."""
+    spec = plan(load_inputs(root / "stacks/Pulumi.prod.yaml"))
+    e = spec.endpoint("assist")
+    part_time = [layer for layer in e.layers if layer.tier == "scheduled_on_demand"]
+    assert part_time
+    rows = layer_rows(e)
+    assert rows[-1].split()[-1] == f"${e.monthly_usd:,.0f}"
+    assert "node  1" in terminal(spec)

@@ -1,0 +1,348 @@
+"""What a serverless (Modal) tier bills: container-hours from the arrival process and the routing.
+
+The platform (and the simulator that reproduces it) launches a container whenever the requests in flight
+exceed `target_inputs` × containers (+ `buffer_containers`), routes each request to the ready container with
+the fewest in flight, and stops a container after `scaledown_window_s` (W) without a request. With requests
+spread over the containers, a container idles for a whole window only when demand stayed below it for W, so
+
+    containers alive at t = max over s in [t − W, t] of needed(s),   needed = ⌈in flight / target_inputs⌉
+
+(the k-th container is kept while in flight reaches its level L_k at least once a window), and each launch
+bills its cold start on top. The expected value follows from the arrival process, with no fitted constant:
+
+1. In flight. Requests arrive as a Poisson process whose rate in each minute is the hour's mean × a factor g,
+   g ~ Gamma(α, 1/α) (mean 1, independent per minute), α set so the busiest of 60 minutes is
+   `traffic.within_hour_peak_factor` × the mean (Wilson–Hilferty, the simulator's definition). Each request
+   holds its place for its service time S (prefill + output × decode gap at the container's batch), so in a
+   minute at rate λg the number in flight is Poisson(λ·g·S) (M/G/∞). With a floor in front, the gateway
+   overflows to serverless only what the floor's Q = replicas × overflow_inflight_per_replica places cannot
+   hold, so the burst holds in-flight − Q.
+2. One level, one minute. The level L is reached at the rate of arrivals that find L − 1 in flight,
+   u = λg·P(N = L − 1) (exact for M/G/∞: the up-crossing rate); from below, the hazard is h = u / P(N < L).
+   Treating up-crossings of a level as a Poisson stream (the Poisson clumping heuristic),
+   P(no need for the k-th container in a stretch d | below now) = e^(−h·d).
+3. One window. The window W, ending at a uniformly placed phase of the current minute, spans the rest of
+   that minute plus whole and partial earlier minutes, each with its own independent g:
+   P(k-th not alive) = E_g[P(N < L) e^(−h·d₀)] · Π_j E_g[e^(−h·d_j)],
+   the expectations over g by equal-probability quadrature, the phase by the midpoint rule.
+   Expected containers alive = Σ_k P(k-th alive), floored by the warm minimum (P = 1 for k ≤ minimum).
+4. Launches: the k-th container starts at an up-crossing of L_k that found none in the previous window,
+   at rate ≈ u·e^(−h·W); each bills its cold start (launch to ready) on top.
+
+Checks on the limits: W → 0 gives E⌈N / target⌉ (the mean of the occupancy's ceiling); W → ∞ gives the
+largest number ever needed; a constant rate with zero service time gives the first container alive
+1 − e^(−λW) of the time. The correlation time of in flight (≈ S) enters through h, not as a constant.
+
+Pure and vectorised: numpy only, no randomness, no clock; one call costs every hour of the week at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+from ..inputs import EndpointInputs
+from ..timebase import MINUTES_PER_HOUR, SECONDS_PER_MINUTE
+from .placement import Placement
+
+Z_PEAK_MINUTE = 2.13  # standard normal quantile at 60/61: the expected largest of 60 draws (as the simulator)
+QUADRATURE_NODES = 32  # equal-probability nodes over the minute factor g
+EXACT_LEVELS = 64
+LEVEL_POINTS = 64  # levels evaluated (geometric above DENSE_LEVELS); the rest are interpolated
+DENSE_LEVELS = 16
+WARMUP_WEEKS = 0  # weeks run before the billed one (see expected_containers)
+
+
+def gamma_alpha_for_peak(peak_factor: float) -> float | None:
+    """α of a mean-1 Gamma whose expected largest of 60 draws is `peak_factor` (Wilson–Hilferty); None = flat."""
+    if peak_factor <= 1.0 + 1e-9:
+        return None
+
+    def q(alpha: float) -> float:
+        return (1 - 1 / (9 * alpha) + Z_PEAK_MINUTE / (3 * math.sqrt(alpha))) ** 3
+
+    lo, hi = 0.05, 1e7
+    for _ in range(100):
+        mid = math.sqrt(lo * hi)
+        if q(mid) > peak_factor:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@functools.lru_cache(maxsize=64)
+def gamma_quadrature(alpha: float | None, n: int = QUADRATURE_NODES) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes and weights (summing to 1) for E[f(g)], g ~ Gamma(α, 1/α): the midpoints of n equal-probability
+    bins, by the Wilson–Hilferty quantile (the transform the peak factor is defined by), rescaled to mean 1.
+
+    Equal-probability nodes, not Gauss–Laguerre: at high rates f is nearly a step in g (whether a minute's
+    in flight reaches a level), which a few Gauss nodes integrate badly."""
+    if alpha is None:
+        g, w = np.ones(1), np.ones(1)
+    else:
+        z = np.array([NormalDist().inv_cdf((i + 0.5) / n) for i in range(n)])
+        g = np.maximum(1 - 1 / (9 * alpha) + z / (3 * math.sqrt(alpha)), 0.0) ** 3
+        g, w = g / g.mean(), np.full(n, 1.0 / n)
+    g.flags.writeable = w.flags.writeable = False  # cached: shared by every call
+    return g, w
+
+
+def _norm_sf(z: np.ndarray) -> np.ndarray:
+    """1 − Φ(z), Abramowitz–Stegun 7.1.26 (|error| < 1.5e-7); in place on temporaries (the planner's hot loop)."""
+    x = np.abs(z) * (1 / math.sqrt(2.0))
+    t = 0.3275911 * x
+    t += 1.0
+    np.reciprocal(t, out=t)
+    poly = t * 1.061405429
+    for c in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
+        poly += c
+        poly *= t
+    np.square(x, out=x)
+    np.negative(x, out=x)
+    np.exp(x, out=x)
+    poly *= x
+    poly *= 0.5  # half erfc(|z|/√2) = the upper tail at |z|
+    return np.where(z >= 0, poly, 1.0 - poly)
+
+
+def poisson_below_and_at(levels: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """P(N < L) and P(N = L − 1) for N ~ Poisson(mean): levels (H, P, 1) integers ≥ 1, means (H, 1, G)."""
+    L = np.asarray(levels, dtype=float)
+    m = np.maximum(np.asarray(mean, dtype=float), 1e-300)
+    shape = np.broadcast_shapes(L.shape, m.shape)
+    top = int(L.max(initial=1))
+    log_fact = log_fact_upto(top + 1)
+    log_m = np.log(m)  # on the unbroadcast means: the full (levels × nodes) arrays are the planner's cost
+    at = np.exp((L - 1) * log_m - m - log_fact[(L - 1).astype(int)])
+    small = np.broadcast_to(L <= EXACT_LEVELS, shape)
+    below = np.empty(shape)
+    if not small.all():
+        # P(N ≤ L − 1) = P(Gamma(L, 1) > m): Wilson–Hilferty above EXACT_LEVELS (only there)
+        # (each factor on its own axis first: cbrt(m / L) = cbrt(m) / cbrt(L); only z is full size)
+        z = (np.cbrt(m) / np.cbrt(L) - (1 - 1 / (9 * L))) * np.sqrt(9 * L)
+        below[...] = _norm_sf(z)
+    rows = np.flatnonzero(small.reshape(shape[0], -1).any(axis=1))  # leading-axis rows with a small level
+    if rows.size:
+        # exact cumulative sums for those rows: one table per mean, as long as the largest small level there,
+        # read by index
+        L_r = np.broadcast_to(L, shape)[rows]
+        n_exact = int(np.where(small[rows], L_r, 1).max())
+        m_r = np.broadcast_to(m, shape[:1] + m.shape[1:])[rows]
+        j = np.arange(n_exact)
+        cdf = np.cumsum(np.exp(j * np.log(m_r)[..., None] - m_r[..., None] - log_fact[:n_exact]), axis=-1)
+        sub = (rows.size,) + shape[1:]
+        idx = np.clip(L_r - 1, 0, n_exact - 1).astype(int)
+        grid = np.ogrid[tuple(slice(0, n) for n in sub)]
+        pick = tuple(np.minimum(gi, cdf.shape[a] - 1) for a, gi in enumerate(grid))  # size-1 axes broadcast
+        below[rows] = np.where(small[rows], cdf[pick + (idx,)], below[rows])
+    return np.clip(below, 0.0, 1.0), np.broadcast_to(at, shape)
+
+
+def log_fact_upto(n: int) -> np.ndarray:
+    """ln j! for j = 0 … n − 1."""
+    return np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n)))])
+
+
+@dataclass(frozen=True)
+class ContainerHours:
+    alive: np.ndarray  # (hours,) expected containers alive (container-hours per hour)
+    launches: np.ndarray  # (hours,) expected cold starts per hour
+
+
+def expected_containers(
+    rate_rps: np.ndarray, service_s: np.ndarray | float, *, floor_inflight: np.ndarray | float = 0.0,
+    target_inputs: int, buffer_containers: int = 0, scaledown_window_s: float, alpha: float | None,
+    warm_min: np.ndarray | int = 0, max_containers: int | None = None, start_hour: int | None = None,
+    cluster_size: float = 1.0, floor_service_line: tuple[float, float, np.ndarray, int] | None = None,
+    cache: dict | None = None,
+) -> ContainerHours:
+    """Expected containers alive and launches in each hour (see the module docstring for the derivation).
+
+    rate_rps: each hour's mean arrival rate at the gateway (all of it: a floor takes its Q first);
+    service_s: time a request holds its place; floor_inflight: Q, requests the floor holds before overflow;
+    floor_service_line: (s0, s1, replicas by hour, batch cap o) — in front of a floor a request's time is
+    s0 + s1·b at the floor's batch b = in flight / replicas ≤ o, and in flight settles where
+    N = λ·g·S(N / replicas): S = s0 / (1 − s1·λ·g / replicas), or S(o) once the floor is full.
+    start_hour None: the week from Monday 00:00 with no container up, as a deploy starts it and as the
+    one-week simulation bills it (WARMUP_WEEKS more weeks before it would carry over levels reached once in a
+    rare minute and never released: a deployment left running for months bills up to that); an hour index:
+    no container is up before that hour, hours before it bill nothing.
+    cache: a dict kept by the caller across calls with the same rates, service and settings that differ only in
+    the floor (the layer DP's candidate schedules): an hour's switching probabilities depend only on that
+    hour's floor, so hours already worked out are read back."""
+    lam = np.atleast_1d(np.asarray(rate_rps, dtype=float))
+    H = lam.shape[0]
+    S = np.broadcast_to(np.asarray(service_s, dtype=float), (H,))
+    Q = np.broadcast_to(np.asarray(floor_inflight, dtype=float), (H,)).round()
+    warm = np.broadcast_to(np.asarray(warm_min), (H,)).astype(int)
+    T, b, W = max(1, int(target_inputs)), max(0, int(buffer_containers)), float(scaledown_window_s)
+    g, wg = gamma_quadrature(alpha)
+    # levels that can matter: up to mean + 10 sd of in flight at the largest g, in the busiest hour
+    m_top = float((lam * S).max(initial=0.0) * g.max())
+    n_top = max(m_top + 10 * math.sqrt(m_top) + 10 - float(Q.min(initial=0.0)), 1.0)
+    K = max(int(math.ceil(n_top / T)) + b + 1, int(warm.max(initial=0)), 1)
+    if max_containers is not None:
+        K = max(min(K, int(max_containers)), int(warm.max(initial=0)), 1)
+    k_all = np.arange(1, K + 1)
+    # one grid of levels for every hour (the state carries over hours): every level up to DENSE_LEVELS, then
+    # geometric; P(k-th alive) is interpolated in between (smooth there over the spread of in flight)
+    k = np.unique(np.concatenate([np.arange(1, min(K, DENSE_LEVELS) + 1),
+                                  np.rint(np.geomspace(1, K, LEVEL_POINTS)).astype(int)]))
+    # the k-th container starts when the burst holds ≥ up_k = max(T·(k − 1 − b) + 1, k) (the autoscaler's
+    # ⌈in flight / target⌉ + buffer), and stops after W in which the burst held < k (least-in-flight routing
+    # reaches the k-th only when the first k − 1 are busy)
+    up = np.where(k <= b, k, np.maximum(T * (k - 1 - b) + 1, k))
+    # requests arrive in clusters of B (B = 1: Poisson): count clusters, each holding B places
+    B = max(1.0, float(cluster_size))
+    rate = lam[:, None, None] * g[None, None, :] / B
+    S_hg = np.broadcast_to(S[:, None, None], rate.shape)
+    if floor_service_line is not None:
+        s0, s1, reps, cap_b = floor_service_line
+        reps_h = np.broadcast_to(np.asarray(reps, dtype=float), (H,))[:, None, None]
+        F = np.maximum(reps_h, 1e-9)
+        load = s1 * lam[:, None, None] * g[None, None, :] / F
+        settled = s0 / np.maximum(1.0 - load, 1e-9)
+        full = s0 + s1 * cap_b
+        S_hg = np.where((load < 1.0) & (settled < full), np.maximum(settled, s0 + s1), full)
+        S_hg = np.where(reps_h > 0, S_hg, full)  # no floor: the burst carries all at its own full batch
+    mean = rate * S_hg  # (H, 1, G) clusters in flight
+    # hours whose in flight can reach the burst's first level (at the largest g, within 10 sd + 10): only they
+    # need the level arithmetic; in the others no level is reached, so none starts and an alive one stops W
+    # after its last request (the limit of the rates in _switching: p_on = 0, r_off = 1/W)
+    m_h = mean.max(axis=(1, 2))
+    act = np.flatnonzero((lam > 0) & (m_h + 10 * np.sqrt(m_h) + 10 >= np.ceil((Q + 1) / B)))
+    p_on = np.zeros((H, len(k)))
+    p_off = np.where(lam > 0, -math.expm1(-SECONDS_PER_MINUTE / max(W, 1e-9)), 1.0)[:, None] * np.ones((1, len(k)))
+    if act.size and (cache is None or len(k) != K):
+        p_on[act], p_off[act] = _switching(rate[act], mean[act], Q[act], up, k, B, W, wg)
+    elif act.size:
+        # every level 1 … K: an hour worked out before for at least K levels is read back (its first K)
+        reps_key = (np.broadcast_to(np.asarray(floor_service_line[2], dtype=float), (H,))
+                    if floor_service_line is not None else np.zeros(H))
+        keys = [(b, int(h), float(Q[h]), float(reps_key[h])) for h in act]
+        todo = [i for i, key in enumerate(keys) if key not in cache or cache[key][0].shape[0] < K]
+        if todo:
+            rows = act[todo]
+            on_t, off_t = _switching(rate[rows], mean[rows], Q[rows], up, k, B, W, wg)
+            for j, i in enumerate(todo):
+                cache[keys[i]] = (on_t[j], off_t[j])
+        p_on[act] = np.array([cache[key][0][:K] for key in keys])
+        p_off[act] = np.array([cache[key][1][:K] for key in keys])
+    # each level a two-state chain by minute; closed form over an hour's 60 steps
+    tot = p_on + p_off
+    star = np.where(tot > 0, p_on / np.maximum(tot, 1e-300), 0.0)
+    rho = 1.0 - tot
+    rho60 = rho ** MINUTES_PER_HOUR
+    # the hour's mean of ρ^t for t in [0, 60] minutes (the state relaxes continuously, not at minute ends)
+    neg_log = -np.log(np.clip(rho, 1e-300, 1.0))
+    mean_decay = np.where(neg_log > 1e-12, (1 - rho60) / np.maximum(MINUTES_PER_HOUR * neg_log, 1e-300), 1.0)
+    # the billed week, after WARMUP_WEEKS from empty
+    hours_order = list(range(H)) * WARMUP_WEEKS + list(range(H)) if start_hour is None else list(range(start_hour, H))
+    # a level the warm minimum holds is on all hour and after it (on at 1, relaxing to 1, no launch)
+    on_warm = k[None, :] <= warm[:, None]
+    star = np.where(on_warm, 1.0, star)
+    mean_decay = np.where(on_warm, 0.0, mean_decay)
+    rho60 = np.where(on_warm, 0.0, rho60)
+    pi = np.zeros(len(k))
+    avg = np.zeros((H, len(k)))
+    for t in hours_order:
+        gap = pi - star[t]
+        avg[t] = star[t] + gap * mean_decay[t]
+        pi = star[t] + gap * rho60[t]
+    launch = (1.0 - avg) * p_on * MINUTES_PER_HOUR
+    if start_hour is not None:
+        avg[:start_hour] = 0.0
+        launch[:start_hour] = 0.0
+    # back onto every level 1 … K
+    # (interpolation is linear in the row: Σ over 1 … K of the interpolant = row · the summed hat weights)
+    hat_sum = (np.ones(len(k)) if len(k) == K else
+               np.array([np.interp(k_all, k, np.eye(len(k))[i]).sum() for i in range(len(k))]))
+    alive = avg @ hat_sum
+    launches = launch @ hat_sum
+    return ContainerHours(alive=alive, launches=launches)
+
+
+def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
+               W: float, wg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-minute probabilities (H, P) that each level switches on (from off) and off (from on), for hours
+    with traffic: rate and mean (H, 1, G) are clusters per second and in flight at each minute factor g."""
+    F_up, at_up = poisson_below_and_at(np.ceil((Q[:, None] + up[None, :]) / B)[:, :, None], mean)
+    F_dn, at_dn = poisson_below_and_at(np.ceil((Q[:, None] + k[None, :]) / B)[:, :, None], mean)
+    h_on = rate * at_up / np.maximum(F_up, 1e-300)  # hazard of reaching up_k from below
+    d = rate * at_dn  # down-crossings of k per second (= up-crossings)
+    hW = W * d / np.maximum(F_dn, 1e-300)
+    q = np.exp(-hW)  # a sojourn below k outlasts W (exponential sojourns)
+    # 1 / expected on-period, q·d / (1 − F·q), with 1 − F·q = (1 − F) + F·(1 − q) kept accurate when both are
+    # tiny (a level the hour never reaches again: its container stops W after the last request, rate 1/W)
+    slack = np.maximum(1.0 - F_dn, 0.0) + F_dn * -np.expm1(-hW)
+    r_off = np.where(slack > 0, q * d / np.maximum(slack, 1e-300), 1.0 / max(W, 1e-9))
+    # per-minute switching probabilities, averaged over the minute factor g (independent per minute)
+    w = wg[None, None, :]
+    # (a two-state chain in continuous time inside the minute: rates h_on and r_off)
+    both = h_on + r_off
+    settle = -np.expm1(-both * SECONDS_PER_MINUTE) / np.maximum(both, 1e-300)
+    p_on = (w * h_on * settle).sum(axis=2)  # (H, P)
+    p_off = (w * r_off * settle).sum(axis=2)
+    return p_on, p_off
+
+
+def service_time_s(ep: EndpointInputs, pl: Placement, batch: np.ndarray | float) -> np.ndarray:
+    """Seconds a request holds a sequence slot at this batch: its prefill, then output × the decode gap, the
+    gap carrying the amortised prefill of the other b − 1 sequences (the placement's decode line)."""
+    s, hit = ep.shape, ep.prefix_cache_hit_fraction
+    prefill = s.input_tokens_mean * (1 - hit) / pl.prefill_tokens_per_s
+    interference = prefill / s.output_tokens_mean
+    b = np.clip(np.asarray(batch, dtype=float), 1.0, pl.usable_concurrency)
+    gap = pl.decode_step_floor_s + pl.decode_step_s_per_sequence * b + (b - 1) * interference
+    return prefill + s.output_tokens_mean * gap
+
+
+def buffer_containers(peak_rps: np.ndarray, planning_rps: float, cold_start_s: float, planned_max_containers: int) -> int:
+    """Idle containers kept launched ahead of demand (serverless only): the steepest hour-to-hour rise of the
+    within-hour peak, over one cold start, in containers — at most the planned peak's cap − 1 beyond the
+    containers in use (the BurstSpec's buffer; spike headroom raises the cap but not the buffer)."""
+    ramp_rps_per_s = max(0.0, float(np.max(np.diff(peak_rps)))) / 3600.0 if len(peak_rps) > 1 else 0.0
+    return max(0, min(planned_max_containers - 1, math.ceil(ramp_rps_per_s * cold_start_s / planning_rps)))
+
+
+def peak_factor_of_alpha(alpha: float | None) -> float:
+    """The expected busiest of 60 minutes over the mean for Gamma(α, 1/α) minute factors (Wilson–Hilferty)."""
+    if alpha is None:
+        return 1.0
+    return max(1.0, (1 - 1 / (9 * alpha) + Z_PEAK_MINUTE / (3 * math.sqrt(alpha))) ** 3)
+
+
+def peak_factor_from_minute_counts(counts: np.ndarray, cluster_size: float = 1.0) -> float:
+    """`traffic.within_hour_peak_factor` measured from a request log: counts[h, m] = requests in minute m of
+    hour h. The busiest minute of raw counts also carries Poisson noise (large at low rates), so the rate's
+    own burstiness is taken from the counts' excess dispersion: Var(c) = B·c̄ + c̄²/α (B: arrival cluster size,
+    1 for Poisson), i.e. 1/α = (Var − B·c̄)/c̄², averaged over the hours with traffic, then turned into the
+    busiest-minute factor the input means."""
+    c = np.asarray(counts, dtype=float)
+    mean = c.mean(axis=1)
+    busy = mean >= 1.0
+    if not busy.any():
+        return 1.0
+    excess = (c[busy].var(axis=1, ddof=1) - cluster_size * mean[busy]) / mean[busy] ** 2
+    inv_alpha = float(np.mean(excess))
+    return peak_factor_of_alpha(1.0 / inv_alpha) if inv_alpha > 1e-9 else 1.0
+
+
+CLUSTER_WINDOW_S = 10  # the window `traffic.arrival_cluster_size` is measured over
+
+
+def cluster_size_from_counts(counts: np.ndarray) -> float:
+    """`traffic.arrival_cluster_size` measured from a request log: counts[m, j] = requests in the j-th
+    CLUSTER_WINDOW_S window of minute m. Within a minute the rate is one figure, so the windows' variance over
+    their mean is the cluster size (1 for Poisson arrivals; B for arrivals in bunches of B)."""
+    c = np.asarray(counts, dtype=float)
+    mean = c.mean(axis=1)
+    busy = mean > 0
+    if not busy.any():
+        return 1.0
+    return max(1.0, float(np.mean(c[busy].var(axis=1, ddof=1) / mean[busy])))
