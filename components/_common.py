@@ -21,3 +21,11 @@ def child(parent: pulumi.Resource, **kwargs) -> pulumi.ResourceOptions:
     """Options for a child resource: parented to the component, inheriting its providers."""
     return pulumi.ResourceOptions(parent=parent, **kwargs)
 
+
+
+def restricted_security_context(uid: int, gid: int) -> dict:
+    """A container's securityContext for the project's own CPU services (gateway, quality recorder): a numeric
+    non-root user (the kubelet cannot verify a named one), no privilege escalation, read-only root, no
+    capabilities."""
+    return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": gid, "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}

@@ -19,7 +19,7 @@ import pulumi_kubernetes as k8s
 
 from topology.spec import TopologySpec
 
-from ._common import TYPE_PREFIX, child
+from ._common import TYPE_PREFIX, child, restricted_security_context
 from .gateway_config import (
     CONFIG_FILE,
     ClientLimits,
@@ -192,10 +192,7 @@ class Gateway(pulumi.ComponentResource):
                             },
                             # the image's `USER haproxy` is a name: the kubelet refuses a non-root
                             # check it cannot verify ("image has non-numeric user"), so state the uid
-                            "securityContext": {"runAsNonRoot": True, "runAsUser": args.image.uid,
-                                                "runAsGroup": args.image.gid, "allowPrivilegeEscalation": False,
-                                                "readOnlyRootFilesystem": True,
-                                                "capabilities": {"drop": ["ALL"]}},
+                            "securityContext": restricted_security_context(args.image.uid, args.image.gid),
                             "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
                         }],
                         "volumes": [{"name": "config", "configMap": {"name": config_map.metadata["name"]}}],

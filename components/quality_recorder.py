@@ -27,7 +27,7 @@ from pulumi_aws import eks, iam
 
 from topology.spec import EndpointSpec, TopologySpec
 
-from ._common import TYPE_PREFIX, child
+from ._common import TYPE_PREFIX, child, restricted_security_context
 from .gateway_config import QUALITY_MAX_CAPTURE_BYTES, gated_endpoints, quality_capture_bytes, quality_sampling
 
 RECORDER_NAME = "quality-recorder"
@@ -218,9 +218,7 @@ class QualityRecorder(pulumi.ComponentResource):
                                 "requests": {"cpu": args.cpu_request, "memory": args.memory_request},
                                 "limits": {"memory": args.memory_limit},
                             },
-                            "securityContext": {"runAsNonRoot": True, "runAsUser": RECORDER_UID,
-                                                "runAsGroup": RECORDER_UID, "allowPrivilegeEscalation": False,
-                                                "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
+                            "securityContext": restricted_security_context(RECORDER_UID, RECORDER_UID),
                             "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
                                              {"name": "tmp", "mountPath": "/tmp"}],
                         }],

@@ -30,12 +30,12 @@ from pathlib import Path
 import numpy as np
 
 from topology.inputs import EndpointInputs
+from topology.minute_factors import gamma_alpha_for_peak
 from topology.loading import InputError
 from topology.timebase import HOURS_PER_WEEK, MINUTES_PER_HOUR, MINUTES_PER_WEEK, SECONDS_PER_MINUTE
 from topology.reading import loads_json, open_text_lines
 
 SECONDS_PER_WEEK = MINUTES_PER_WEEK * SECONDS_PER_MINUTE
-Z_PEAK_MINUTE = 2.13  # standard normal quantile at 60/61: the expected largest of 60 draws
 
 
 @dataclass(frozen=True)
@@ -188,22 +188,6 @@ def lognormal_params(mean: float, p99: float) -> tuple[float, float]:
     return math.log(mean) - sigma * sigma / 2, sigma
 
 
-def gamma_alpha_for_peak(peak_factor: float) -> float | None:
-    """α of a mean-1 Gamma whose expected largest of 60 draws is `peak_factor` (Wilson–Hilferty); None = flat."""
-    if peak_factor <= 1.0 + 1e-9:
-        return None
-
-    def q(alpha: float) -> float:
-        return (1 - 1 / (9 * alpha) + Z_PEAK_MINUTE / (3 * math.sqrt(alpha))) ** 3
-
-    lo, hi = 0.05, 1e7
-    for _ in range(100):
-        mid = math.sqrt(lo * hi)
-        if q(mid) > peak_factor:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def minute_rates(ep: EndpointInputs, trace: Trace | None) -> tuple[np.ndarray, float | None]:

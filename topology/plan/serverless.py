@@ -46,10 +46,10 @@ from statistics import NormalDist
 import numpy as np
 
 from ..inputs import EndpointInputs
+from ..minute_factors import busiest_minute_factor, gamma_alpha_for_peak
 from ..timebase import MINUTES_PER_HOUR, SECONDS_PER_MINUTE
 from .placement import Placement
 
-Z_PEAK_MINUTE = 2.13  # standard normal quantile at 60/61: the expected largest of 60 draws (as the simulator)
 QUADRATURE_NODES = 32  # equal-probability nodes over the minute factor g
 EXACT_LEVELS = 64
 LEVEL_POINTS = 64  # levels evaluated (geometric above DENSE_LEVELS); the rest are interpolated
@@ -57,22 +57,6 @@ DENSE_LEVELS = 16
 WARMUP_WEEKS = 0  # weeks run before the billed one (see expected_containers)
 
 
-def gamma_alpha_for_peak(peak_factor: float) -> float | None:
-    """α of a mean-1 Gamma whose expected largest of 60 draws is `peak_factor` (Wilson–Hilferty); None = flat."""
-    if peak_factor <= 1.0 + 1e-9:
-        return None
-
-    def q(alpha: float) -> float:
-        return (1 - 1 / (9 * alpha) + Z_PEAK_MINUTE / (3 * math.sqrt(alpha))) ** 3
-
-    lo, hi = 0.05, 1e7
-    for _ in range(100):
-        mid = math.sqrt(lo * hi)
-        if q(mid) > peak_factor:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 @functools.lru_cache(maxsize=64)
@@ -314,7 +298,7 @@ def peak_factor_of_alpha(alpha: float | None) -> float:
     """The expected busiest of 60 minutes over the mean for Gamma(α, 1/α) minute factors (Wilson–Hilferty)."""
     if alpha is None:
         return 1.0
-    return max(1.0, (1 - 1 / (9 * alpha) + Z_PEAK_MINUTE / (3 * math.sqrt(alpha))) ** 3)
+    return max(1.0, busiest_minute_factor(alpha))
 
 
 def peak_factor_from_minute_counts(counts: np.ndarray, cluster_size: float = 1.0) -> float:
