@@ -13,11 +13,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from components.gateway_config import StaticServers, env_name, render_gateway_config
+from components.gateway_config import StaticServers, render_gateway_config
 from components.quality_recorder import recorder_config
 from tests.gateway_harness import HaproxyProcess, free_port, lua_path, pod_ca_dir, wait_for_port
 from tests.moto_support import FAKE_CREDENTIALS
-from tests.test_gateway import KEYS, MODAL, SALTS
+from tests.test_gateway import secret_env
 from topology.spec import CanarySpec, ShadowSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -230,12 +230,7 @@ class SampledGateway:
             health_check_interval_ms=60000, max_connections=2000,
             quality_servers=StaticServers((recorder_address,)), quality_bind=f"127.0.0.1:{free_port()}",
         )
-        env = dict(MODAL)
-        for t, k in KEYS.items():
-            for ep in ("assist", "autocomplete", "guard"):
-                env[env_name(ep, f"{t}-api-key")] = k
-        for t, s in SALTS.items():
-            env[env_name("assist", f"{t}-cache-salt")] = s
+        env = secret_env()
         self.cfg = rendered.files["haproxy.cfg"]
         self.proc = HaproxyProcess(rendered, workdir, env, list(ports.values()))
 

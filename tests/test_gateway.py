@@ -24,6 +24,18 @@ KEYS = {"acme": "key-acme-1", "globex": "key-globex-2", "initech": "key-initech-
 MODAL = {"GW_MODAL_KEY": "wk-test-modal", "GW_MODAL_SECRET": "ws-test-modal"}
 
 
+def secret_env() -> dict[str, str]:
+    """The gateway's environment from the pod's Secrets: every tenant's key on each prod endpoint, the
+    tenants' cache salts on assist, and the Modal proxy token."""
+    env = dict(MODAL)
+    for t, k in KEYS.items():
+        for ep in ("assist", "autocomplete", "guard"):
+            env[env_name(ep, f"{t}-api-key")] = k
+    for t, s in SALTS.items():
+        env[env_name("assist", f"{t}-cache-salt")] = s
+    return env
+
+
 def scaled_spec(spec):
     """Prod spec with test-sized gateway figures (same renderer, smaller numbers)."""
     eps = []
@@ -60,12 +72,7 @@ def gw(planned_stacks, tmp_path_factory):
         health_check_interval_ms=60000,
         max_connections=2000,
     )
-    env = dict(MODAL)
-    for t, k in KEYS.items():
-        for ep in ("assist", "autocomplete", "guard"):
-            env[env_name(ep, f"{t}-api-key")] = k
-    for t, s in SALTS.items():
-        env[env_name("assist", f"{t}-cache-salt")] = s
+    env = secret_env()
     proc = HaproxyProcess(rendered, workdir, env, list(ports.values()))
     yield {"ports": ports, "ups": ups, "proc": proc, "spec": spec}
     proc.stop()

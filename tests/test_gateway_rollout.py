@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from components.gateway_config import StaticServers, env_name, render_gateway_config
+from components.gateway_config import StaticServers, render_gateway_config
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_harness import HaproxyProcess, free_port, lua_path, pod_ca_dir, require_haproxy, no_recorder
-from tests.test_gateway import KEYS, MODAL, SALTS, body, post, wait_until
+from tests.test_gateway import SALTS, body, post, secret_env, wait_until
 from topology.spec import CanarySpec, ShadowSpec
 
 
@@ -100,12 +100,7 @@ class Gateway:
             lua_path=lua_path(workdir), ca_path=str(pod_ca_dir(workdir / "ca")),
             health_check_interval_ms=check_ms, max_connections=2000,
         )
-        env = dict(MODAL)
-        for t, k in KEYS.items():
-            for ep in ("assist", "autocomplete", "guard"):
-                env[env_name(ep, f"{t}-api-key")] = k
-        for t, s in SALTS.items():
-            env[env_name("assist", f"{t}-cache-salt")] = s
+        env = secret_env()
         self.cfg = rendered.files["haproxy.cfg"]
         self.proc = HaproxyProcess(rendered, workdir, env, list(ports.values()))
 
