@@ -45,18 +45,36 @@ def test_morning_cold_start_serverless_scale_to_zero_pays_one_container_start(pl
     assert r.values["cost (window)"][1] > r.values["cost (window)"][0]  # the warm container is not free
 
 
-@pytest.mark.xfail(strict=False, reason="known gap since the spike drill runs the gateway's admission control: guard's "
-                   "0.19 s bounded wait caps the queue near 1.4-2.8 waiting per replica (the trigger counts the "
-                   "gateway's queue), under the KEDA target of 3 for a whole 30 s stabilization window, so no replica "
-                   "is added (a target of 1 adds 6); the queue target and the admission wait must be planned together")
-def test_spike_on_a_dedicated_endpoint_queues_then_the_autoscaler_adds_replicas(planned_stacks):
+def test_spike_on_a_dedicated_endpoint_sheds_keeps_admitted_requests_in_slo_and_adds_replicas(planned_stacks):
+    """prod guard (dedicated only, 14 replicas at Mon 09:00) at 3× for 10 min: beyond the floor the gateway sheds
+    (429 after its bounded wait), every admitted request's replica is held at the admission cap where the
+    inter-token SLO holds, and the bounded queue still reaches the KEDA target, so replicas are added. Before
+    the target was planned with the admission wait (target 3 against a saturated queue of about 2 per replica)
+    no replica was ever added, and replicas at their full 13 sequences missed the 50 ms ITL: 86% admitted."""
     inputs, spec = planned_stacks["prod"]
     r = spike(inputs, spec, "guard", factor=3.0, minutes=10.0)
     assert r.shows_effect, r.finding
-    base, hit = r.values["goodput (window)"]
-    assert hit < base
+    base, hit = r.values["admitted goodput (window)"]
+    assert hit >= 0.99 and base >= 0.99
+    # the bar holds in every minute of the spike, the ones before any added replica is ready included
+    assert r.values["admitted goodput, worst spike minute"][1] >= 0.99
+    shed = r.values["shed with 429 (window)"][1]
+    assert 0 < shed < 0.2 and f"{shed:.2%} shed" in r.finding
+    assert r.values["goodput (window)"][1] < hit  # the shed requests are the ones that miss
     assert r.values["queue peak (floor/burst)"][1] > r.values["queue peak (floor/burst)"][0]
     assert r.values["pod / node cold starts"][1] > r.values["pod / node cold starts"][0]
+
+
+def test_spike_drill_at_the_planned_spike_keeps_admitted_goodput_on_floor_plus_burst(planned_stacks):
+    """prod assist at its planned spike (traffic.spike_factor 3 for spike_minutes 10): admitted goodput over the
+    drill's window ≥ 99% with the shed share stated. Its first spike minute is below that: requests admitted to
+    burst containers finishing their 25 s restore start together and queue for prefill (see the finding)."""
+    inputs, spec = planned_stacks["prod"]
+    t = next(e for e in inputs.endpoints if e.name == "assist").traffic
+    r = spike(inputs, spec, "assist", factor=t.spike_factor, minutes=t.spike_minutes)
+    assert r.values["admitted goodput (window)"][1] >= 0.99
+    shed = r.values["shed with 429 (window)"][1]
+    assert 0 < shed and f"{shed:.2%} shed" in r.finding
 
 
 def test_spike_on_floor_plus_burst_is_carried_by_burst_containers(planned_stacks):

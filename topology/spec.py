@@ -124,7 +124,8 @@ class FloorSchedule(_Spec):
 
 class AutoscalingSpec(_Spec):
     metric: Literal["vllm:num_requests_waiting"] = "vllm:num_requests_waiting"
-    target_waiting_per_replica: float = Field(description="KEDA AverageValue target of requests waiting per replica.")
+    target_waiting_per_replica: float = Field(description="KEDA AverageValue target of requests waiting per replica "
+                                              "(from the admission wait: a saturated replica's bounded queue must reach it).")
     min_replicas: int
     max_replicas: int = Field(description="Hard cap: nothing scales without one.")
     polling_interval_s: int
@@ -459,13 +460,15 @@ class GatewaySpec(_Spec):
         default=None,
         description="Admission control: longest a request may wait at the gateway for a sequence slot (floor: "
         "per-server maxconn = admission_inflight_per_floor_replica; burst: admission_burst_inflight in flight); "
-        "past it the gateway answers 429 with Retry-After. = the TTFT budget − prefill of a p99 prompt − one decode "
-        "step, so an admitted request can still meet its TTFT SLO. None: no admission control (managed API).",
+        "past it the gateway answers 429 with Retry-After. = the TTFT budget − prefill of a p99 prompt − the first "
+        "token's gap at the admission cap, so an admitted request can still meet its TTFT SLO. None: no admission "
+        "control (managed API).",
     )
     admission_inflight_per_floor_replica: int = Field(
         default=0,
-        description="Requests a floor replica holds at once (its max_num_seqs slots): the gateway's per-server "
-        "maxconn; beyond it (and beyond the burst's limit) requests wait in the gateway queue.",
+        description="Requests a floor replica holds at once (the gateway's per-server maxconn): the largest batch "
+        "whose token gap meets the inter-token SLO with the neighbours' mean prompt at its p99, at most max_num_seqs; "
+        "beyond it (and beyond the burst's limit) requests wait in the gateway queue.",
     )
     admission_burst_inflight: int = Field(
         default=0,

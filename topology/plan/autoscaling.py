@@ -11,6 +11,7 @@ import numpy as np
 from ..inputs import EndpointInputs
 from ..spec import AutoscalingSpec, BurstSpec, Derivation, FloorSchedule, HerdSpec
 from .demand import Demand
+from .limits import admission
 from .placement import Placement
 from .section import Section
 
@@ -27,8 +28,7 @@ def autoscaling_section(
     required_headroom = (ramp_rps_per_min / 60.0 * warm) / peak if peak > 0 else 0.0
     step = max(1, min(herd.step_replicas, math.ceil(ramp_rps_per_min / 60.0 * warm / ded_pl.planning_rps) + 1))
     max_rep = min(ep.max_dedicated_replicas, max(floor.replicas_by_hour) + herd.step_replicas)
-    wait_budget = slo.ttft_p99_ms / 1000.0 - s.input_tokens_p99 * (1 - h) / ded_pl.prefill_tokens_per_s
-    target = max(1.0, math.floor(ded_pl.saturated_rps * max(wait_budget, 0.0) * 0.5))
+    target, target_formula = queue_target(ep, ded_pl)
     autoscaling = AutoscalingSpec(
         target_waiting_per_replica=target, min_replicas=floor.base_replicas, max_replicas=max_rep, polling_interval_s=15,
         scale_up_pods_per_period=step, scale_up_period_s=60,
@@ -40,8 +40,7 @@ def autoscaling_section(
     )
     derivs = (
         Derivation(
-            figure="target_waiting_per_replica", value=target, unit="requests",
-            formula=f"max(1, ⌊saturated {ded_pl.saturated_rps:.3f} req/s × TTFT wait budget {max(wait_budget, 0):.3f} s × 0.5⌋)",
+            figure="target_waiting_per_replica", value=target, unit="requests", formula=target_formula,
             inputs=("slo.ttft_p99_ms", "shape.input_tokens_p99", "engine.prefill_tokens_per_s"),
         ),
         Derivation(
@@ -62,6 +61,26 @@ def autoscaling_section(
             f"({warm:g} s) but the plan keeps {ep.headroom_fraction:.0%}: queue builds until new replicas are ready",
         )
     return Section(autoscaling, derivs, warnings)
+
+
+def queue_target(ep: EndpointInputs, ded_pl: Placement) -> tuple[float, str]:
+    """Requests waiting per replica the queue trigger aims at, planned with the gateway's admission control.
+
+    Every floor endpoint runs it (gateway.admission_*): a request that cannot start within the bounded wait w
+    gets 429, so it never joins the queue the trigger counts (the gateway's floor queue + vLLM's waiting).
+    Little's law bounds that queue: waiting = admitted rate × mean wait ≤ μ × w, with μ what a replica held at
+    the admission cap serves. Just past saturation (a spike the floor must grow for) the admitted wait spreads
+    about evenly over [0, w], so a saturated replica averages μ·w/2 waiting, and one poll's reading swings
+    around that. The HPA adds replicas only while every poll in its scale-up stabilization window asks for
+    more (it acts on the lowest), so the target is half that average: ⌊μ·w/4⌋, at least 1. A target above
+    μ·w/2 would almost never fire: the spike would be shed for its whole length and no replica added."""
+    adm = admission(ep, ded_pl, 0.0)
+    mu_w = adm.saturated_rps * adm.queue_timeout_s
+    target = float(max(1, math.floor(mu_w / 4)))
+    return target, (f"max(1, ⌊μ {adm.saturated_rps:.3f} req/s (a replica at the admission cap of "
+                    f"{adm.inflight_per_replica}) × bounded wait {adm.queue_timeout_s:g} s / 4⌋): the queue at "
+                    f"saturation averages μ·w/2 = {mu_w / 2:.2f} (Little's law, waits spread over [0, w]); "
+                    f"the target is half that so every poll of the stabilization window clears it")
 
 
 def with_burst_backlog(autoscaling: AutoscalingSpec, burst: BurstSpec) -> Section[AutoscalingSpec]:

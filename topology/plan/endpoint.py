@@ -105,10 +105,10 @@ def build_endpoint_spec(
         warnings.extend(ro.warnings)
         rollout, engine = ro.spec, ro.served_engine
         gateway = gateway.model_copy(update={"canary": ro.canary, "shadow": ro.shadow})
-    derivs.append(admission(ep, pl, serverless_cold_start_s(ep) if burst is not None else 0.0).derivation)
+    derivs.extend(admission(ep, pl, serverless_cold_start_s(ep) if burst is not None else 0.0).derivations)
     if ded_pl is not None:
         kv = kv_at_p99_prompt(ep, ded_pl, gateway.overflow_inflight_per_replica if burst is not None
-                              else ded_pl.usable_concurrency)
+                              else gateway.admission_inflight_per_floor_replica)
         derivs.append(kv.derivation)
         if kv.warning:
             warnings.append(kv.warning)

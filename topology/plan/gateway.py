@@ -29,15 +29,17 @@ def gateway_spec(ep: EndpointInputs, pl: Placement, burst: BurstSpec | None) -> 
         for t in ep.tenants
     )
     adm = admission(ep, pl, cold if burst is not None else 0.0)
+    # past the admission cap a replica queues in HAProxy: the overflow to burst must come first
+    overflow = min(adm.inflight_per_replica, max(1, math.floor(pl.usable_concurrency * pl.planning_utilisation)))
     return GatewaySpec(
-        overflow_inflight_per_replica=max(1, math.floor(pl.usable_concurrency * pl.planning_utilisation)),
+        overflow_inflight_per_replica=overflow,
         first_byte_timeout_s=first_byte, max_request_s=longest_request_s(ep, pl), inter_chunk_timeout_s=inter_chunk,
         sse_heartbeat_s=heartbeat_interval_s(),
         max_request_body_bytes=s.product_max_context_tokens * OVERHEAD_BYTES_PER_TOKEN + BODY_SLACK_BYTES,
         max_tokens=s.max_tokens, retry_budget_fraction=RETRY_BUDGET_FRACTION, max_retries=1,
         sticky_hash_header="X-Session-Id", cache_isolation="cache_salt" if multi else "single_tenant",
         tenants=tenants, canary=None,  # canary and shadow: set by the rollout section
-        admission_queue_timeout_s=adm.queue_timeout_s, admission_inflight_per_floor_replica=pl.usable_concurrency,
+        admission_queue_timeout_s=adm.queue_timeout_s, admission_inflight_per_floor_replica=adm.inflight_per_replica,
         admission_burst_inflight=burst.max_containers * burst.max_inputs if burst is not None else 0,
         retry_after_s=adm.retry_after_s,
     )

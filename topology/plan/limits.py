@@ -96,31 +96,94 @@ def spike_headroom(ep: EndpointInputs, peak_rps: np.ndarray, floor_rps: np.ndarr
     return SpikeHeadroom(containers, usd, d)
 
 
+Z_P99 = 2.3263  # standard normal quantile at 0.99
+
+
+def lognormal_sigma(mean: float, p99: float) -> float:
+    """σ of the lognormal with this mean and 99th percentile (the narrower of the two solutions): the shape
+    gives only those two figures for its token counts."""
+    r = math.log(p99 / mean)  # = zσ − σ²/2
+    disc = Z_P99 * Z_P99 - 2 * r
+    return Z_P99 - math.sqrt(disc) if disc > 0 else Z_P99
+
+
+def p99_mean_prompt_factor(mean: float, p99: float, n: int) -> float:
+    """The p99 of the mean of n prompts over the mean prompt, prompts lognormal (mean, p99): Fenton–Wilkinson,
+    the mean of n independent lognormals taken as a lognormal with the same mean and variance,
+    σ_n² = ln(1 + (e^σ² − 1)/n). 1 for n = 0 (no neighbours)."""
+    if n <= 0 or p99 <= mean:
+        return 1.0
+    s2 = math.log1p(math.expm1(lognormal_sigma(mean, p99) ** 2) / n)
+    return math.exp(-s2 / 2 + Z_P99 * math.sqrt(s2))
+
+
+def token_gap_s(ep: EndpointInputs, pl: Placement, batch: int, prompt_factor: float = 1.0) -> float:
+    """A sequence's token gap at this batch: the decode step t_min + b·k plus the b − 1 neighbours' prefill
+    amortised over their output, their prompts at `prompt_factor` × the mean (placement's gap(b) at 1)."""
+    s = ep.shape
+    prefill_per_token = s.input_tokens_mean * (1 - ep.prefix_cache_hit_fraction) / pl.prefill_tokens_per_s \
+        / s.output_tokens_mean
+    return pl.decode_step_floor_s + batch * pl.decode_step_s_per_sequence + (batch - 1) * prefill_per_token * prompt_factor
+
+
+def saturated_rps_at(ep: EndpointInputs, pl: Placement, batch: int) -> float:
+    """Requests/s one replica serves held at `batch` sequences: 1 / (mean prefill + ō × t(b) / b), the
+    placement's saturated rate at its own batch."""
+    s = ep.shape
+    prefill_s = s.input_tokens_mean * (1 - ep.prefix_cache_hit_fraction) / pl.prefill_tokens_per_s
+    step_s = pl.decode_step_floor_s + batch * pl.decode_step_s_per_sequence
+    return 1.0 / (prefill_s + s.output_tokens_mean * step_s / batch)
+
+
 @dataclass(frozen=True)
 class Admission:
     queue_timeout_s: float
     retry_after_s: int
-    derivation: Derivation
+    inflight_per_replica: int  # sequences the gateway lets one floor replica hold (HAProxy per-server maxconn)
+    saturated_rps: float  # what one replica held there serves: the rate its bounded queue drains at
+    derivations: tuple[Derivation, ...]
 
 
 def admission(ep: EndpointInputs, pl: Placement, cold_start_s: float) -> Admission:
-    """The gateway's bounded wait: what is left of the TTFT budget after a p99 prompt's prefill and one decode
-    step at full batch (a request admitted later could not meet its TTFT SLO anyway). Retry-After: the burst's
-    cold start (capacity added now serves then), at least 1 s."""
+    """The gateway's admission control, so that an admitted request keeps both SLOs while every replica is full.
+
+    In flight per replica: placement sizes the batch (max_num_seqs) for the inter-token SLO at the *mean*
+    prompt, which is the batch the planned utilisation rarely reaches; under a spike every replica sits there,
+    and whenever its neighbours' prompts run above the mean the gap passes the SLO. The gateway holds each
+    replica at the largest batch whose gap meets the SLO with the neighbours' mean prompt at its p99
+    (p99_mean_prompt_factor), never above max_num_seqs. The bounded wait: what is left of the TTFT budget after
+    a p99 prompt's prefill and the first token's gap at that batch (a request admitted later could not meet
+    its TTFT SLO anyway). Retry-After: the burst's cold start (capacity added now serves then), at least 1 s."""
     s = ep.shape
     ttft_s = ep.slo.ttft_p99_ms / 1000.0
+    itl_s = ep.slo.inter_token_p99_ms / 1000.0
+    cap = 1
+    for b in range(pl.usable_concurrency, 0, -1):
+        if token_gap_s(ep, pl, b, p99_mean_prompt_factor(s.input_tokens_mean, s.input_tokens_p99, b - 1)) <= itl_s:
+            cap = b
+            break
+    factor = p99_mean_prompt_factor(s.input_tokens_mean, s.input_tokens_p99, cap - 1)
+    gap_s = token_gap_s(ep, pl, cap, factor)
     prefill_s = s.input_tokens_p99 * (1 - ep.prefix_cache_hit_fraction) / pl.prefill_tokens_per_s
-    step_s = pl.usable_concurrency / pl.decode_tokens_per_s
-    wait = max(0.0, ttft_s - prefill_s - step_s)
+    wait = max(0.0, ttft_s - prefill_s - gap_s)
     retry = max(1, math.ceil(cold_start_s))
-    d = Derivation(
+    rps = saturated_rps_at(ep, pl, cap)
+    d_cap = Derivation(
+        figure="admission_inflight_per_floor_replica", value=float(cap), unit="sequences",
+        formula=f"largest b ≤ max_num_seqs {pl.usable_concurrency} with t_min {pl.decode_step_floor_s * 1000:.2f} ms + "
+        f"b × {pl.decode_step_s_per_sequence * 1000:.3f} ms + (b − 1) neighbours' prefill at the p99 of their mean "
+        f"prompt (×{factor:.2f} the mean for b = {cap}) = {gap_s * 1000:.1f} ms ≤ {itl_s * 1000:g} ms ITL SLO → {cap}; "
+        f"held there a replica serves {rps:.3f} req/s",
+        inputs=("slo.inter_token_p99_ms", "shape.input_tokens_mean", "shape.input_tokens_p99", "engine.decode_tokens_per_s"),
+    )
+    d_wait = Derivation(
         figure="admission_queue_timeout_s", value=round(wait, 3), unit="s",
         formula=f"{ttft_s:g} s TTFT − {s.input_tokens_p99:g} × (1 − {ep.prefix_cache_hit_fraction:g}) / "
-        f"{pl.prefill_tokens_per_s:g} tok/s prefill − {pl.usable_concurrency} / {pl.decode_tokens_per_s:g} s step "
+        f"{pl.prefill_tokens_per_s:g} tok/s prefill − {gap_s * 1000:.1f} ms first-token gap at {cap} in flight "
         f"= {wait:.3f} s; then 429, Retry-After {retry} s",
         inputs=("slo.ttft_p99_ms", "shape.input_tokens_p99", "prefix_cache_hit_fraction"),
     )
-    return Admission(round(wait, 3), retry, d)
+    return Admission(round(wait, 3), retry, cap, rps, (d_cap, d_wait))
 
 
 @dataclass(frozen=True)

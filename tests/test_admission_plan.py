@@ -1,0 +1,72 @@
+"""The gateway's admission control and the queue trigger, planned together (#10 item 5): the in-flight cap that keeps
+the inter-token SLO at full load, the bounded wait, and a KEDA target the bounded queue can reach."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulator.traffic import lognormal_params
+from topology.plan.limits import p99_mean_prompt_factor
+
+
+def test_guard_admission_and_queue_target_hand_worked(planned_stacks):
+    """prod guard, a 1g.10gb MIG replica. Decode line: t_min = 7.164 ms, k = 0.620 ms per sequence; the
+    neighbours' prefill per token gap at the mean prompt: 700 × (1 − 0.6) / 12,500 tok/s / 8 tokens = 2.80 ms.
+    Prompts lognormal (mean 700, p99 3,000): σ = 0.7445, e^σ² − 1 = 0.7408. The mean of 6 neighbours:
+    σ₆² = ln(1 + 0.7408/6) = 0.1164, p99 factor exp(−0.0582 + 2.3263 × 0.3412) = 2.086 → gap(7) = 7.164 + 7 ×
+    0.620 + 6 × 2.80 × 2.086 = 46.5 ms ≤ 50 ms; of 7: σ₇² = 0.1006, factor 1.989 → gap(8) = 7.164 + 4.960 +
+    7 × 2.80 × 1.989 = 51.1 ms > 50 ms. Cap 7 (max_num_seqs 13, the gap at the *mean* prompt). Bounded wait:
+    0.300 − 3,000 × 0.4 / 12,500 − 0.0465 = 0.157 s. At 7 in flight a replica serves 1 / (0.0224 + 8 × (7.164
+    + 4.340) ms / 7) = 28.13 req/s. Little's law: waiting = admitted rate × mean wait ≤ 28.13 × 0.157 = 4.4
+    per replica; just past saturation the waits spread over [0, 0.157] s, a mean of 2.2 waiting: target
+    ⌊4.4 / 4⌋ = 1."""
+    _, spec = planned_stacks["prod"]
+    ep = spec.endpoint("guard")
+    assert ep.capacity.usable_concurrency == 13
+    assert ep.gateway.admission_inflight_per_floor_replica == 7
+    assert ep.gateway.admission_queue_timeout_s == pytest.approx(0.157, abs=0.001)
+    assert ep.autoscaling.target_waiting_per_replica == 1
+    # the gateway's pick never sends a replica past its maxconn: overflow (none here: dedicated) ≤ the cap
+    assert ep.gateway.overflow_inflight_per_replica <= 7
+
+
+def test_assist_keeps_its_full_batch_under_admission(planned_stacks):
+    """prod assist: gap(64) with 63 neighbours at their p99 mean prompt (σ = 0.7758, σ₆₃² = ln(1 + 0.8255/63)
+    = 0.0130, factor 1.295): 10.85 + 64 × 0.967 + 63 × 0.125 × 1.295 = 83.0 ms ≤ 100 ms: the cap stays at 64.
+    Bounded wait 2.5 − 9,000 × 0.7 / 28,000 − 0.083 = 2.192 s; μ = 1.982 req/s → μ·w/4 = 1.09 → target 1."""
+    _, spec = planned_stacks["prod"]
+    ep = spec.endpoint("assist")
+    assert ep.gateway.admission_inflight_per_floor_replica == 64
+    assert ep.gateway.admission_queue_timeout_s == pytest.approx(2.192, abs=0.001)
+    assert ep.autoscaling.target_waiting_per_replica == 1
+
+
+@pytest.mark.parametrize("mean,p99,n", [(700, 3000, 6), (700, 3000, 12), (2000, 9000, 63), (2000, 9000, 1)])
+def test_p99_of_the_neighbours_mean_prompt_matches_sampling(mean, p99, n):
+    """Fenton–Wilkinson's factor against the p99 of the mean of n prompts drawn as the simulator draws them
+    (simulator/traffic.py's lognormal fit), 200,000 batches: within 4%."""
+    mu, sigma = lognormal_params(mean, p99)
+    rng = np.random.default_rng(7)
+    means = rng.lognormal(mu, sigma, size=(200_000, n)).mean(axis=1)
+    sampled = float(np.quantile(means, 0.99)) / mean
+    assert p99_mean_prompt_factor(mean, p99, n) == pytest.approx(sampled, rel=0.04)
+
+
+def test_queue_target_is_reachable_by_a_saturated_replicas_bounded_queue(stack):
+    """Little's law under admission: waiting per replica = admitted rate × mean wait, the wait ≤ the bounded wait
+    w, the rate ≤ μ, what a replica held at the admission cap b serves: b sequences, each taking its prefill plus
+    ō token gaps of t_min + b·k + (b − 1)·p̄/ō (the simulator's replica). Just past saturation the waits spread
+    over [0, w]: about μ·w/2 waiting. A target above that never fires (the old guard target 3 against 2.97):
+    every floor endpoint's target is at most half of it, or 1 (a single waiting request per replica)."""
+    _, inputs, spec = stack
+    for ep in spec.endpoints:
+        if ep.autoscaling is None:
+            continue
+        s = next(e for e in inputs.endpoints if e.name == ep.name).shape
+        c, b = ep.capacity, ep.gateway.admission_inflight_per_floor_replica
+        prefill_s = s.input_tokens_mean * (1 - ep.planned_prefix_cache_hit_fraction) / c.prefill_tokens_per_s
+        gap_s = c.decode_step_floor_s + b * c.decode_step_s_per_sequence + (b - 1) * prefill_s / s.output_tokens_mean
+        mu = b / (prefill_s + s.output_tokens_mean * gap_s)
+        mean_queue = mu * ep.gateway.admission_queue_timeout_s / 2
+        assert ep.autoscaling.target_waiting_per_replica <= max(1.0, mean_queue / 2), ep.name
