@@ -124,7 +124,7 @@ def live(planned_stacks, tmp_path):
         other = spec.endpoint("autocomplete").engine.served_model_name
         guard = spec.endpoint("guard").engine.served_model_name
         engines = {  # pod: (engine, target labels the PodMonitor would add)
-            # guard's engines never queue: the gateway holds them at max_num_seqs
+            # guard's engines never queue: the gateway holds them at the admission cap (≤ max_num_seqs)
             "guard-vllm-0": (FakeEngine(guard, 0), {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
             "assist-vllm-0": (FakeEngine(served, 3), {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
             "assist-vllm-1": (FakeEngine(served, 5), {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
@@ -152,8 +152,9 @@ def test_queue_trigger_returns_the_stable_floors_waiting_requests(live):
     assert trigger["metricType"] == "AverageValue"
     # 3 + 5 waiting on the two stable pods; the canary's 40, the other model's 100 and staging's 50 are not ours
     assert wait_for_value(prom, query, 8.0) == 8.0
-    # KEDA hands the sum to the HPA, which divides by the threshold (AverageValue): ⌈8 / 2⌉ = 4 replicas
-    assert threshold == 2 and math.ceil(8.0 / threshold) == 4
+    # KEDA hands the sum to the HPA, which divides by the threshold (AverageValue): ⌈8 / 1⌉ = 8 replicas (the
+    # target under admission control: ⌊μ·w/4⌋ = ⌊1.982 × 2.192 / 4⌋ → 1, tests/test_admission_plan.py)
+    assert threshold == 1 and math.ceil(8.0 / threshold) == 8
     # the query follows the gauge as the engine's queue moves
     engine, _ = engines["assist-vllm-0"]
     engine.set(spec.endpoint("assist").engine.served_model_name, 11)
@@ -207,7 +208,7 @@ GATEWAY_QUEUED = 5  # guard requests beyond the floor servers' maxconn: they wai
 
 
 def test_under_admission_control_the_queue_trigger_counts_the_gateways_queue(live):
-    """guard runs admission control: each floor server's maxconn is the engine's max_num_seqs, so vLLM's own
+    """guard runs admission control: each floor server's maxconn is the admission cap (≤ max_num_seqs), so vLLM's own
     waiting gauge reads 0 while requests queue in the gateway. The trigger must count those, or a dedicated
     endpoint under a spike would never scale (it would shed instead)."""
     prom, spec, ups, engines = live["prom"], live["spec"], live["ups"], live["engines"]
