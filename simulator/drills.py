@@ -98,15 +98,16 @@ def _admitted_goodput(res) -> float:
     return float(sum(res.focus_minute_met) / arr) if arr > 0 else 1.0
 
 
-def _worst_admitted_minute(res, a_s: float, b_s: float) -> float:
-    """The lowest admitted goodput of any whole minute of the focus window inside [a_s, b_s): the bar must hold
-    in each minute of a spike, the first ones (before any added capacity is ready) included."""
-    worst = 1.0
+def _worst_admitted_minute(res, a_s: float, b_s: float) -> tuple[float, int]:
+    """The lowest admitted goodput of any whole minute of the focus window inside [a_s, b_s), and which minute
+    (0 = the first): the bar must hold in each minute of a spike, the first ones (before any added capacity is
+    ready) included."""
+    worst, at = 1.0, 0
     for m, (n, met, shed) in enumerate(zip(res.focus_minute_requests, res.focus_minute_met, res.focus_minute_shed)):
         start = res.focus_start_s + m * 60
-        if start >= a_s and start + 60 <= b_s + 1e-9 and n - shed > 0:
-            worst = min(worst, float(met / (n - shed)))
-    return worst
+        if start >= a_s and start + 60 <= b_s + 1e-9 and n - shed > 0 and met / (n - shed) < worst:
+            worst, at = float(met / (n - shed)), int(round((start - a_s) / 60))
+    return worst, at
 
 
 def _shed_share(res) -> float:
@@ -258,7 +259,8 @@ def spike(inputs: CostInputs, spec: TopologySpec, name: str, factor: float = 3.0
     rows.insert(1, ("admitted goodput (window)", _fmt(adm[0], "%"), _fmt(adm[1], "%")))
     rows.insert(2, ("shed with 429 (window)", _fmt(shed[0], "%"), _fmt(shed[1], "%")))
     spike_end = at + minutes * 60
-    worst = (_worst_admitted_minute(ra, at, spike_end), _worst_admitted_minute(rb, at, spike_end))
+    (worst_a, _), (worst_b, worst_minute) = _worst_admitted_minute(ra, at, spike_end), _worst_admitted_minute(rb, at, spike_end)
+    worst = (worst_a, worst_b)
     vals["admitted goodput, worst spike minute"] = worst
     rows.insert(3, ("admitted goodput, worst spike minute", _fmt(worst[0], "%"), _fmt(worst[1], "%")))
     rec = minutes_to_recover(rb, ra, at + minutes * 60)
@@ -288,6 +290,13 @@ def spike(inputs: CostInputs, spec: TopologySpec, name: str, factor: float = 3.0
                f"{int(vals['pod / node cold starts'][1] - vals['pod / node cold starts'][0])} extra replicas"
                f"{by_backlog}; "
                f"goodput back to the baseline's {rec:.1f} min after the spike ended")
+    cold_waits = vals["requests waiting on a cold container"][1] - vals["requests waiting on a cold container"][0]
+    if worst_b < 0.99 and ep.burst is not None and cold_waits > 0:
+        # what bounds the first minutes: burst containers restoring while the excess load arrives
+        finding += (f"; the worst spike minute is minute {worst_minute + 1}, while burst containers restore "
+                    f"({ep.serverless_cold_start_s:g} s): the warm ones run at their full {ep.burst.max_inputs} inputs "
+                    f"and {int(cold_waits):,} admitted requests waited on a starting container, which then starts "
+                    f"them at once (their prefills queue)")
     return DrillResult("spike", name, ("baseline", f"spike {factor:g}× {minutes:g} min"), tuple(rows), vals, finding,
                        shows)
 

@@ -75,6 +75,12 @@ def test_spike_drill_at_the_planned_spike_keeps_admitted_goodput_on_floor_plus_b
     assert r.values["admitted goodput (window)"][1] >= 0.99
     shed = r.values["shed with 429 (window)"][1]
     assert 0 < shed and f"{shed:.2%} shed" in r.finding
+    # a spike minute below the bar is named with what bounds it: the burst restore and the requests it held
+    worst = r.values["admitted goodput, worst spike minute"][1]
+    assert f"worst spike minute {worst:.2%}" in r.finding
+    if worst < 0.99:
+        assert "while burst containers restore" in r.finding
+        assert r.values["requests waiting on a cold container"][1] > r.values["requests waiting on a cold container"][0]
 
 
 def test_spike_on_floor_plus_burst_is_carried_by_burst_containers(planned_stacks):
