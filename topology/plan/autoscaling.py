@@ -20,7 +20,6 @@ def autoscaling_section(
     ep: EndpointInputs, demand: Demand, ded_pl: Placement, floor: FloorSchedule, herd: HerdSpec, warn_headroom: bool,
 ) -> Section[AutoscalingSpec]:
     """`warn_headroom`: the floor alone carries the ramp (dedicated_only), so too little headroom is worth a warning."""
-    s, slo, h = ep.shape, ep.slo, ep.prefix_cache_hit_fraction
     ramp_rps_per_min = float(np.max(np.diff(np.concatenate([demand.peak_rps, demand.peak_rps[:1]])))) / 60.0
     ramp_rps_per_min = max(ramp_rps_per_min, 0.0)
     warm = ep.cold_starts.pod_on_warm_node_s
@@ -41,7 +40,7 @@ def autoscaling_section(
     derivs = (
         Derivation(
             figure="target_waiting_per_replica", value=target, unit="requests", formula=target_formula,
-            inputs=("slo.ttft_p99_ms", "shape.input_tokens_p99", "engine.prefill_tokens_per_s"),
+            inputs=("slo.ttft_p99_ms", "slo.inter_token_p99_ms", "shape.input_tokens_p99", "engine.prefill_tokens_per_s"),
         ),
         Derivation(
             figure="required_headroom_fraction", value=autoscaling.required_headroom_fraction, unit="fraction",
@@ -73,7 +72,9 @@ def queue_target(ep: EndpointInputs, ded_pl: Placement) -> tuple[float, str]:
     about evenly over [0, w], so a saturated replica averages μ·w/2 waiting, and one poll's reading swings
     around that. The HPA adds replicas only while every poll in its scale-up stabilization window asks for
     more (it acts on the lowest), so the target is half that average: ⌊μ·w/4⌋, at least 1. A target above
-    μ·w/2 would almost never fire: the spike would be shed for its whole length and no replica added."""
+    μ·w/2 would almost never fire: the spike would be shed for its whole length and no replica added (prod
+    guard before: target 3 against μ·w/2 = 2.97; its spike drill's polls read 0.1–2.6 waiting per replica).
+    The floor of 1 is a single waiting request per replica: below saturation the queue rarely holds one."""
     adm = admission(ep, ded_pl, 0.0)
     mu_w = adm.saturated_rps * adm.queue_timeout_s
     target = float(max(1, math.floor(mu_w / 4)))
