@@ -282,8 +282,9 @@ def spike(inputs: CostInputs, spec: TopologySpec, name: str, factor: float = 3.0
         vals["queue peak (floor/burst)"][0] or absorbed
     finding = (f"{name}: {factor:g}× for {minutes:g} min at {_how(p)}+10 min: admitted goodput in the window "
                f"{adm[1]:.2%} (worst spike minute {worst[1]:.2%}) with {shed[1]:.2%} shed (429 after the gateway's "
-               f"{ep.gateway.admission_queue_timeout_s:g} s bounded wait, "
-               f"{ep.gateway.admission_inflight_per_floor_replica} in flight per floor replica; burst headroom {ep.burst.max_containers if ep.burst else 0} "
+               f"{ep.gateway.admission_queue_timeout_s:g} s bounded wait"
+               + (f", {ep.gateway.admission_inflight_per_floor_replica} in flight per floor replica" if ep.has_floor else "")
+               + f"; burst headroom {ep.burst.max_containers if ep.burst else 0} "
                f"containers, the spike needs {ep.burst.spike_containers if ep.burst else 0}); goodput of all requests "
                f"{vals['goodput (window)'][1]:.2%} (baseline {vals['goodput (window)'][0]:.2%}), "
                f"{int(vals['container cold starts'][1] - vals['container cold starts'][0])} extra burst containers, "
