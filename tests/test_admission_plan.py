@@ -45,12 +45,13 @@ def test_assist_keeps_its_full_batch_under_admission(planned_stacks):
 @pytest.mark.parametrize("mean,p99,n", [(700, 3000, 6), (700, 3000, 12), (2000, 9000, 63), (2000, 9000, 1)])
 def test_p99_of_the_neighbours_mean_prompt_matches_sampling(mean, p99, n):
     """Fenton–Wilkinson's factor against the p99 of the mean of n prompts drawn as the simulator draws them
-    (simulator/traffic.py's lognormal fit), 200,000 batches: within 4%."""
+    (simulator/traffic.py's lognormal fit), 200,000 batches: within 2% (it reads 1–1.5% low: the sum's upper
+    tail is a little heavier than the lognormal it is matched to)."""
     mu, sigma = lognormal_params(mean, p99)
     rng = np.random.default_rng(7)
     means = rng.lognormal(mu, sigma, size=(200_000, n)).mean(axis=1)
     sampled = float(np.quantile(means, 0.99)) / mean
-    assert p99_mean_prompt_factor(mean, p99, n) == pytest.approx(sampled, rel=0.04)
+    assert p99_mean_prompt_factor(mean, p99, n) == pytest.approx(sampled, rel=0.02)
 
 
 def test_queue_target_is_reachable_by_a_saturated_replicas_bounded_queue(stack):
