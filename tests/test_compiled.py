@@ -225,3 +225,23 @@ def test_latency_histogram_bins_by_hand():
     x = np.array([1.0, 10.0, 2.0, 0.0, math.inf, 1e9])
     assert hist_index(x).tolist() == [1500, 1800, 1590, 0, HIST_BINS - 1, HIST_BINS - 1]
     assert x.tolist() == [1.0, 10.0, 2.0, 0.0, math.inf, 1e9]  # the input is left as it was
+
+
+def test_compiled_histogram_bins_are_the_reference_bins():
+    """The compiled tally bins latencies by edges read off engine.hist_index (no log10 per request): every
+    value lands where hist_index puts it — across eight decades, on each edge and the doubles either side of
+    it, and the special values (no latency, ∞ for a refusal, NaN, below and above the histogram's range)."""
+    from simulator.compiled import hist_bins, hist_tables
+    from simulator.engine import HIST_BINS, hist_index
+
+    tables = hist_tables()
+    assert tables is not None  # this platform's log10 passed the check around every edge
+    edges = tables[0][1:-1]
+    assert len(edges) == HIST_BINS - 1
+    x = np.concatenate([
+        np.random.default_rng(0).lognormal(-2.0, 3.0, 200_000), edges, np.nextafter(edges, 0.0),
+        np.nextafter(edges, np.inf), [0.0, -0.0, -1.0, 1e-13, 1e-12, 1e5, 1e6, np.inf, -np.inf, np.nan, 5e-324]])
+    assert hist_bins(x).tolist() == hist_index(x).tolist()
+    # the hand-worked bins of test_latency_histogram_bins_by_hand
+    assert hist_bins(np.array([1.0, 10.0, 2.0, 0.0, math.inf, 1e9])).tolist() == [1500, 1800, 1590, 0, HIST_BINS - 1,
+                                                                                  HIST_BINS - 1]
