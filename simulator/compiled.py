@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 
 import numpy as np
 
@@ -220,6 +221,7 @@ class Runs:
 _HIST_KEY_SHIFT = 44  # a float64's sign, exponent and top 8 mantissa bits: buckets narrower than a bin (0.4 % < 0.77 %)
 _HIST_CHECK_ULPS = 256  # doubles checked on each side of every edge
 _hist_cache: list = []
+_hist_lock = threading.Lock()  # simulate_week runs endpoints in threads: the tables are built once
 
 
 def hist_tables() -> tuple[np.ndarray, np.ndarray, int] | None:
@@ -235,8 +237,9 @@ def hist_tables() -> tuple[np.ndarray, np.ndarray, int] | None:
     check fail on some platform's log10, this returns None and the tally calls hist_index instead. Also
     returned: a lookup from a double's top bits to the bin of the smallest double with those bits (where the
     kernel's search starts) and the first key. Built once per process (tens of ms)."""
-    if not _hist_cache:
-        _hist_cache.append(_build_hist_tables())
+    with _hist_lock:
+        if not _hist_cache:
+            _hist_cache.append(_build_hist_tables())
     return _hist_cache[0]
 
 

@@ -245,3 +245,15 @@ def test_compiled_histogram_bins_are_the_reference_bins():
     # the hand-worked bins of test_latency_histogram_bins_by_hand
     assert hist_bins(np.array([1.0, 10.0, 2.0, 0.0, math.inf, 1e9])).tolist() == [1500, 1800, 1590, 0, HIST_BINS - 1,
                                                                                   HIST_BINS - 1]
+
+
+def test_endpoints_in_threads_give_the_same_week(planned_stacks):
+    """simulate_week runs the endpoints in threads by default (each has its own random stream and state):
+    the same results as one after the other."""
+    from simulator.simulate import simulate_week
+
+    inputs, spec = planned_stacks["prod"]
+    one = simulate_week(inputs, spec, seed=10, start_h=9.0, end_h=9.2, workers=1)
+    three = simulate_week(inputs, spec, seed=10, start_h=9.0, end_h=9.2, workers=3)
+    assert len(one.endpoints) == 3
+    assert _same(dataclasses.asdict(one), dataclasses.asdict(three))
