@@ -1,13 +1,14 @@
 """Benchmark: a simulated prod week and a week at 3 requests/s, whole processes — not a test.
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_simulate.py [--repeats 3] [--cold] [--reference]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_simulate.py [--repeats 3] [--cold] [--reference] [--workers N]
 
 Each run is a fresh interpreter (`--child`) that loads and plans the stack and simulates the week; the parent
 reports medians over the runs of the whole process (wall and CPU: interpreter start, imports, planning, JIT or
 its cache, the simulation) and of the simulation alone as the child times it (`simulate_week` /
 `simulate_endpoint` and nothing around them). Weeks:
 
-- prod: `python -m topology simulate stacks/Pulumi.prod.yaml`'s week, every endpoint, seed 0 (49.3 M requests);
+- prod: `python -m topology simulate stacks/Pulumi.prod.yaml`'s week, every endpoint, seed 0 (49.3 M requests),
+  its endpoints in threads as `simulate_week` runs them by default (`--workers 1`: one after the other);
 - 3 req/s: the prod `assist` endpoint's hour-of-week shape scaled to a 3 req/s mean (1.8 M requests),
   planned afresh (serverless only at that rate: the burst tier's path).
 
@@ -48,7 +49,7 @@ def three_rps_stack():
     return inputs, plan(inputs)
 
 
-def child(week: str) -> None:
+def child(week: str, workers: int | None) -> None:
     """One run in this process: plan, then time the simulation alone; prints one JSON line."""
     from topology import load_inputs, plan
     from simulator.simulate import simulate_endpoint, simulate_week
@@ -57,7 +58,7 @@ def child(week: str) -> None:
         inputs = load_inputs(ROOT / "stacks" / "Pulumi.prod.yaml")
         spec = plan(inputs)
         w0, c0 = time.perf_counter(), time.process_time()
-        res = simulate_week(inputs, spec, seed=0)
+        res = simulate_week(inputs, spec, seed=0, workers=workers)
         w1, c1 = time.perf_counter(), time.process_time()
         requests = res.wall_requests
         goodput = {e.endpoint: e.goodput for e in res.endpoints}
@@ -71,10 +72,11 @@ def child(week: str) -> None:
     print(json.dumps({"sim_wall_s": w1 - w0, "sim_cpu_s": c1 - c0, "requests": requests, "goodput": goodput}))
 
 
-def run_child(week: str, env: dict[str, str]) -> dict:
+def run_child(week: str, env: dict[str, str], workers: int | None) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--child", week], env=env, cwd=ROOT, capture_output=True,
+    extra = ["--workers", str(workers)] if workers is not None else []
+    proc = subprocess.run([sys.executable, __file__, "--child", week, *extra], env=env, cwd=ROOT, capture_output=True,
                           text=True)
     if proc.returncode:
         raise SystemExit(f"--child {week} failed:\n{proc.stderr}")
@@ -107,29 +109,34 @@ def main() -> int:
     ap.add_argument("--cold", action="store_true", help="also runs from an empty numba cache (JIT compile included)")
     ap.add_argument("--reference", action="store_true", help="also the pure-Python engine, once per week")
     ap.add_argument("--weeks", default="rps3,prod", help="comma-separated: rps3, prod")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="the prod week's endpoints at once (default: simulate_week's, one thread per CPU)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child)
+        child(args.child, args.workers)
         return 0
     base = dict(os.environ, PYTHONPATH=str(ROOT))
     base.pop("SIMULATOR_PURE_PYTHON", None)
-    print(f"load average before: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs", flush=True)
+    print(f"load average before: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs, "
+          f"workers {args.workers or 'default'}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-numba-") as cache:
         warm_env = dict(base, NUMBA_CACHE_DIR=cache)
         weeks = args.weeks.split(",")
         for week in weeks:
             label = "prod week" if week == "prod" else f"week at {MEAN_RPS:g} req/s"
-            run_child(week, warm_env)  # fills the cache
-            report(f"{label}, compiled, warm cache", [run_child(week, warm_env) for _ in range(args.repeats)])
+            run_child(week, warm_env, args.workers)  # fills the cache
+            report(f"{label}, compiled, warm cache",
+                   [run_child(week, warm_env, args.workers) for _ in range(args.repeats)])
             if args.cold:
                 runs = []
                 for _ in range(args.repeats):
                     with tempfile.TemporaryDirectory(prefix="bench-numba-cold-") as fresh:
-                        runs.append(run_child(week, dict(base, NUMBA_CACHE_DIR=fresh)))
+                        runs.append(run_child(week, dict(base, NUMBA_CACHE_DIR=fresh), args.workers))
                 report(f"{label}, compiled, cold cache (JIT compile included)", runs)
             if args.reference:
-                report(f"{label}, pure-Python reference", [run_child(week, dict(base, SIMULATOR_PURE_PYTHON="1"))])
+                report(f"{label}, pure-Python reference",
+                       [run_child(week, dict(base, SIMULATOR_PURE_PYTHON="1"), args.workers)])
     print(f"load average after: {os.getloadavg()[0]:.2f} (1 min)")
     return 0
 

@@ -1,14 +1,16 @@
-"""The simulator's per-request loop compiled with numba: the same model as `EndpointSim.feed`, same results.
+"""The simulator's per-request loop and autoscaler compiled with numba: the model of `EndpointSim`, same results.
 
 `CompiledEndpointSim` keeps every per-replica and per-container column in numpy arrays and serves a chunk of
 arrivals in one compiled kernel (`_serve`): routing (least in flight), admission shedding, the gateway's
 first-byte timeout, slot and prefill queues, the cheap KV check, abandonment, non-streamed rules, the burst
-tier's container pick and the completion heap. The kernel hands control back to the Python engine for what is
-rare or stateful — an autoscaler tick, a replica finishing its cold start, a burst container launch, the exact
-KV fit (`engine.kv_fit`, called unchanged), a managed-API request (it draws from the shared random stream),
-and growing an array — then resumes at the same request. Before it returns for a request it has changed
-nothing, so resuming repeats the request's first steps on unchanged state. `EndpointSim` stays the pure-Python
-reference; tests/test_compiled.py checks the two agree exactly.
+tier's container pick and launches, the completion heap, and every autoscaler poll that falls due (`_tick`:
+KEDA's queue and burst-backlog triggers, the HPA's stabilization windows and capped steps, pod and node cold
+starts, node scale-down, the floor's and the burst's clock schedules, idle containers stopping). The kernel
+hands control back to the Python engine for what is rare — a rollout's polls (drills), the exact KV fit
+(`engine.kv_fit`, called unchanged), a managed-API request (it draws from the shared random stream), and
+growing an array — then resumes at the same request. Before it returns for a request it has changed nothing
+(a poll checks for room before it starts), so resuming repeats the request's first steps on unchanged state.
+`EndpointSim` stays the pure-Python reference; tests/test_compiled.py checks the two agree exactly.
 
 Why numba: it installs from PyPI wheels (numba, and llvmlite with LLVM statically linked, per llvmlite's
 installation guide; numba 0.68.1 / llvmlite 0.50.0 installed here by pip as wheels for CPython 3.11) with no
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 
 import numpy as np
 
@@ -40,12 +43,39 @@ if (FLOOR, BURST, API, REJECTED, BAD, TOO_LONG, SHED, TIMED_OUT) != (
     raise ImportError("simulator/compiled.py's request flags differ from simulator/engine.py's: update them")
 
 # why the kernel returned
-_DONE, _TICK, _READY, _LAUNCH, _KV_FLOOR, _KV_BURST, _API, _GROW_DONE, _GROW_FRUNS, _GROW_CRUNS = range(10)
+(_DONE, _TICK, _KV_FLOOR, _KV_BURST, _API, _GROW_DONE, _GROW_FRUNS, _GROW_CRUNS, _GROW_FLOOR, _GROW_BURST,
+ _GROW_HPA, _GROW_EVENTS) = range(12)
 _NS_RULES = {None: 0, "fits": 0, "floor_only": 1, "require_streaming": 2, "cap_max_tokens": 3}
-# stats slots (float64: integer counts stay exact below 2**53)
-(_S_WAIT, _S_NFLOOR, _S_SHED, _S_TIMED_OUT, _S_413, _S_400, _S_BINF, _S_COLD_WAITS, _S_BWPEAK, _S_ABANDONED,
- _S_WASTED, _S_NS_BURST, _S_NS_CAPPED, _S_NS_REFUSED, _S_NS_REDIRECTED) = range(15)
-_N_STATS = 15
+# per-feed stats slots (float64: integer counts stay exact below 2**53)
+(_S_WAIT, _S_NFLOOR, _S_SHED, _S_TIMED_OUT, _S_413, _S_400, _S_COLD_WAITS, _S_ABANDONED,
+ _S_WASTED, _S_NS_BURST, _S_NS_CAPPED, _S_NS_REFUSED, _S_NS_REDIRECTED) = range(13)
+_N_STATS = 13
+# the engine's scalar state while a kernel runs (EndpointSim's attributes of these names, copied in and out;
+# float64 holds the integer ones exactly); node_surplus_since None is NaN
+_STATE = ("next_ready", "nodes_up", "node_surplus_since", "od_node_s", "res_node_s", "pod_starts", "node_starts",
+          "backlog_polls", "backlog_replicas_added", "backlog_peak", "waiting_peak_total", "last_tick",
+          "burst_inflight", "burst_waiting_peak", "container_usd_s", "container_s_total", "container_launches",
+          "bad_revision")
+(_V_NEXT_READY, _V_NODES_UP, _V_SURPLUS_SINCE, _V_OD_NODE_S, _V_RES_NODE_S, _V_POD_STARTS, _V_NODE_STARTS,
+ _V_BACKLOG_POLLS, _V_BACKLOG_ADDED, _V_BACKLOG_PEAK, _V_WAITING_PEAK, _V_LAST_TICK, _V_BINF, _V_BWPEAK,
+ _V_CONTAINER_USD_S, _V_CONTAINER_S, _V_LAUNCHES, _V_BAD, _V_NEXT_TICK) = range(19)
+_N_STATE = 19
+_STATE_FLOAT = {"next_ready", "node_surplus_since", "od_node_s", "res_node_s", "last_tick", "container_usd_s",
+                "container_s_total"}
+# counts: floor replica ids, gateway pool, burst container ids, live containers, completions in the heap, and
+# the autoscaler's two windows (the HPA's desired-replica history and its scale events: [start, end) rows)
+_C_NF, _C_NROUT, _C_NC, _C_NLIVE, _C_DN, _C_HPA0, _C_HPA1, _C_EV0, _C_EV1 = range(9)
+_N_COUNTS = 9
+# parameters (one float64 array per engine)
+(_P_HAS_FLOOR, _P_HAS_BURST, _P_IS_API, _P_OVERFLOW, _P_SHED_AFTER, _P_FIRST_BYTE, _P_KVS, _P_C, _P_INV_P,
+ _P_GPUS, _P_T_MIN, _P_K, _P_INTERF, _P_PER_TOK, _P_DYN, _P_KCAP, _P_NS_RULE, _P_NS_MAX_TOKENS, _P_WEB_CAP,
+ _P_AB_PROPAGATE, _P_B_MAX_CONTAINERS, _P_B_TARGET, _P_B_BUFFER, _P_B_MAX_INPUTS, _P_B_SLOTS, _P_B_T_MIN, _P_B_K,
+ _P_B_A0, _P_B_A1, _P_B_PER_TOK, _P_B_DYN, _P_B_INV_P, _P_B_KVCAP, _P_B_GPUS, _P_ONE_MINUS_HIT,
+ _P_START_S, _P_END_S, _P_TICK_S, _P_PY_TICK, _P_FIXED, _P_HAS_AUTOSCALER, _P_MAX_REPLICAS, _P_TARGET_WAITING,
+ _P_MIN_REPLICAS, _P_THRESHOLD, _P_UP_W, _P_DOWN_W, _P_UP_STEP, _P_UP_PERIOD, _P_DOWN_STEP, _P_DOWN_PERIOD,
+ _P_RESERVED_NODES, _P_RPN, _P_POD_COLD, _P_NODE_COLD, _P_NODE_SCALE_DOWN, _P_MAX_ADD, _P_B_COLD, _P_B_USD_S,
+ _P_B_WINDOW, _P_MINUTES_PER_WEEK) = range(61)
+_N_PARAMS = 61
 
 DISABLE_ENV = "SIMULATOR_PURE_PYTHON"  # set to 1: every run uses the pure-Python reference engine
 
@@ -97,6 +127,10 @@ class Column:
         self.a[self.n] = v
         self.n += 1
 
+    def resize(self, cap: int) -> None:
+        if cap > len(self.a):
+            self.a = np.concatenate([self.a, np.zeros(cap - len(self.a), dtype=self.a.dtype)])
+
     def remove(self, v) -> None:
         idx = np.flatnonzero(self.a[: self.n] == v)
         if not idx.size:
@@ -131,6 +165,10 @@ class Rows:
             self.a = np.concatenate([self.a, np.zeros_like(self.a)])
         self.a[self.n] = row
         self.n += 1
+
+    def resize(self, cap: int) -> None:
+        if cap > len(self.a):
+            self.a = np.concatenate([self.a, np.zeros((cap - len(self.a), self.a.shape[1]))])
 
 
 class Runs:
@@ -167,8 +205,65 @@ class Runs:
         self.count[self.n] = 0
         self.n += 1
 
+    def resize(self, cap: int) -> None:
+        if cap > len(self.a):
+            self.a = np.concatenate([self.a, np.zeros((cap - len(self.a),) + self.a.shape[1:])])
+            self.count = np.concatenate([self.count, np.zeros(cap - len(self.count), dtype=np.int64)])
+
     def deepen(self) -> None:
         self.a = np.concatenate([self.a, np.zeros_like(self.a)], axis=1)
+
+
+# --------------------------------------------------------------------------------------------------
+# the latency histogram's bins without a logarithm per request
+# --------------------------------------------------------------------------------------------------
+
+_HIST_KEY_SHIFT = 44  # a float64's sign, exponent and top 8 mantissa bits: buckets narrower than a bin (0.4 % < 0.77 %)
+_HIST_CHECK_ULPS = 256  # doubles checked on each side of every edge
+_hist_cache: list = []
+_hist_lock = threading.Lock()  # simulate_week runs endpoints in threads: the tables are built once
+
+
+def hist_tables() -> tuple[np.ndarray, np.ndarray, int] | None:
+    """Bin edges read off `engine.hist_index` itself, so the compiled tally bins exactly as the reference does
+    without a log10 per request (which was most of the tally's time).
+
+    Edge k (1 ≤ k < HIST_BINS) is the smallest double that engine.hist_index puts in bin k or above, found by
+    bisection on the doubles' bit patterns; a value's bin is then the number of edges ≤ it. That equals
+    hist_index wherever hist_index never decreases as its input grows, which can fail only where log10's
+    rounding error straddles a bin edge: every double within _HIST_CHECK_ULPS of each edge is checked to sit
+    in the bin the edge says (≥ 3e-14 relative: wider than the band a log10 error of up to 7 ulps could
+    misplace; numpy's accuracy tests hold its SIMD float64 functions to 2 ulps, numpy PR #31333). Should that
+    check fail on some platform's log10, this returns None and the tally calls hist_index instead. Also
+    returned: a lookup from a double's top bits to the bin of the smallest double with those bits (where the
+    kernel's search starts) and the first key. Built once per process (tens of ms)."""
+    with _hist_lock:
+        if not _hist_cache:
+            _hist_cache.append(_build_hist_tables())
+    return _hist_cache[0]
+
+
+def _build_hist_tables() -> tuple[np.ndarray, np.ndarray, int] | None:
+    nb = _eng.HIST_BINS
+    k = np.arange(1, nb, dtype=np.int64)
+    guess = (10.0 ** (_eng.HIST_LO + k / _eng.HIST_PER_DECADE)).view(np.int64)
+    lo, hi = guess - (1 << 20), guess + (1 << 20)
+    if not ((_eng.hist_index(lo.view(np.float64)) < k).all() and (_eng.hist_index(hi.view(np.float64)) >= k).all()):
+        return None
+    while (hi - lo > 1).any():  # invariant: hist_index(lo) < k ≤ hist_index(hi)
+        mid = lo + (hi - lo) // 2
+        up = _eng.hist_index(mid.view(np.float64)) >= k
+        hi, lo = np.where(up, mid, hi), np.where(up, lo, mid)
+    off = np.arange(-_HIST_CHECK_ULPS, _HIST_CHECK_ULPS + 1)
+    near = _eng.hist_index((hi[:, None] + off[None, :]).view(np.float64).ravel()).reshape(len(k), len(off))
+    if not (near == np.where(off < 0, k[:, None] - 1, k[:, None])).all():
+        return None
+    edges = np.concatenate([[-math.inf], hi.view(np.float64), [math.inf]])
+    key_min = int(hi[0]) >> _HIST_KEY_SHIFT
+    keys = np.arange(key_min, (int(hi[-1]) >> _HIST_KEY_SHIFT) + 1, dtype=np.int64)
+    starts = (keys << _HIST_KEY_SHIFT).view(np.float64)
+    lut = np.searchsorted(edges, starts, side="right").astype(np.int64) - 1
+    return edges, lut, key_min
 
 
 # --------------------------------------------------------------------------------------------------
@@ -184,12 +279,12 @@ def _before(h, x, y):
     return False
 
 
-def _heap_push(h, dn, f, r, k, p):
+def _heap_push(h, cnt, f, r, k, p):
     """Push (finish, id, KV, prompt); row `cap - 1` is scratch (the caller keeps a row free)."""
     tmp = h.shape[0] - 1
     h[tmp, 0], h[tmp, 1], h[tmp, 2], h[tmp, 3] = f, r, k, p
-    pos = dn[0]
-    dn[0] = pos + 1
+    pos = cnt[_C_DN]
+    cnt[_C_DN] = pos + 1
     while pos > 0:
         parent = (pos - 1) >> 1
         if _before(h, tmp, parent):
@@ -202,12 +297,12 @@ def _heap_push(h, dn, f, r, k, p):
         h[pos, z] = h[tmp, z]
 
 
-def _heap_pop_into(h, dn, fi, fkv, fin_, ci, ckv, cin):
+def _heap_pop_into(h, cnt, fi, fkv, fin_, ci, ckv, cin):
     """Pop the earliest completion and release its replica's (or container's) in-flight, KV and prompt
     counts; returns 1 when it was a burst container's (the caller's burst in-flight count drops)."""
     rid, kvd, pin = int(h[0, 1]), h[0, 2], h[0, 3]
-    n = dn[0] - 1
-    dn[0] = n
+    n = cnt[_C_DN] - 1
+    cnt[_C_DN] = n
     if n > 0:
         pos = 0
         while True:
@@ -238,11 +333,11 @@ def _heap_pop_into(h, dn, fi, fkv, fin_, ci, ckv, cin):
     return 1
 
 
-def _pop_done_until(now, h, dn, fi, fkv, fin_, ci, ckv, cin):
+def _pop_done_until(now, h, cnt, fi, fkv, fin_, ci, ckv, cin):
     """Every completion at or before `now`; returns how many were burst containers'."""
     burst = 0
-    while dn[0] > 0 and h[0, 0] <= now:
-        burst += _heap_pop_into(h, dn, fi, fkv, fin_, ci, ckv, cin)
+    while cnt[_C_DN] > 0 and h[0, 0] <= now:
+        burst += _heap_pop_into(h, cnt, fi, fkv, fin_, ci, ckv, cin)
     return burst
 
 
@@ -313,61 +408,413 @@ def _runs_add(runs, count, r, fin, pe, gap, kvp, o):
     count[r] = m + 1
 
 
-def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, ttft, itl, flag,
-           fi, fkv, fin_, fpfree, fbad, fslots, routable, nrout, fruns, frc,
-           ci, ckv, cin, cpfree, cready, clast, cbad, cslots, live, nlive, cruns, crc,
-           h, dn, p, st):
+# --------------------------------------------------------------------------------------------------
+# the autoscaler's poll (EndpointSim.tick and what it calls), on the same columns
+# --------------------------------------------------------------------------------------------------
+
+
+def _remove(arr, cnt, slot, v):
+    """list.remove on the first cnt[slot] entries of `arr` (the first occurrence; order kept)."""
+    n = cnt[slot]
+    k = 0
+    while k < n and arr[k] != v:
+        k += 1
+    for q in range(k, n - 1):
+        arr[q] = arr[q + 1]
+    cnt[slot] = n - 1
+
+
+def _promote(now, fstate, fready, routable, cnt, sv):
+    """EndpointSim.promote: starting replicas whose cold start is over join the gateway's pool (in id order)."""
+    k = cnt[_C_NROUT]
+    nxt = math.inf
+    for i in range(cnt[_C_NF]):
+        if fstate[i] == 1:
+            if fready[i] <= now:
+                fstate[i] = 2
+                routable[k] = i
+                k += 1
+            elif fready[i] < nxt:
+                nxt = fready[i]
+    cnt[_C_NROUT] = k
+    sv[_V_NEXT_READY] = nxt
+
+
+def _census(st, fi, n, c):
+    """EndpointSim._floor_census: drained replicas with nothing in flight go; (ready, waiting for a slot)."""
+    ready_n = 0
+    waiting = 0
+    for i in range(n):
+        s = st[i]
+        if s == 3 and fi[i] == 0:
+            st[i] = 0
+            s = 0
+        if s == 2 or s == 3:
+            if s == 2:
+                ready_n += 1
+            w = fi[i] - c
+            if w > 0:
+                waiting += w
+    return ready_n, waiting
+
+
+def _count_states(st, n, lo, hi):
+    k = 0
+    for i in range(n):
+        if lo <= st[i] <= hi:
+            k += 1
+    return k
+
+
+def _add_replica(now, fi, fkv, fin_, fpfree, fready, fbad, fstate, fslots, frc, cnt, sv, p):
+    """EndpointSim._add_replica(now, ready=False): on a node with room after the pod cold start, else on a new
+    node after the node cold start. The caller has checked the columns have room."""
+    n = cnt[_C_NF]
+    alive = _count_states(fstate, n, 1, 3)
+    if alive < sv[_V_NODES_UP] * p[_P_RPN]:
+        ready_at = now + p[_P_POD_COLD]
+        sv[_V_POD_STARTS] += 1
+    else:
+        sv[_V_NODES_UP] += 1
+        sv[_V_NODE_STARTS] += 1
+        ready_at = now + p[_P_NODE_COLD]
+    fi[n] = 0
+    fkv[n] = 0.0
+    fin_[n] = 0.0
+    frc[n] = 0
+    for z in range(int(p[_P_C])):
+        fslots[n, z] = ready_at
+    fpfree[n] = ready_at
+    fstate[n] = 1
+    fready[n] = ready_at
+    fbad[n] = sv[_V_BAD] != 0.0
+    cnt[_C_NF] = n + 1
+    if ready_at < sv[_V_NEXT_READY]:
+        sv[_V_NEXT_READY] = ready_at
+
+
+def _drain_one(fstate, routable, cnt):
+    """EndpointSim._drain_one: a starting replica is cancelled first, else the newest ready one drains."""
+    n = cnt[_C_NF]
+    for i in range(n - 1, -1, -1):
+        if fstate[i] == 1:
+            fstate[i] = 0
+            return
+    for i in range(n - 1, -1, -1):
+        if fstate[i] == 2:
+            fstate[i] = 3
+            _remove(routable, cnt, _C_NROUT, i)
+            return
+
+
+def _spread(arr, a, b, start_s, end_s):
+    """EndpointSim._spread: the seconds of [a, b) added to each hour they cover."""
+    if start_s > a:
+        a = start_s
+    if end_s < b:
+        b = end_s
+    while a < b:
+        h = int((a - start_s) // 3600)
+        edge = start_s + (h + 1) * 3600.0
+        if b < edge:
+            edge = b
+        if 0 <= h < arr.shape[0]:
+            arr[h] += edge - a
+        a = edge
+
+
+def _bill_stop(j, at, claunch, container_s, sv, p):
+    """EndpointSim._stop_container's books (the caller takes the container out of the live pool)."""
+    x = at - claunch[j]
+    dur = x if x > 0.0 else 0.0
+    sv[_V_CONTAINER_S] += dur
+    sv[_V_CONTAINER_USD_S] += dur * p[_P_B_USD_S]
+    _spread(container_s, claunch[j], at, p[_P_START_S], p[_P_END_S])
+
+
+def _launch(t, ci, ckv, cin, cpfree, cready, claunch, clast, cbad, cslots, crc, live, cnt, sv, p):
+    """EndpointSim._launch_container(t): serves after the cold start. The caller has checked for room."""
+    ready = t + p[_P_B_COLD]
+    j = cnt[_C_NC]
+    ci[j] = 0
+    ckv[j] = 0.0
+    cin[j] = 0.0
+    crc[j] = 0
+    for z in range(int(p[_P_B_SLOTS])):
+        cslots[j, z] = ready
+    cpfree[j] = ready
+    cready[j] = ready
+    claunch[j] = t
+    clast[j] = ready
+    cbad[j] = sv[_V_BAD] != 0.0
+    cnt[_C_NC] = j + 1
+    live[cnt[_C_NLIVE]] = j
+    cnt[_C_NLIVE] += 1
+    sv[_V_LAUNCHES] += 1
+
+
+def _window_room(w, cnt, c0, c1):
+    """Room for one more row at the end of a [start, end) window of rows: slides it to the front when the
+    end is reached; False when it is full (the caller grows it)."""
+    if cnt[c1] < w.shape[0]:
+        return True
+    a = cnt[c0]
+    if a == 0:
+        return False
+    for q in range(a, cnt[c1]):
+        for z in range(w.shape[1]):
+            w[q - a, z] = w[q, z]
+    cnt[c1] -= a
+    cnt[c0] = 0
+    return True
+
+
+def _tick_floor(now, dt, hour, fi, fkv, fin_, fpfree, fready, fbad, fstate, fslots, frc, routable, cron, hpa, ev,
+                floor_replica_s, waiting_peak, cnt, sv, p):
+    """EndpointSim._tick_floor: the floor's books for the poll, then KEDA → HPA (see there for the model)."""
+    _promote(now, fstate, fready, routable, cnt, sv)
+    ready_n, waiting = _census(fstate, fi, cnt[_C_NF], int(p[_P_C]))
+    if 0 <= hour < floor_replica_s.shape[0]:
+        floor_replica_s[hour] += ready_n * dt
+        if waiting > waiting_peak[hour]:
+            waiting_peak[hour] = waiting
+    if waiting > sv[_V_WAITING_PEAK]:
+        sv[_V_WAITING_PEAK] = waiting
+    reserved = int(p[_P_RESERVED_NODES])
+    nodes_up = int(sv[_V_NODES_UP])
+    sv[_V_RES_NODE_S] += reserved * dt
+    sv[_V_OD_NODE_S] += max(0, nodes_up - reserved) * dt
+    if p[_P_FIXED] != 0.0:
+        return
+    cron_n = cron[int(now // 60) % int(p[_P_MINUTES_PER_WEEK])]
+    current = _count_states(fstate, cnt[_C_NF], 1, 2)
+    max_r = int(p[_P_MAX_REPLICAS])
+    has_autoscaler = p[_P_HAS_AUTOSCALER] != 0.0
+    threshold = p[_P_THRESHOLD]
+    has_threshold = has_autoscaler and p[_P_HAS_BURST] != 0.0 and not math.isnan(threshold)
+    if not has_autoscaler:
+        desired_raw = cron_n
+        desired_other = cron_n
+        up_w = 0.0
+        down_w = 0.0
+    else:
+        q = math.ceil(waiting / p[_P_TARGET_WAITING]) if waiting > 0 else 0
+        desired_other = min(max_r, max(cron_n, q, int(p[_P_MIN_REPLICAS])))
+        desired_raw = desired_other
+        if has_threshold:
+            # KEDA's burst-backlog trigger (a Value metric): ⌈current × value / target⌉, from 0 ⌈value / target⌉
+            inflight = int(sv[_V_BINF])
+            if inflight > sv[_V_BACKLOG_PEAK]:
+                sv[_V_BACKLOG_PEAK] = inflight
+            if inflight > 0:
+                b = min(max_r, math.ceil((current if current else 1) * inflight / threshold))
+                if b > desired_other:
+                    sv[_V_BACKLOG_POLLS] += 1
+                    desired_raw = b
+        up_w = p[_P_UP_W]
+        down_w = p[_P_DOWN_W]
+    e = cnt[_C_HPA1]
+    hpa[e, 0] = now
+    hpa[e, 1] = desired_raw
+    hpa[e, 2] = desired_other
+    cnt[_C_HPA1] = e + 1
+    keep = max(up_w, down_w)
+    while cnt[_C_HPA0] < cnt[_C_HPA1] and hpa[cnt[_C_HPA0], 0] < now - keep:
+        cnt[_C_HPA0] += 1
+    if desired_raw > current:
+        rec = 1 << 62
+        for q in range(cnt[_C_HPA0], cnt[_C_HPA1]):
+            if hpa[q, 0] >= now - up_w and hpa[q, 1] < rec:
+                rec = int(hpa[q, 1])
+        if rec > current:
+            step_cap, period = (int(p[_P_UP_STEP]), p[_P_UP_PERIOD]) if has_autoscaler else (10**6, 1.0)
+            recent = 0
+            for q in range(cnt[_C_EV0], cnt[_C_EV1]):
+                if ev[q, 0] > now - period and ev[q, 1] > 0:
+                    recent += int(ev[q, 1])
+            add = min(rec - current, max(0, step_cap - recent))
+            for _ in range(add):
+                _add_replica(now, fi, fkv, fin_, fpfree, fready, fbad, fstate, fslots, frc, cnt, sv, p)
+            if add:
+                e = cnt[_C_EV1]
+                ev[e, 0] = now
+                ev[e, 1] = add
+                cnt[_C_EV1] = e + 1
+                if has_threshold:
+                    # what the queue and cron triggers alone would have added at this poll
+                    rec_other = 1 << 62
+                    for q in range(cnt[_C_HPA0], cnt[_C_HPA1]):
+                        if hpa[q, 0] >= now - up_w and hpa[q, 2] < rec_other:
+                            rec_other = int(hpa[q, 2])
+                    sv[_V_BACKLOG_ADDED] += add - min(add, max(0, rec_other - current))
+    elif desired_raw < current:
+        rec = -(1 << 62)
+        for q in range(cnt[_C_HPA0], cnt[_C_HPA1]):
+            if hpa[q, 0] >= now - down_w and hpa[q, 1] > rec:
+                rec = int(hpa[q, 1])
+        if rec < current:
+            step_cap, period = (int(p[_P_DOWN_STEP]), p[_P_DOWN_PERIOD]) if has_autoscaler else (10**6, 1.0)
+            recent = 0
+            for q in range(cnt[_C_EV0], cnt[_C_EV1]):
+                if ev[q, 0] > now - period and ev[q, 1] < 0:
+                    recent -= int(ev[q, 1])
+            remove = min(current - rec, max(0, step_cap - recent))
+            for _ in range(remove):
+                _drain_one(fstate, routable, cnt)
+            if remove:
+                e = cnt[_C_EV1]
+                ev[e, 0] = now
+                ev[e, 1] = -remove
+                cnt[_C_EV1] = e + 1
+    while cnt[_C_EV0] < cnt[_C_EV1] and ev[cnt[_C_EV0], 0] < now - 3600:
+        cnt[_C_EV0] += 1
+    # nodes: on-demand ones beyond the reserved go once unneeded for NODE_SCALE_DOWN_S
+    alive = _count_states(fstate, cnt[_C_NF], 1, 3)
+    need = max(reserved, math.ceil(alive / p[_P_RPN]))
+    if sv[_V_NODES_UP] > need:
+        if math.isnan(sv[_V_SURPLUS_SINCE]):
+            sv[_V_SURPLUS_SINCE] = now
+        elif now - sv[_V_SURPLUS_SINCE] >= p[_P_NODE_SCALE_DOWN]:
+            sv[_V_NODES_UP] = need
+            sv[_V_SURPLUS_SINCE] = math.nan
+    else:
+        sv[_V_SURPLUS_SINCE] = math.nan
+
+
+def _tick_burst(now, ci, ckv, cin, cpfree, cready, claunch, clast, cbad, cslots, crc, live, bmin, container_s, cnt,
+                sv, p):
+    """EndpointSim._tick_burst: the clock-following minimum launched; idle containers past the scaledown window
+    stop, in pool order, down to the minimum."""
+    minimum = bmin[int(now // 60) % int(p[_P_MINUTES_PER_WEEK])]
+    lim = min(minimum, int(p[_P_B_MAX_CONTAINERS]))
+    while cnt[_C_NLIVE] < lim:
+        _launch(now, ci, ckv, cin, cpfree, cready, claunch, clast, cbad, cslots, crc, live, cnt, sv, p)
+    window = p[_P_B_WINDOW]
+    slots = int(p[_P_B_SLOTS])
+    n = cnt[_C_NLIVE]
+    left = n
+    w = 0
+    waiting = 0
+    for q in range(n):
+        j = live[q]
+        if left > minimum:
+            idle_from = max(clast[j], cready[j])
+            if ci[j] == 0 and now - idle_from >= window:
+                _bill_stop(j, idle_from + window, claunch, container_s, sv, p)
+                left -= 1
+                continue
+        live[w] = j
+        w += 1
+        x = ci[j] - slots
+        if x > 0:
+            waiting += x
+    cnt[_C_NLIVE] = w
+    if waiting > sv[_V_BWPEAK]:
+        sv[_V_BWPEAK] = waiting
+
+
+_OK = -1
+
+
+def _tick(now, fi, fkv, fin_, fpfree, fready, fbad, fstate, fslots, frc, routable,
+          ci, ckv, cin, cpfree, cready, claunch, clast, cbad, cslots, crc, live,
+          h, hpa, ev, cron, bmin, floor_replica_s, waiting_peak, container_s, cnt, sv, p):
+    """EndpointSim.tick without the rollout (the Python engine runs that after it): completions, the floor's
+    autoscaler, the burst pool. Returns _OK, or which columns must grow first (before it changed anything)."""
+    has_floor = p[_P_HAS_FLOOR] != 0.0
+    has_burst = p[_P_HAS_BURST] != 0.0
+    if has_floor and p[_P_FIXED] == 0.0:
+        if cnt[_C_NF] + int(p[_P_MAX_ADD]) > fstate.shape[0]:
+            return _GROW_FLOOR
+        if not _window_room(hpa, cnt, _C_HPA0, _C_HPA1):
+            return _GROW_HPA
+        if not _window_room(ev, cnt, _C_EV0, _C_EV1):
+            return _GROW_EVENTS
+    if has_burst and cnt[_C_NC] + int(p[_P_B_MAX_CONTAINERS]) > cready.shape[0]:
+        return _GROW_BURST
+    dt = now - sv[_V_LAST_TICK]
+    sv[_V_LAST_TICK] = now
+    sv[_V_BINF] -= _pop_done_until(now, h, cnt, fi, fkv, fin_, ci, ckv, cin)
+    hour = int((now - p[_P_START_S]) // 3600)
+    if has_floor:
+        _tick_floor(now, dt, hour, fi, fkv, fin_, fpfree, fready, fbad, fstate, fslots, frc, routable, cron, hpa, ev,
+                    floor_replica_s, waiting_peak, cnt, sv, p)
+    if has_burst:
+        _tick_burst(now, ci, ckv, cin, cpfree, cready, claunch, clast, cbad, cslots, crc, live, bmin, container_s,
+                    cnt, sv, p)
+    return _OK
+
+
+# --------------------------------------------------------------------------------------------------
+# the per-request loop
+# --------------------------------------------------------------------------------------------------
+
+
+def _serve(i0, T, IN, OUT, status, ns, abpos, pend, xo, ttft, itl, flag,
+           fi, fkv, fin_, fpfree, fready, fbad, fstate, fslots, frc, routable, fruns,
+           ci, ckv, cin, cpfree, cready, claunch, clast, cbad, cslots, crc, live, cruns,
+           h, hpa, ev, cron, bmin, floor_replica_s, waiting_peak, container_s, cnt, sv, p, st):
     """Serve arrivals i0.. until the chunk ends or the Python engine must act; returns (why, request index).
-    The order of operations per request is EndpointSim.feed's (see there for the model's reasons)."""
+    The order of operations per request is EndpointSim.feed's (see there for the model's reasons); the
+    autoscaler's polls due before a request run here too (`_tick`), unless a rollout needs the Python engine's."""
     n = T.shape[0]
     has_status = status.shape[0] > 0
     has_ns = ns.shape[0] > 0
     has_ab = abpos.shape[0] > 0
-    has_burst = p[1] > 0.5
-    is_api = p[2] > 0.5
-    overflow = p[3]
-    shed_after = p[4]
-    first_byte_s = p[5]
-    kvs = p[6]
-    c = int(p[7])
-    inv_p = p[8]
-    gpus = p[9]
-    t_min = p[10]
-    k_step = p[11]
-    interf = p[12]
-    per_tok = p[13]
-    dyn = p[14] > 0.5
-    kcap = p[15]
-    ns_rule = int(p[16])
-    ns_max_tokens = p[17]
-    web_cap_s = p[18]
-    ab_propagate = p[19] > 0.5
-    b_max_containers = int(p[20])
-    b_target_inputs = p[21]
-    b_buffer = int(p[22])
-    b_max_inputs = int(p[23])
-    b_slots = int(p[24])
-    b_t_min = p[25]
-    b_k = p[26]
-    b_a0 = p[27]
-    b_a1 = p[28]
-    b_per_tok = p[29]
-    b_dyn = p[30] > 0.5
-    b_inv_p = p[31]
-    b_kvcap = p[32]
-    b_gpus = p[33]
-    one_minus_hit = p[34]
+    has_burst = p[_P_HAS_BURST] != 0.0
+    is_api = p[_P_IS_API] != 0.0
+    overflow = p[_P_OVERFLOW]
+    shed_after = p[_P_SHED_AFTER]
+    first_byte_s = p[_P_FIRST_BYTE]
+    kvs = p[_P_KVS]
+    c = int(p[_P_C])
+    inv_p = p[_P_INV_P]
+    gpus = p[_P_GPUS]
+    t_min = p[_P_T_MIN]
+    k_step = p[_P_K]
+    interf = p[_P_INTERF]
+    per_tok = p[_P_PER_TOK]
+    dyn = p[_P_DYN] != 0.0
+    kcap = p[_P_KCAP]
+    ns_rule = int(p[_P_NS_RULE])
+    ns_max_tokens = p[_P_NS_MAX_TOKENS]
+    web_cap_s = p[_P_WEB_CAP]
+    ab_propagate = p[_P_AB_PROPAGATE] != 0.0
+    b_max_containers = int(p[_P_B_MAX_CONTAINERS])
+    b_target_inputs = p[_P_B_TARGET]
+    b_buffer = int(p[_P_B_BUFFER])
+    b_max_inputs = int(p[_P_B_MAX_INPUTS])
+    b_slots = int(p[_P_B_SLOTS])
+    b_t_min = p[_P_B_T_MIN]
+    b_k = p[_P_B_K]
+    b_a0 = p[_P_B_A0]
+    b_a1 = p[_P_B_A1]
+    b_per_tok = p[_P_B_PER_TOK]
+    b_dyn = p[_P_B_DYN] != 0.0
+    b_inv_p = p[_P_B_INV_P]
+    b_kvcap = p[_P_B_KVCAP]
+    b_gpus = p[_P_B_GPUS]
+    one_minus_hit = p[_P_ONE_MINUS_HIT]
+    tick_s = p[_P_TICK_S]
+    py_tick = p[_P_PY_TICK] != 0.0
     dcap = h.shape[0] - 1  # the last row is the push's scratch
     inf = math.inf
     i = i0
     while i < n:
         t = T[i]
-        if t >= next_tick:
-            return _TICK, i
-        if t >= next_ready:
-            return _READY, i
-        while dn[0] > 0 and h[0, 0] <= t:
-            st[_S_BINF] -= _heap_pop_into(h, dn, fi, fkv, fin_, ci, ckv, cin)
+        while t >= sv[_V_NEXT_TICK]:
+            if py_tick:
+                return _TICK, i
+            why = _tick(sv[_V_NEXT_TICK], fi, fkv, fin_, fpfree, fready, fbad, fstate, fslots, frc, routable,
+                        ci, ckv, cin, cpfree, cready, claunch, clast, cbad, cslots, crc, live,
+                        h, hpa, ev, cron, bmin, floor_replica_s, waiting_peak, container_s, cnt, sv, p)
+            if why != _OK:
+                return why, i
+            sv[_V_NEXT_TICK] += tick_s
+        if t >= sv[_V_NEXT_READY]:
+            _promote(t, fstate, fready, routable, cnt, sv)
+        while cnt[_C_DN] > 0 and h[0, 0] <= t:
+            sv[_V_BINF] -= _heap_pop_into(h, cnt, fi, fkv, fin_, ci, ckv, cin)
         if has_status and status[i] != 0:
             if status[i] == 413:
                 st[_S_413] += 1
@@ -377,11 +824,12 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
             flag[i] = REJECTED | TOO_LONG
             i += 1
             continue
-        if dn[0] >= dcap:
+        if cnt[_C_DN] >= dcap:
             return _GROW_DONE, i
         o = OUT[i]
         streamed = not (has_ns and ns[i])
         r = -1
+        nrout = cnt[_C_NROUT]
         if nrout > 0:
             if nrout == 1:
                 r = routable[0]
@@ -462,7 +910,7 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
                 else:
                     st[_S_WASTED] += (fin - leave) * (gpus / b)
             _slot_replace(fslots[r], c, fin)
-            _heap_push(h, dn, fin, r, kvfull, u)
+            _heap_push(h, cnt, fin, r, kvfull, u)
             fi[r] += 1
             fkv[r] += kvfull
             fin_[r] += u
@@ -482,11 +930,14 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
             if capped:
                 o = ns_max_tokens
             # the burst tier (EndpointSim._burst): launch toward target, pick the least-loaded ready container
-            binf = st[_S_BINF] + 1
+            binf = sv[_V_BINF] + 1
             want = min(b_max_containers, math.ceil(binf / b_target_inputs) + b_buffer)
-            if nlive < want:
-                xo[0] = want
-                return _LAUNCH, i
+            if cnt[_C_NLIVE] < want:
+                if cnt[_C_NC] + want - cnt[_C_NLIVE] > cready.shape[0]:
+                    return _GROW_BURST, i
+                while cnt[_C_NLIVE] < want:
+                    _launch(t, ci, ckv, cin, cpfree, cready, claunch, clast, cbad, cslots, crc, live, cnt, sv, p)
+            nlive = cnt[_C_NLIVE]
             best = -1
             best_n = 1 << 60
             for q in range(nlive):
@@ -543,7 +994,7 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
             # committed from here on
             if capped:
                 st[_S_NS_CAPPED] += 1
-            st[_S_BINF] = binf
+            sv[_V_BINF] = binf
             if cold_wait:
                 st[_S_COLD_WAITS] += 1
             if pe > cpfree[best]:
@@ -556,7 +1007,7 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
                 else:
                     st[_S_WASTED] += (fin - leave) * (b_gpus / bsz)
             _slot_replace(cslots[best], b_slots, fin)
-            _heap_push(h, dn, fin, -1 - best, kvfull, u)
+            _heap_push(h, cnt, fin, -1 - best, kvfull, u)
             ci[best] += 1
             ckv[best] += kvfull
             cin[best] += u
@@ -564,8 +1015,8 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
             if fin > clast[best]:
                 clast[best] = fin
             waiting = binf - nlive * b_slots
-            if waiting > st[_S_BWPEAK]:
-                st[_S_BWPEAK] = waiting
+            if waiting > sv[_V_BWPEAK]:
+                sv[_V_BWPEAK] = waiting
             ttft[i] = first - t
             itl[i] = gap_mean
             fl = BURST
@@ -586,12 +1037,46 @@ def _serve(i0, next_tick, next_ready, T, IN, OUT, status, ns, abpos, pend, xo, t
     return _DONE, n
 
 
-def _tally(hour, ttft, itl, flag, hi_ttft, hi_itl, ttft_slo, itl_slo, arrivals, met_h, burst_h, rejected_h,
+def _hist_bins(x, bits, edges, lut, key_min, out):
+    """The latency histogram's bin of each x: how many bin edges are ≤ x (see `hist_tables`); the non-finite
+    go to the last bin, as engine.hist_index puts them. `bits` is x's float64 bit patterns (an int64 view)."""
+    last = edges.shape[0] - 2
+    first_edge = edges[1]
+    top_edge = edges[last]
+    for e in range(x.shape[0]):
+        v = x[e]
+        if not (-math.inf < v < math.inf):
+            out[e] = last
+        elif v < first_edge:
+            out[e] = 0
+        elif v >= top_edge:
+            out[e] = last
+        else:
+            b = lut[(bits[e] >> _HIST_KEY_SHIFT) - key_min]
+            b += v >= edges[b + 1]  # a bucket spans at most two bins: no branch to mispredict
+            while v >= edges[b + 1]:
+                b += 1
+            out[e] = b
+
+
+def _tally(t, start_s, ttft, itl, flag, hi_ttft, hi_itl, ttft_slo, itl_slo, arrivals, met_h, burst_h, rejected_h,
            ttft_hist, itl_hist, out):
     """EndpointSim._record's hourly counts and histograms in one pass (every figure is a count, so the order
     of the additions cannot change it); out = [TTFT max, burst, API, no replica (503), bad revision]."""
-    for e in range(hour.shape[0]):
-        h = hour[e]
+    last = arrivals.shape[0] - 1
+    # the hour is ⌊(t − start) / 3600⌋ (exact: fmod-based floor division, as numpy's and Python's), kept while
+    # the arrivals stay inside it (they come sorted) rather than divided again for each one
+    lo, hi, hour = 1.0, 0.0, 0
+    for e in range(t.shape[0]):
+        x = t[e] - start_s
+        if not (lo <= x < hi):
+            hour = int(x // 3600)
+            lo, hi = hour * 3600.0, (hour + 1) * 3600.0
+        h = hour
+        if h < 0:
+            h = 0
+        elif h > last:
+            h = last
         fl = flag[e]
         tier = fl & 3
         x = ttft[e]
@@ -616,75 +1101,8 @@ def _tally(hour, ttft, itl, flag, hi_ttft, hi_itl, ttft_slo, itl_slo, arrivals, 
             out[0] = x
 
 
-def _burst_scan(now, window, minimum, live, nlive, clast, cready, ci, slots, stops):
-    """EndpointSim._tick_burst's scan: the idle containers it stops, in pool order until the pool is down to
-    the minimum (rows of `stops`: container, stop time), and the requests waiting for a container slot."""
-    k = 0
-    left = nlive
-    waiting = 0
-    for q in range(nlive):
-        j = live[q]
-        if left > minimum:
-            idle_from = max(clast[j], cready[j])
-            if ci[j] == 0 and now - idle_from >= window:
-                stops[k, 0] = j
-                stops[k, 1] = idle_from + window
-                k += 1
-                left -= 1
-                continue
-        w = ci[j] - slots
-        if w > 0:
-            waiting += w
-    return k, waiting
-
-
-def _promote_scan(st, ready_at, n, now, out):
-    """EndpointSim.promote's scan: starting replicas whose cold start is over turn ready (their ids to `out`,
-    in id order, for the gateway's pool); returns (how many, the next cold start to finish or inf)."""
-    k = 0
-    nxt = math.inf
-    for i in range(n):
-        if st[i] == 1:
-            if ready_at[i] <= now:
-                st[i] = 2
-                out[k] = i
-                k += 1
-            elif ready_at[i] < nxt:
-                nxt = ready_at[i]
-    return k, nxt
-
-
-def _census(st, fi, n, c):
-    """EndpointSim._floor_census: drained replicas with nothing in flight go; (ready, waiting for a slot)."""
-    ready_n = 0
-    waiting = 0
-    for i in range(n):
-        s = st[i]
-        if s == 3 and fi[i] == 0:
-            st[i] = 0
-            s = 0
-        if s == 2 or s == 3:
-            if s == 2:
-                ready_n += 1
-            w = fi[i] - c
-            if w > 0:
-                waiting += w
-    return ready_n, waiting
-
-
-def _count_states(st, n, lo, hi):
-    k = 0
-    for i in range(n):
-        if lo <= st[i] <= hi:
-            k += 1
-    return k
-
-
 if numba is not None:
-    _promote_scan = _jit(_promote_scan)
-    _census = _jit(_census)
-    _count_states = _jit(_count_states)
-    _burst_scan = _jit(_burst_scan)
+    _hist_bins = _jit(_hist_bins)
     _tally = _jit(_tally)
     _before = _jit(_before)
     _heap_push = _jit(_heap_push)
@@ -694,6 +1112,19 @@ if numba is not None:
     _runs_room = _jit(_runs_room)
     _runs_add = _jit(_runs_add)
     _kv_all_fit = _jit(_kv_all_fit)
+    _remove = _jit(_remove)
+    _promote = _jit(_promote)
+    _census = _jit(_census)
+    _count_states = _jit(_count_states)
+    _add_replica = _jit(_add_replica)
+    _drain_one = _jit(_drain_one)
+    _spread = _jit(_spread)
+    _bill_stop = _jit(_bill_stop)
+    _launch = _jit(_launch)
+    _window_room = _jit(_window_room)
+    _tick_floor = _jit(_tick_floor)
+    _tick_burst = _jit(_tick_burst)
+    _tick = _jit(_tick)
     _serve = _jit(_serve)
 
 
@@ -703,105 +1134,203 @@ if numba is not None:
 
 
 class CompiledEndpointSim(_eng.EndpointSim):
-    """EndpointSim whose per-request loop runs compiled (see the module docstring); ticks, cold starts,
-    launches, rollouts and the exact KV fit run the reference engine's Python code on the same state."""
+    """EndpointSim whose per-request loop and autoscaler polls run compiled (see the module docstring); a
+    rollout, the exact KV fit and managed-API requests run the reference engine's Python code on the same state.
+
+    Between kernel calls the reference's attributes hold the state (so its Python methods work unchanged);
+    each call copies the scalar ones into an array (`_STATE`) and back, and the columns' lengths into `_cnt`."""
+
+    # starting sizes of the arrays, doubled as needed (tests start them tiny to exercise the growth)
+    initial_rows = 16  # replicas, containers
+    initial_runs_depth = 64  # sequences per replica in the KV check's block
+    initial_heap_rows = 256  # completions in flight
+    initial_window_rows = 64  # the HPA's history, scale events
 
     def _column(self, kind: type) -> Column:
-        return Column({float: np.float64, int: np.int64, bool: np.bool_}[kind])
+        return Column({float: np.float64, int: np.int64, bool: np.bool_}[kind], self.initial_rows)
 
     def _rows(self, width: int) -> Rows:
-        return Rows(width)
+        return Rows(width, self.initial_rows)
 
     def _runs(self) -> Runs:
-        return Runs()
+        return Runs(self.initial_runs_depth, self.initial_rows)
 
     def _init_state(self) -> None:
-        self._heap = np.zeros((256, 4))  # (finish, replica id or −1 − container id, KV, prompt) per row
-        self._stops = np.zeros((0, 2))
-        self._promoted = np.zeros(0, dtype=np.int64)
-        self._dn = np.zeros(1, dtype=np.int64)
+        self._heap = np.zeros((self.initial_heap_rows, 4))  # (finish, replica id or −1 − container id, KV, prompt)
+        self._cnt = np.zeros(_N_COUNTS, dtype=np.int64)
+        self._sv = np.zeros(_N_STATE)
+        w = self.initial_window_rows
+        self._hpa = np.zeros((w, 3))  # the HPA's window: (poll, desired, desired without the burst backlog)
+        self._events = np.zeros((w, 2))  # scale events in the last hour: (poll, replicas added (+) or drained (−))
+        self._p = np.zeros(_N_PARAMS)
         super()._init_state()
+        self._p = self._params()
 
     @property
     def done(self) -> list[tuple[float, int, float, float]]:
         """The completion heap's entries (finish, replica id or −1 − container id, KV, prompt), unordered."""
-        return [(f, int(r), k, p) for f, r, k, p in self._heap[: int(self._dn[0])].tolist()]
+        return [(f, int(r), k, p) for f, r, k, p in self._heap[: int(self._cnt[_C_DN])].tolist()]
 
     @done.setter
     def done(self, value: list) -> None:
         if value:
             raise ValueError("the compiled engine's completion heap starts empty")
-        self._dn[0] = 0
-
-    # the autoscaler's scans of every replica and container, vectorised (same counts and the same order of
-    # promotions and stops as the reference's loops)
-    def promote(self, now: float) -> None:
-        n = self.f_state.n
-        if len(self._promoted) < n:
-            self._promoted = np.zeros(2 * n, dtype=np.int64)
-        k, self.next_ready = _promote_scan(self.f_state.a, self.f_ready_at.a, n, now, self._promoted)
-        for q in range(k):
-            self.routable.append(int(self._promoted[q]))
-
-    def _floor_census(self) -> tuple[int, int]:
-        ready_n, waiting = _census(self.f_state.a, self.f_inflight.a, self.f_state.n, self.feng.slots)
-        return int(ready_n), int(waiting)
+        self._cnt[_C_DN] = 0
 
     def _n_replicas(self, lo: int, hi: int) -> int:
         return int(_count_states(self.f_state.a, self.f_state.n, lo, hi))
 
-    def _tick_burst(self, now: float) -> None:
-        b = self.ep.burst
-        assert b is not None
-        minimum = int(self.b_min[int(now // 60) % _eng.MINUTES_PER_WEEK])
-        while len(self.live) < min(minimum, b.max_containers):
-            self._launch_container(now)
-        if len(self._stops) < len(self.live):
-            self._stops = np.zeros((2 * len(self.live), 2))
-        stops = self._stops
-        k, waiting = _burst_scan(now, float(b.scaledown_window_s), minimum, self.live.a, self.live.n, self.c_last.a,
-                                 self.c_ready.a, self.c_inflight.a, self.beng.slots, stops)
-        for q in range(k):
-            self._stop_container(int(stops[q, 0]), float(stops[q, 1]))
-        self.burst_waiting_peak = max(self.burst_waiting_peak, int(waiting))
-
     def _pop_done(self, now: float) -> None:
-        self.burst_inflight -= int(_pop_done_until(
-            now, self._heap, self._dn, self.f_inflight.a, self.f_kv.a,
-            self.f_in.a, self.c_inflight.a, self.c_kv.a, self.c_in.a))
+        self._pack()
+        self._sv[_V_BINF] -= _pop_done_until(now, self._heap, self._cnt, self.f_inflight.a, self.f_kv.a,
+                                             self.f_in.a, self.c_inflight.a, self.c_kv.a, self.c_in.a)
+        self._unpack()
+
+    # ---------------------------------------------------------------- state in and out of the kernels
+    def _floor_columns(self) -> tuple:
+        return (self.f_inflight, self.f_kv, self.f_in, self.f_pfree, self.f_ready_at, self.f_bad, self.f_state,
+                self.f_slots, self.f_runs, self.routable)
+
+    def _burst_columns(self) -> tuple:
+        return (self.c_inflight, self.c_kv, self.c_in, self.c_pfree, self.c_ready, self.c_launch, self.c_last,
+                self.c_bad, self.c_slots, self.c_runs, self.live)
+
+    @staticmethod
+    def _fit(columns: tuple, rows: int = 0) -> None:
+        """Every column of a group at least `rows` long and all as long (the kernels check one of them)."""
+        cap = max(rows, max(len(c.a) for c in columns))
+        for c in columns:
+            if len(c.a) < cap:
+                c.resize(cap)
+
+    def _pack(self) -> None:
+        sv = self._sv
+        for k, name in enumerate(_STATE):
+            v = getattr(self, name)
+            sv[k] = math.nan if v is None else v
+        c = self._cnt
+        c[_C_NF], c[_C_NROUT] = self.f_state.n, self.routable.n
+        c[_C_NC], c[_C_NLIVE] = self.c_ready.n, self.live.n
+        self._fit(self._floor_columns())
+        self._fit(self._burst_columns())
+        ro = self.ov.rollout
+        self._p[_P_PY_TICK] = ro is not None and ro.phase != "done"
+
+    def _unpack(self) -> None:
+        sv = self._sv
+        for k, name in enumerate(_STATE):
+            v = float(sv[k])
+            if name == "node_surplus_since":
+                self.node_surplus_since = None if math.isnan(v) else v
+            elif name == "bad_revision":
+                self.bad_revision = v != 0.0
+            else:
+                setattr(self, name, v if name in _STATE_FLOAT else int(v))
+        c = self._cnt
+        for col in self._floor_columns()[:-1]:
+            col.n = int(c[_C_NF])
+        self.routable.n = int(c[_C_NROUT])
+        for col in self._burst_columns()[:-1]:
+            col.n = int(c[_C_NC])
+        self.live.n = int(c[_C_NLIVE])
+
+    def _grow(self, why: int) -> None:
+        if why == _GROW_DONE:
+            self._heap = np.concatenate([self._heap, np.zeros_like(self._heap)])
+        elif why == _GROW_FRUNS:
+            self.f_runs.deepen()
+        elif why == _GROW_CRUNS:
+            self.c_runs.deepen()
+        elif why == _GROW_FLOOR:
+            self._fit(self._floor_columns(), 2 * len(self.f_state.a) + int(self._p[_P_MAX_ADD]))
+        elif why == _GROW_BURST:
+            self._fit(self._burst_columns(), 2 * len(self.c_ready.a) + int(self._p[_P_B_MAX_CONTAINERS]))
+        elif why == _GROW_HPA:
+            self._hpa = np.concatenate([self._hpa, np.zeros_like(self._hpa)])
+        elif why == _GROW_EVENTS:
+            self._events = np.concatenate([self._events, np.zeros_like(self._events)])
+        else:
+            raise AssertionError(why)
+
+    def _columns(self) -> tuple:
+        """The kernels' shared arguments, in their order."""
+        return (self.f_inflight.a, self.f_kv.a, self.f_in.a, self.f_pfree.a, self.f_ready_at.a, self.f_bad.a,
+                self.f_state.a, self.f_slots.a, self.f_runs.count, self.routable.a,
+                self.c_inflight.a, self.c_kv.a, self.c_in.a, self.c_pfree.a, self.c_ready.a, self.c_launch.a,
+                self.c_last.a, self.c_bad.a, self.c_slots.a, self.c_runs.count, self.live.a,
+                self._heap, self._hpa, self._events, self._cron_a, self._bmin_a, self.tally.floor_replica_s,
+                self.tally.waiting_peak, self.tally.container_s, self._cnt, self._sv, self._p)
+
+    # ---------------------------------------------------------------- the autoscaler's poll
+    def tick(self, now: float) -> None:
+        self._pack()
+        while True:
+            why = _tick(now, *self._columns())
+            if why == _OK:
+                break
+            self._grow(why)
+        self._unpack()
+        self._tick_rollout(now)
 
     def _params(self) -> np.ndarray:
-        p = np.zeros(35)
-        p[1] = self.has_burst
-        p[2] = self.is_api
-        p[3] = self.ep.gateway.overflow_inflight_per_replica if self.has_burst else float(1 << 60)
-        p[4] = self.admission_wait_s
-        p[5] = self.ep.gateway.first_byte_timeout_s
-        p[6] = 1.0 / (1.0 - self.hit)
-        p[34] = 1.0 - self.hit
+        p = np.zeros(_N_PARAMS)
+        p[_P_HAS_FLOOR] = self.has_floor
+        p[_P_HAS_BURST] = self.has_burst
+        p[_P_IS_API] = self.is_api
+        p[_P_OVERFLOW] = self.ep.gateway.overflow_inflight_per_replica if self.has_burst else float(1 << 60)
+        p[_P_SHED_AFTER] = self.admission_wait_s
+        p[_P_FIRST_BYTE] = self.ep.gateway.first_byte_timeout_s
+        p[_P_KVS] = 1.0 / (1.0 - self.hit)
+        p[_P_ONE_MINUS_HIT] = 1.0 - self.hit
+        p[_P_START_S], p[_P_END_S] = self.start_s, self.end_s
+        p[_P_MINUTES_PER_WEEK] = _eng.MINUTES_PER_WEEK
+        p[_P_NODE_SCALE_DOWN] = _eng.NODE_SCALE_DOWN_S
+        self._cron_a = np.zeros(1, dtype=np.int64)
+        self._bmin_a = np.zeros(1, dtype=np.int64)
         if self.has_floor:
             fe = self.feng
-            p[7], p[8], p[9] = fe.slots, 1.0 / fe.prefill_tokens_per_s, fe.gpus
-            p[10], p[11], p[12] = fe.t_min, fe.k, fe.interference
-            p[13], p[14], p[15] = fe.interference_per_token, fe.planned_uncached_prompt > 0, fe.kv_capacity_tokens
-        p[16] = _NS_RULES[self.ns_rule]
-        p[17] = self.ns_max_tokens
-        p[18] = self.web_cap_s
+            p[_P_C], p[_P_INV_P], p[_P_GPUS] = fe.slots, 1.0 / fe.prefill_tokens_per_s, fe.gpus
+            p[_P_T_MIN], p[_P_K], p[_P_INTERF] = fe.t_min, fe.k, fe.interference
+            p[_P_PER_TOK], p[_P_DYN], p[_P_KCAP] = (fe.interference_per_token, fe.planned_uncached_prompt > 0,
+                                                    fe.kv_capacity_tokens)
+            self._cron_a = np.ascontiguousarray(self.cron, dtype=np.int64)
+            p[_P_FIXED] = self.ov.fixed_replicas is not None
+            p[_P_RESERVED_NODES], p[_P_RPN] = self.reserved_nodes, self.rpn
+            p[_P_POD_COLD], p[_P_NODE_COLD] = self.ep.pod_cold_start_s, self.ep.node_cold_start_s
+            a = self.ep.autoscaling
+            p[_P_HAS_AUTOSCALER] = a is not None
+            p[_P_THRESHOLD] = math.nan
+            most = int(self._cron_a.max())
+            if a is not None:
+                p[_P_MAX_REPLICAS], p[_P_TARGET_WAITING] = a.max_replicas, a.target_waiting_per_replica
+                p[_P_MIN_REPLICAS] = self._min_replicas()
+                if a.burst_backlog_threshold is not None:
+                    p[_P_THRESHOLD] = a.burst_backlog_threshold
+                p[_P_UP_W], p[_P_DOWN_W] = a.scale_up_stabilization_s, a.scale_down_stabilization_s
+                p[_P_UP_STEP], p[_P_UP_PERIOD] = a.scale_up_pods_per_period, a.scale_up_period_s
+                p[_P_DOWN_STEP], p[_P_DOWN_PERIOD] = a.scale_down_pods_per_period, a.scale_down_period_s
+                most = max(most, a.max_replicas)
+            p[_P_MAX_ADD] = most + 1  # a poll adds at most the desired count (≤ max replicas, or the cron's)
+        p[_P_NS_RULE] = _NS_RULES[self.ns_rule]
+        p[_P_NS_MAX_TOKENS] = self.ns_max_tokens
+        p[_P_WEB_CAP] = self.web_cap_s
         ab = self.ov.abandon
-        p[19] = bool(ab is not None and ab.propagate)
+        p[_P_AB_PROPAGATE] = bool(ab is not None and ab.propagate)
         if self.has_burst:
             b, be = self.ep.burst, self.beng
             assert b is not None
-            p[20], p[21], p[22], p[23] = b.max_containers, b.target_inputs, b.buffer_containers, b.max_inputs
-            p[24], p[25], p[26], p[27], p[28] = be.slots, be.t_min, be.k, be.a0, be.a1
-            p[29], p[30], p[31] = be.interference_per_token, be.planned_uncached_prompt > 0, 1.0 / be.prefill_tokens_per_s
-            p[32], p[33] = be.kv_capacity_tokens, be.gpus
+            p[_P_B_MAX_CONTAINERS], p[_P_B_TARGET] = b.max_containers, b.target_inputs
+            p[_P_B_BUFFER], p[_P_B_MAX_INPUTS] = b.buffer_containers, b.max_inputs
+            p[_P_B_SLOTS], p[_P_B_T_MIN], p[_P_B_K], p[_P_B_A0], p[_P_B_A1] = be.slots, be.t_min, be.k, be.a0, be.a1
+            p[_P_B_PER_TOK], p[_P_B_DYN] = be.interference_per_token, be.planned_uncached_prompt > 0
+            p[_P_B_INV_P], p[_P_B_KVCAP], p[_P_B_GPUS] = 1.0 / be.prefill_tokens_per_s, be.kv_capacity_tokens, be.gpus
+            p[_P_B_COLD], p[_P_B_USD_S], p[_P_B_WINDOW] = self.b_cold, self.b_usd_s, b.scaledown_window_s
+            self._bmin_a = np.ascontiguousarray(self.b_min, dtype=np.int64)
         return p
 
+    # ---------------------------------------------------------------- requests
     def feed(self, chunk, tick_s: float, next_tick: float) -> float:
         """Serve one chunk of arrivals; returns the next tick time (EndpointSim.feed's contract)."""
-        if not hasattr(self, "_p"):
-            self._p = self._params()
         T = np.ascontiguousarray(chunk.arrival_s, dtype=np.float64)
         IN = np.ascontiguousarray(chunk.input_tokens * (1.0 - self.hit), dtype=np.float64)
         OUT = np.ascontiguousarray(chunk.output_tokens, dtype=np.float64)
@@ -818,21 +1347,18 @@ class CompiledEndpointSim(_eng.EndpointSim):
             abpos = np.where(u < ab.fraction, self.rng.random(n), -1.0)
         ns = (self.ns_rng.random(n) < self.ns_fraction) if self.ns_rule else np.zeros(0, dtype=np.bool_)
         st = np.zeros(_N_STATS)
-        st[_S_BWPEAK] = self.burst_waiting_peak
         st[_S_WASTED] = ab.wasted_gpu_s if ab is not None else 0.0
         pend = np.zeros(6)
         xo = np.zeros(8)
+        self._p[_P_TICK_S] = tick_s
         i = 0
         while True:
-            st[_S_BINF] = self.burst_inflight
-            why, i = _serve(
-                i, next_tick, self.next_ready, T, IN, OUT, status, ns, abpos, pend, xo, ttft, itl, flag,
-                self.f_inflight.a, self.f_kv.a, self.f_in.a, self.f_pfree.a, self.f_bad.a, self.f_slots.a,
-                self.routable.a, self.routable.n, self.f_runs.a, self.f_runs.count,
-                self.c_inflight.a, self.c_kv.a, self.c_in.a, self.c_pfree.a, self.c_ready.a, self.c_last.a,
-                self.c_bad.a, self.c_slots.a, self.live.a, self.live.n, self.c_runs.a, self.c_runs.count,
-                self._heap, self._dn, self._p, st)
-            self.burst_inflight = int(st[_S_BINF])
+            self._pack()
+            self._sv[_V_NEXT_TICK] = next_tick
+            why, i = _serve(i, T, IN, OUT, status, ns, abpos, pend, xo, ttft, itl, flag, *self._columns()[:10],
+                            self.f_runs.a, *self._columns()[10:21], self.c_runs.a, *self._columns()[21:], st)
+            self._unpack()
+            next_tick = float(self._sv[_V_NEXT_TICK])
             if why == _DONE:
                 break
             t = float(T[i])
@@ -840,19 +1366,14 @@ class CompiledEndpointSim(_eng.EndpointSim):
                 while t >= next_tick:
                     self.tick(next_tick)
                     next_tick += tick_s
-            elif why == _READY:
-                self.promote(t)
-            elif why == _LAUNCH:
-                while len(self.live) < int(xo[0]):
-                    self._launch_container(t)
             elif why in (_KV_FLOOR, _KV_BURST):
                 r = int(xo[0])
                 if why == _KV_FLOOR:
                     runs, cap, inv_p, gpus = (self.f_runs.running_at(r, float(xo[1])), self.feng.kv_capacity_tokens,
-                                              self._p[8], self._p[9])
+                                              self._p[_P_INV_P], self._p[_P_GPUS])
                 else:
                     runs, cap, inv_p, gpus = (self.c_runs.running_at(r, float(xo[1])), self.beng.kv_capacity_tokens,
-                                              self._p[31], self._p[33])
+                                              self._p[_P_B_INV_P], self._p[_P_B_GPUS])
                 start, pe, fin, first = self._kv_fit(runs, cap, t, float(xo[1]), float(xo[2]), float(xo[3]),
                                                      float(xo[4]), float(xo[5]), float(xo[6]), float(inv_p),
                                                      float(gpus))
@@ -863,12 +1384,8 @@ class CompiledEndpointSim(_eng.EndpointSim):
                 self.api_usd_total += IN[i] / (1.0 - self.hit) * self.api_in + OUT[i] * self.api_out
                 flag[i] = API
                 i += 1
-            elif why == _GROW_DONE:
-                self._heap = np.concatenate([self._heap, np.zeros_like(self._heap)])
-            elif why == _GROW_FRUNS:
-                self.f_runs.deepen()
-            elif why == _GROW_CRUNS:
-                self.c_runs.deepen()
+            else:
+                self._grow(why)
         self.floor_wait_s += float(st[_S_WAIT])
         self.n_floor += int(st[_S_NFLOOR])
         self.n_shed += int(st[_S_SHED])
@@ -876,7 +1393,6 @@ class CompiledEndpointSim(_eng.EndpointSim):
         self.n_too_long[413] += int(st[_S_413])
         self.n_too_long[400] += int(st[_S_400])
         self.cold_waits += int(st[_S_COLD_WAITS])
-        self.burst_waiting_peak = max(self.burst_waiting_peak, int(st[_S_BWPEAK]))
         if ab is not None:
             ab.abandoned += int(st[_S_ABANDONED])
             ab.wasted_gpu_s = float(st[_S_WASTED])
@@ -892,10 +1408,10 @@ class CompiledEndpointSim(_eng.EndpointSim):
         if len(t) == 0 or tl.focus is not None:  # drills' per-minute tallies: the reference's numpy code
             super()._record(t, ttft, itl, flag)
             return
-        hour = np.clip(((t - self.start_s) // 3600).astype(np.int64), 0, tl.hours - 1)
         out = np.array([tl.ttft_max, 0.0, 0.0, 0.0, 0.0])
-        _tally(hour, ttft, itl, flag, _eng.hist_index(ttft), _eng.hist_index(itl), self.ttft_slo, self.itl_slo,
-               tl.arrivals, tl.met, tl.burst_requests, tl.rejected, tl.ttft_hist, tl.itl_hist, out)
+        _tally(np.ascontiguousarray(t, dtype=np.float64), self.start_s, ttft, itl, flag, hist_bins(ttft),
+               hist_bins(itl), self.ttft_slo, self.itl_slo, tl.arrivals, tl.met, tl.burst_requests, tl.rejected,
+               tl.ttft_hist, tl.itl_hist, out)
         tl.ttft_max = float(out[0])
         self.n_total += len(t)
         self.n_burst += int(out[1])
@@ -903,3 +1419,15 @@ class CompiledEndpointSim(_eng.EndpointSim):
         self.n_rejected += int(out[3])
         if self.ov.rollout is not None:
             self.ov.rollout.bad_requests += int(out[4])
+
+
+def hist_bins(x: np.ndarray) -> np.ndarray:
+    """engine.hist_index's bins for a float64 array, from the edge tables (hist_tables) where they hold."""
+    tables = hist_tables()
+    if tables is None:
+        return _eng.hist_index(x)
+    edges, lut, key_min = tables
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    out = np.empty(len(x), dtype=np.int64)
+    _hist_bins(x, x.view(np.int64), edges, lut, key_min, out)
+    return out

@@ -109,6 +109,73 @@ def test_rollout_and_floor_overrides_are_identical(planned_stacks, warm):
     assert o.rollout.bad_requests > 0 and o.rollout.recovered_s is not None
 
 
+@pytest.mark.parametrize("name,scale,start_h,end_h", [
+    # guard at 5% of its traffic over two days: the floor scales down to its minimum at night and up on the
+    # clock and the queue in the day (pod and node cold starts, on-demand nodes going after 10 idle minutes)
+    ("guard", 0.05, 0.0, 48.0),
+    # autocomplete over Friday and Saturday at 10%: the floor's clock window, the burst's warm minimum on the
+    # clock, containers launched on demand and stopped after the scaledown window
+    ("autocomplete", 0.1, 100.0, 148.0),
+])
+def test_autoscaler_polls_over_days_are_identical(planned_stacks, name, scale, start_h, end_h):
+    """The autoscaler's polls run inside the compiled kernel: every scale-up, drain, cold start, node and
+    container start and stop, and the hourly books they leave, match the reference's polls."""
+    inputs, spec = planned_stacks["prod"]
+    r, _ = _both(inputs, spec, name, seed=8, start_h=start_h, end_h=end_h, rate_scale=scale)
+    assert r.pod_cold_starts + r.node_cold_starts > 0
+    assert min(r.hourly_floor_replicas) < max(r.hourly_floor_replicas)  # the floor moved
+    if name == "autocomplete":
+        assert r.container_cold_starts > 0
+
+
+@pytest.mark.parametrize("in_flight,threshold_set", [(0, True), (1200, True), (1800, True), (1800, False)])
+def test_one_poll_is_identical(planned_stacks, in_flight, threshold_set):
+    """One poll from the same state on both engines (prod assist's 8 replicas at Monday 10:00 and a burst
+    backlog set by hand, as tests/test_simulate.py's trigger test): the same replicas added, the same
+    trigger figures, the same books."""
+    from tests.test_simulate import _without_burst_backlog_trigger
+
+    inputs, spec = planned_stacks["prod"]
+    if not threshold_set:
+        spec = _without_burst_backlog_trigger(spec, "assist")
+    ep, ep_in = spec.endpoint("assist"), next(e for e in inputs.endpoints if e.name == "assist")
+    start = 10 * 3600.0
+    sims = [cls(inputs, ep_in, ep, start, start + 3600.0, np.random.default_rng(0))
+            for cls in (EndpointSim, CompiledEndpointSim)]
+    for sim in sims:
+        sim.burst_inflight = in_flight
+        for k in range(1, 4):
+            sim.tick(start + k * ep.autoscaling.polling_interval_s)
+    ref, fast = sims
+    assert list(ref.f_state) == list(fast.f_state) and list(ref.f_ready_at) == list(fast.f_ready_at)
+    for name in ("nodes_up", "pod_starts", "node_starts", "backlog_polls", "backlog_replicas_added", "backlog_peak",
+                 "od_node_s", "res_node_s", "next_ready", "last_tick", "container_launches"):
+        assert getattr(ref, name) == getattr(fast, name), name
+    assert ref.tally.floor_replica_s.tolist() == fast.tally.floor_replica_s.tolist()
+    assert (ref.backlog_replicas_added > 0) == (in_flight > 1176 and threshold_set)
+
+
+class _TinyArrays(CompiledEndpointSim):
+    """Every array starts at its smallest, so each kind of growth (replicas, containers, completions, the KV
+    check's blocks, the HPA's windows) happens mid-run."""
+
+    initial_rows = 1
+    initial_runs_depth = 1
+    initial_heap_rows = 2
+    initial_window_rows = 1
+
+
+@pytest.mark.parametrize("name,scale,start_h,end_h", [("assist", 1.0, 116.0, 116.2), ("guard", 0.05, 0.0, 12.0)])
+def test_growing_every_array_mid_run_changes_nothing(planned_stacks, monkeypatch, name, scale, start_h, end_h):
+    from simulator import compiled
+
+    inputs, spec = planned_stacks["prod"]
+    ref = simulate_endpoint(inputs, spec, name, seed=9, start_h=start_h, end_h=end_h, rate_scale=scale, compiled=False)
+    monkeypatch.setattr(compiled, "CompiledEndpointSim", _TinyArrays)
+    fast = simulate_endpoint(inputs, spec, name, seed=9, start_h=start_h, end_h=end_h, rate_scale=scale, compiled=True)
+    assert _same(dataclasses.asdict(ref), dataclasses.asdict(fast))
+
+
 def test_compiled_queue_matches_erlang_c_and_the_reference_waits(planned_stacks):
     """Poisson arrivals, exponential service, 4 slots at ρ = 0.75 on one replica: the compiled engine's mean
     wait is within 5% of Erlang C over 400,000 arrivals, and the reference engine's waits are the same."""
@@ -158,3 +225,35 @@ def test_latency_histogram_bins_by_hand():
     x = np.array([1.0, 10.0, 2.0, 0.0, math.inf, 1e9])
     assert hist_index(x).tolist() == [1500, 1800, 1590, 0, HIST_BINS - 1, HIST_BINS - 1]
     assert x.tolist() == [1.0, 10.0, 2.0, 0.0, math.inf, 1e9]  # the input is left as it was
+
+
+def test_compiled_histogram_bins_are_the_reference_bins():
+    """The compiled tally bins latencies by edges read off engine.hist_index (no log10 per request): every
+    value lands where hist_index puts it — across eight decades, on each edge and the doubles either side of
+    it, and the special values (no latency, ∞ for a refusal, NaN, below and above the histogram's range)."""
+    from simulator.compiled import hist_bins, hist_tables
+    from simulator.engine import HIST_BINS, hist_index
+
+    tables = hist_tables()
+    assert tables is not None  # this platform's log10 passed the check around every edge
+    edges = tables[0][1:-1]
+    assert len(edges) == HIST_BINS - 1
+    x = np.concatenate([
+        np.random.default_rng(0).lognormal(-2.0, 3.0, 200_000), edges, np.nextafter(edges, 0.0),
+        np.nextafter(edges, np.inf), [0.0, -0.0, -1.0, 1e-13, 1e-12, 1e5, 1e6, np.inf, -np.inf, np.nan, 5e-324]])
+    assert hist_bins(x).tolist() == hist_index(x).tolist()
+    # the hand-worked bins of test_latency_histogram_bins_by_hand
+    assert hist_bins(np.array([1.0, 10.0, 2.0, 0.0, math.inf, 1e9])).tolist() == [1500, 1800, 1590, 0, HIST_BINS - 1,
+                                                                                  HIST_BINS - 1]
+
+
+def test_endpoints_in_threads_give_the_same_week(planned_stacks):
+    """simulate_week runs the endpoints in threads by default (each has its own random stream and state):
+    the same results as one after the other."""
+    from simulator.simulate import simulate_week
+
+    inputs, spec = planned_stacks["prod"]
+    one = simulate_week(inputs, spec, seed=10, start_h=9.0, end_h=9.2, workers=1)
+    three = simulate_week(inputs, spec, seed=10, start_h=9.0, end_h=9.2, workers=3)
+    assert len(one.endpoints) == 3
+    assert _same(dataclasses.asdict(one), dataclasses.asdict(three))
