@@ -280,7 +280,7 @@ class ServingMocks(pulumi_mocks.Mocks):
 def read_stack_config(stack_file: str | Path) -> tuple[str, dict[str, Any]]:
     """(stack name, {"project:key": value}) from a `stacks/Pulumi.<stack>.yaml` file."""
     p = Path(stack_file)
-    doc = yaml.safe_load(p.read_text())
+    doc = yaml.load(p.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
         raise ValueError(f"{p}: not a Pulumi stack file (no top-level 'config' mapping)")
     name = p.name.removeprefix("Pulumi.").removesuffix(".yaml").removesuffix(".yml")
