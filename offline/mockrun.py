@@ -12,10 +12,11 @@ import concurrent.futures
 import contextlib
 import gc
 import hashlib
-import json
 import inspect
+import json
 import runpy
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +24,11 @@ from typing import Any
 
 import pulumi
 import yaml
+from google.protobuf import struct_pb2
 from pulumi import _types
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import resource as pulumi_runtime_resource
 from pulumi.runtime import rpc, settings
-from google.protobuf import struct_pb2
 from pulumi.runtime.proto import provider_pb2, resource_pb2, source_pb2
 
 from .sdk_imports import load_on_demand
@@ -341,7 +342,7 @@ def run_function(
     # the program runs on a loop of its own whose executor answers monitor calls inline (see _Inline); the
     # thread's own loop, if any, is left as it was for other users of Pulumi's mocks in this process
     policy = asyncio.get_event_loop_policy()
-    previous_loop = policy.get_event_loop()
+    previous_loop = _current_loop(policy)
     policy.set_event_loop(_program_loop())
     monitor = RecordingMonitor(ServingMocks(stack_reference_outputs))
     try:
@@ -364,6 +365,16 @@ def run_function(
 
 
 _LOOP: asyncio.AbstractEventLoop | None = None
+
+
+def _current_loop(policy: asyncio.AbstractEventLoopPolicy) -> asyncio.AbstractEventLoop | None:
+    """The thread's event loop, as Pulumi's `_sync_await` would find it (made if none, up to Python 3.13)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: making one implicitly is deprecated
+        try:
+            return policy.get_event_loop()
+        except RuntimeError:  # 3.14+: none is made
+            return None
 
 
 def _program_loop() -> asyncio.AbstractEventLoop:
