@@ -6,7 +6,11 @@ Reports medians of wall time and of CPU time (this process's, or the child's for
   * the prod stack, cold: a fresh interpreter (imports of pulumi, pulumi_aws submodules, the planner);
   * the prod stack, warm: the program re-run in one process (what a test session pays per stack);
   * synthetic stacks of 1, 10 and 50 endpoints, each a copy of the prod stack's `--template` endpoint
-    under a new name (planning included, since `pulumi up` plans too).
+    under a new name (planning included, since `pulumi up` plans too), and two parts of that time:
+      plan     reading the inputs and planning them alone (`inputs_from_document` + `plan`, as the program does);
+      floor    Pulumi's runtime and the mock monitor alone: the same resources (types, names, parents, recorded
+               inputs) declared as bare CustomResource / ComponentResource objects by a program that does nothing
+               else, under the same runner. What no change to our components can take away.
 Target: prod under 5 s; time per endpoint roughly constant (linear growth), under 80 ms CPU (issue #17).
 Not a test. State the machine's load (`uptime`) next to the figures: the wall ones move with it.
 """
@@ -26,7 +30,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from offline.mockrun import read_stack_config, run_program  # noqa: E402
+import datetime as dt  # noqa: E402
+import json  # noqa: E402
+
+import pulumi  # noqa: E402
+
+from offline.mockrun import Recording, read_stack_config, run_function, run_program  # noqa: E402
+from topology.loading import inputs_from_document  # noqa: E402
+from topology.plan import plan  # noqa: E402
 
 PROD = ROOT / "stacks" / "Pulumi.prod.yaml"
 INPUTS_KEY = "llm-serving:inputs"
@@ -40,6 +51,35 @@ def synthetic_config(config: dict, template: str, n: int) -> dict:
         raise SystemExit(f"--template {template!r}: no such endpoint; have {[e['name'] for e in inputs['endpoints']]}")
     inputs["endpoints"] = [{**copy.deepcopy(src), "name": f"ep-{i:03d}"} for i in range(1, n + 1)]
     return {**config, INPUTS_KEY: inputs}
+
+
+def plan_only(config: dict) -> None:
+    """What the program does before declaring anything: read the inputs and plan them."""
+    date = config.get("llm-serving:planningDate")
+    inputs = inputs_from_document(json.loads(json.dumps(config[INPUTS_KEY])), "bench", ROOT, today=dt.date.today())
+    plan(inputs, planning_date=dt.date.fromisoformat(date) if date else dt.date.today())
+
+
+def bare_program(rec: Recording):
+    """A program declaring the recorded resources as bare CustomResource / ComponentResource objects (same types,
+    names, parents, inputs; no component code, no typed SDK classes, no planning)."""
+    urns = {r.urn for r in rec.resources}
+
+    def program() -> None:
+        made: dict[str, pulumi.Resource] = {}
+        pending = list(rec.resources)
+        while pending:  # parents first
+            later = []
+            for r in pending:
+                if r.parent in urns and r.parent not in made:
+                    later.append(r)
+                    continue
+                opts = pulumi.ResourceOptions(parent=made.get(r.parent))
+                made[r.urn] = (pulumi.CustomResource(r.type, r.name, dict(r.inputs), opts) if r.custom
+                               else pulumi.ComponentResource(r.type, r.name, None, opts))
+            pending = later
+
+    return program
 
 
 def timed(fn, repeats: int) -> tuple[float, float]:
@@ -89,12 +129,20 @@ def main() -> int:
           f"warm {warm_wall:.2f} s wall, {warm_cpu:.2f} s CPU (median of {args.repeats})")
 
     print(f"\ngrowth, copies of endpoint {args.template!r} (median of {args.repeats}):")
-    print(f"{'endpoints':>9} {'resources':>9} {'wall s':>8} {'CPU s':>8} {'CPU ms/endpoint':>16}")
+    print(f"{'endpoints':>9} {'resources':>9} {'wall s':>8} {'CPU s':>8} {'CPU ms/endpoint':>16} "
+          f"{'of it: plan':>12} {'floor':>6} {'rest':>5}")
     for n in (int(x) for x in args.sizes.split(",")):
         cfg = synthetic_config(config, args.template, n)
         wall, cpu = timed(lambda: run_program(stack, cfg), args.repeats)
-        resources = len(run_program(stack, cfg).resources)
-        print(f"{n:>9} {resources:>9} {wall:>8.2f} {cpu:>8.2f} {1000 * cpu / n:>16.0f}")
+        rec = run_program(stack, cfg)
+        _, plan_cpu = timed(lambda: plan_only(cfg), args.repeats)
+        bare = bare_program(rec)
+        _, floor_cpu = timed(lambda: run_function(bare, stack=stack), args.repeats)
+        per = [1000 * x / n for x in (cpu, plan_cpu, floor_cpu, cpu - plan_cpu - floor_cpu)]
+        print(f"{n:>9} {len(rec.resources):>9} {wall:>8.2f} {cpu:>8.2f} {per[0]:>16.0f} {per[1]:>12.0f} {per[2]:>6.0f} "
+              f"{per[3]:>5.0f}")
+    print("(ms per endpoint, CPU: plan = inputs and planning alone; floor = the same resources declared bare under "
+          "the same runner, Pulumi's runtime and the mock monitor; rest = our components, typed SDK classes, exports)")
     print(f"1-minute load average at end: {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -176,7 +176,8 @@ def replication_destinations(settings: StackSettings, stack: str, spec: Topology
         path = project_root / "stacks" / f"Pulumi.{other}.yaml"
         if not path.exists():
             raise InputError(f"llm-serving:weightReplication.destinationStacks names {other!r}, but {path} does not exist")
-        doc = (yaml.safe_load(path.read_text()) or {}).get("config", {})
+        # libyaml's parser when PyYAML has it (the wheels do): the same document, eight times faster to read
+        doc = (yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}).get("config", {})
         key = next((k for k in doc if k.endswith(":inputs")), None)
         if key is None:
             raise InputError(f"{path}: no '<project>:inputs' key to plan the weight caches of stack {other!r}")

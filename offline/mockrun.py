@@ -7,12 +7,16 @@ are derived from names only (no randomness), so two runs record identical resour
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import gc
 import hashlib
+import inspect
 import json
 import runpy
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +24,12 @@ from typing import Any
 
 import pulumi
 import yaml
+from google.protobuf import struct_pb2
+from pulumi import _types
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import resource as pulumi_runtime_resource
 from pulumi.runtime import rpc, settings
-from pulumi.runtime.proto import source_pb2
+from pulumi.runtime.proto import provider_pb2, resource_pb2, source_pb2
 
 from .sdk_imports import load_on_demand
 
@@ -89,46 +95,140 @@ def _canonical(value: Any) -> Any:
     return value
 
 
+class _Inline(concurrent.futures.ThreadPoolExecutor):
+    """An executor that runs each call at once in the calling thread.
+
+    The runtime sends every monitor call through the event loop's default executor, as it must for a gRPC
+    monitor that blocks; the mock monitor answers in microseconds, and a hop to a worker thread and back per
+    resource (the GIL handed over twice, the loop woken through its self-pipe) cost more than the answer."""
+
+    def submit(self, fn, /, *args, **kwargs):  # noqa: ANN001, ANN201 (Executor's signature)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine, as a worker thread would
+            future.set_exception(e)
+        return future
+
+
+# Wire forms the monitor cannot turn into a response without the runtime (a resource reference is
+# rehydrated into a Resource, an asset or archive into its class): those calls take the runtime's own path.
+_RUNTIME_ONLY_SIGS = (rpc._special_resource_sig.encode(), rpc._special_asset_sig.encode(),
+                      rpc._special_archive_sig.encode(), rpc._special_output_value_sig.encode())
+
+
+def _needs_runtime(message: Any) -> bool:
+    return any(sig in message.SerializeToString() for sig in _RUNTIME_ONLY_SIGS)
+
+
+def _struct(values: Mapping[str, Any]) -> struct_pb2.Struct:
+    """What `rpc.serialize_properties` makes of plain values (dicts, lists, strings, numbers, booleans, None, a
+    secret's wire dict), made without an event loop; top-level None values are left out as it leaves them out.
+    Raises ValueError for anything else."""
+    out = struct_pb2.Struct()
+    out.update({k: v for k, v in values.items() if v is not None})
+    return out
+
+
 class RecordingMonitor(pulumi_mocks.MockMonitor):
+    """Pulumi's MockMonitor, recording, and answering in the calling thread.
+
+    The base class answers through `_sync_await(rpc.serialize_properties(...))`, which needs its own event loop
+    (it ran in an executor thread); with the program's loop running in this thread that would re-enter it. So
+    RegisterResource, ReadResource and Invoke build their answers synchronously, with the same wire values
+    (`_struct`), and hand the rare request holding a resource reference, asset or archive to the base class
+    on a thread of its own, as before."""
+
     def __init__(self, mocks: pulumi_mocks.Mocks) -> None:
         super().__init__(mocks)
         self.recorded: list[RecordedResource] = []
+        self._runtime_thread: concurrent.futures.ThreadPoolExecutor | None = None
 
-    def RegisterResource(self, request):  # noqa: N802 (gRPC method name)
-        response = super().RegisterResource(request)
-        if request.type != "pulumi:pulumi:Stack":
-            inputs = rpc.deserialize_properties(request.object, keep_unknowns=False)
-            self.recorded.append(RecordedResource(
-                type=request.type,
-                name=request.name,
-                urn=response.urn,
-                parent=request.parent,
-                custom=bool(request.custom),
-                protect=bool(request.protect),
-                provider=request.provider,
-                dependencies=tuple(request.dependencies),
-                ignore_changes=tuple(request.ignoreChanges),
-                inputs=_canonical(inputs),
-            ))
-        return response
+    def _in_runtime_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._runtime_thread is None:
+            self._runtime_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mock-monitor")
+        return self._runtime_thread.submit(fn, *args).result()
 
+    def close(self) -> None:
+        if self._runtime_thread is not None:
+            self._runtime_thread.shutdown()
 
-    def ReadResource(self, request):  # noqa: N802 (gRPC method name)
-        # reads of existing resources (StackReference, `get` calls) are part of what a program depends on
-        response = super().ReadResource(request)
+    def _record(self, request: Any, urn: str, inputs: dict[str, Any], *, custom: bool, protect: bool,
+                ignore_changes: tuple[str, ...]) -> None:
         self.recorded.append(RecordedResource(
             type=request.type,
             name=request.name,
-            urn=response.urn,
+            urn=urn,
             parent=request.parent,
-            custom=True,
-            protect=False,
+            custom=custom,
+            protect=protect,
             provider=request.provider,
             dependencies=tuple(request.dependencies),
-            ignore_changes=(),
-            inputs=_canonical(rpc.deserialize_properties(request.properties, keep_unknowns=False)),
+            ignore_changes=ignore_changes,
+            inputs=inputs,
         ))
+
+    def _answer(self, values: Mapping[str, Any]) -> struct_pb2.Struct:
+        try:
+            return _struct(values)
+        except ValueError:  # the mock answered with something other than plain values
+            return self._in_runtime_thread(_serialize_in_own_loop, values)
+
+    def RegisterResource(self, request):  # noqa: N802 (gRPC method name)
+        if request.type == "pulumi:pulumi:Stack":
+            return super().RegisterResource(request)
+        if _needs_runtime(request.object):
+            response, inputs = self._in_runtime_thread(
+                lambda: (super(RecordingMonitor, self).RegisterResource(request),
+                         _canonical(rpc.deserialize_properties(request.object, keep_unknowns=False))))
+        else:
+            urn = self.make_urn(request.parent, request.type, request.name)
+            state = rpc.deserialize_properties(request.object)
+            inputs = _canonical(state)  # before the mock sees them: a mock may change what it is given
+            id_, state = self.mocks.new_resource(pulumi_mocks.MockResourceArgs(
+                typ=request.type, name=request.name, inputs=state, provider=request.provider,
+                resource_id=request.importId, custom=request.custom or False,
+                transforms=pulumi_mocks._resolve_callbacks(request.transforms),
+            ))
+            response = resource_pb2.RegisterResourceResponse(urn=urn, id=id_, object=self._answer(state))
+            self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, id_, state)
+        self._record(request, response.urn, inputs, custom=bool(request.custom), protect=bool(request.protect),
+                     ignore_changes=tuple(request.ignoreChanges))
         return response
+
+    def ReadResource(self, request):  # noqa: N802 (gRPC method name)
+        # reads of existing resources (StackReference, `get` calls) are part of what a program depends on
+        if _needs_runtime(request.properties):
+            response, inputs = self._in_runtime_thread(
+                lambda: (super(RecordingMonitor, self).ReadResource(request),
+                         _canonical(rpc.deserialize_properties(request.properties, keep_unknowns=False))))
+        else:
+            state = rpc.deserialize_properties(request.properties)
+            inputs = _canonical(state)
+            id_, state = self.mocks.new_resource(pulumi_mocks.MockResourceArgs(
+                typ=request.type, name=request.name, inputs=state, provider=request.provider,
+                resource_id=request.id,
+            ))
+            urn = self.make_urn(request.parent, request.type, request.name)
+            response = resource_pb2.ReadResourceResponse(urn=urn, properties=self._answer(state))
+            self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, id_, state)
+        self._record(request, response.urn, inputs, custom=True, protect=False, ignore_changes=())
+        return response
+
+    def Invoke(self, request):  # noqa: N802 (gRPC method name)
+        if request.tok == "pulumi:pulumi:getResource" or _needs_runtime(request.args):
+            return self._in_runtime_thread(super().Invoke, request)
+        answer = self.mocks.call(pulumi_mocks.MockCallArgs(
+            token=request.tok, args=rpc.deserialize_properties(request.args), provider=request.provider))
+        failures = None
+        if not isinstance(answer, dict):
+            answer, failures = answer[0], [provider_pb2.CheckFailure(property=p, reason=r) for p, r in answer[1]]
+        return resource_pb2.ResourceInvokeResponse(failures=failures, **{"return": self._answer(answer)})
+
+
+def _serialize_in_own_loop(values: Mapping[str, Any]) -> struct_pb2.Struct:
+    """The runtime's serialization, on a thread with an event loop of its own (as the base monitor runs it)."""
+    return pulumi_mocks._sync_await(rpc.serialize_properties(values, {}))
 
 
 def _mock_id(type_: str, name: str) -> str:
@@ -181,7 +281,7 @@ class ServingMocks(pulumi_mocks.Mocks):
 def read_stack_config(stack_file: str | Path) -> tuple[str, dict[str, Any]]:
     """(stack name, {"project:key": value}) from a `stacks/Pulumi.<stack>.yaml` file."""
     p = Path(stack_file)
-    doc = yaml.safe_load(p.read_text())
+    doc = yaml.load(p.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
         raise ValueError(f"{p}: not a Pulumi stack file (no top-level 'config' mapping)")
     name = p.name.removeprefix("Pulumi.").removesuffix(".yaml").removesuffix(".yml")
@@ -239,21 +339,78 @@ def run_function(
     pulumi.runtime.set_all_config(
         {k: v if isinstance(v, str) else json.dumps(v) for k, v in (config or {}).items()}
     )
+    # the program runs on a loop of its own whose executor answers monitor calls inline (see _Inline); the
+    # thread's own loop, if any, is left as it was for other users of Pulumi's mocks in this process
+    policy = asyncio.get_event_loop_policy()
+    previous_loop = _current_loop(policy)
+    policy.set_event_loop(_program_loop())
     monitor = RecordingMonitor(ServingMocks(stack_reference_outputs))
-    pulumi.runtime.set_mocks(monitor.mocks, project=project, stack=stack, preview=False, monitor=monitor)
-    recording = Recording(stack=stack)
+    try:
+        pulumi.runtime.set_mocks(monitor.mocks, project=project, stack=stack, preview=False, monitor=monitor)
+        recording = Recording(stack=stack)
 
-    @pulumi.runtime.test
-    def _run():
-        fn()
-        stack_resource = settings.get_root_resource()
-        outputs = dict(getattr(stack_resource, "outputs", {}))
-        return pulumi.Output.all(**outputs).apply(lambda v: recording.outputs.update(_canonical(v)))
+        @pulumi.runtime.test
+        def _run():
+            fn()
+            stack_resource = settings.get_root_resource()
+            return _resolved(dict(getattr(stack_resource, "outputs", {})), recording.outputs)
 
-    with _fewer_collections(), _without_source_positions():
-        _run()
+        with _fewer_collections(), _without_source_positions():
+            _run()
+    finally:
+        monitor.close()
+        policy.set_event_loop(previous_loop)
     recording.resources = sorted(monitor.recorded, key=lambda r: r.urn)
     return recording
+
+
+_LOOP: asyncio.AbstractEventLoop | None = None
+
+
+def _current_loop(policy: asyncio.AbstractEventLoopPolicy) -> asyncio.AbstractEventLoop | None:
+    """The thread's event loop, as Pulumi's `_sync_await` would find it (made if none, up to Python 3.13)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: making one implicitly is deprecated
+        try:
+            return policy.get_event_loop()
+        except RuntimeError:  # 3.14+: none is made
+            return None
+
+
+def _program_loop() -> asyncio.AbstractEventLoop:
+    """One event loop for every program run in this process (as the thread's loop was before), with the
+    inline executor."""
+    global _LOOP
+    if _LOOP is None or _LOOP.is_closed():
+        _LOOP = asyncio.new_event_loop()
+        _LOOP.set_default_executor(_Inline())
+    return _LOOP
+
+
+async def _resolved(outputs: dict[str, Any], into: dict[str, Any]) -> None:
+    """The stack outputs with every Output in them awaited, canonical, into `into`.
+
+    What `Output.all(**outputs)` gives, without lifting every plain value of the exports (the whole spec)
+    into an Output of its own: a dict, list or tuple is walked, an Output or awaitable awaited and its value
+    walked in turn, an input type (args class) rebuilt from its walked fields, anything else kept."""
+
+    async def walk(value: Any) -> Any:
+        if isinstance(value, pulumi.Output):
+            return await walk(await value.future(with_unknowns=True))
+        if isinstance(value, dict):
+            return {await walk(k): await walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [await walk(v) for v in value]
+        if isinstance(value, tuple):
+            return tuple([await walk(v) for v in value])
+        if _types.is_input_type(type(value)):
+            fields = {k: await walk(v) for k, v in value.__dict__.items()}
+            return type(value)(**fields) if fields else type(value)()
+        if inspect.isawaitable(value):
+            return await walk(await value)
+        return value
+
+    into.update(_canonical(await walk(outputs)))
 
 
 def run_program(

@@ -63,6 +63,48 @@ def test_a_window_wrapping_past_sunday_midnight_keeps_its_node_across_the_wrap(p
     assert [(m.minute_of_week, m.min_nodes) for m in pool_minimums(spec)["guard-on-demand"]] == [(60, 0), (9994, 2)]
 
 
+def test_the_minimum_follows_the_windows_at_every_minute_of_the_week(prod_spec):
+    """Random window sets for guard (overlapping, touching, wrapping past Sunday, a lead-shifted start landing on
+    another window's end): the change points, replayed as a step function over the week, give at every minute
+    the nodes that minute's most demanding window needs — worked here minute by minute from the window
+    definitions (6-minute lead, 7 replicas on the reserved node, 7 per on-demand node, at most 2 nodes)."""
+    import random
+
+    week = 7 * 24 * 60
+    base = prod_spec.endpoint("guard").floor.windows[0]
+    rng = random.Random(17)
+    for _ in range(60):
+        windows = []
+        for _ in range(rng.randint(1, 4)):
+            start = rng.choice([rng.randrange(week), 0, 6, week - 1])
+            end = rng.choice([rng.randrange(week), (start + rng.randint(1, 600)) % week, (start + 6) % week])
+            windows.append(base.model_copy(update={"start_minute_of_week": start, "end_minute_of_week": end,
+                                                   "replicas": rng.randint(1, 30)}))
+        spec = prod_spec.model_copy(update={"endpoints": tuple(
+            e.model_copy(update={"floor": e.floor.model_copy(update={"windows": tuple(windows)})})
+            if e.name == "guard" else e for e in prod_spec.endpoints)})
+        replicas = [0] * week
+        for w in windows:
+            m = (w.start_minute_of_week - 6) % week
+            while m != w.end_minute_of_week:
+                replicas[m] = max(replicas[m], w.replicas)
+                m = (m + 1) % week
+        want = [min(2, -(-max(0, r - 7) // 7)) for r in replicas]
+        changes = pool_minimums(spec).get("guard-on-demand", ())
+        if not changes:
+            assert len(set(want)) == 1
+            continue
+        minutes = [c.minute_of_week for c in changes]
+        assert minutes == sorted(set(minutes))
+        got, level = [], changes[-1].min_nodes  # before the first change: the level the week ends with
+        by_minute = {c.minute_of_week: c.min_nodes for c in changes}
+        for m in range(week):
+            level = by_minute.get(m, level)
+            got.append(level)
+        assert got == want, windows
+        assert all(c.min_nodes != want[(c.minute_of_week - 1) % week] for c in changes)  # each one a change
+
+
 def test_scheduled_actions_change_only_the_groups_minimum():
     rec = recording("prod")
     schedules = rec.of_type("aws:autoscaling/schedule:Schedule")

@@ -186,7 +186,8 @@ def _cmd_preflight(args: argparse.Namespace) -> int:
     return cli_main(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line; given the `command` about to run, only that one's options need its imports."""
     p = argparse.ArgumentParser(prog="python -m topology", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -208,9 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     pd.set_defaults(func=_cmd_diff)
 
     ps = sub.add_parser("simulate", help="replay a week (or a trace) through a stack's plan; run failure drills")
-    from simulator.cli import add_arguments
+    if command in (None, "simulate"):  # importing the simulator (numba) costs every other command 0.2 s
+        from simulator.cli import add_arguments
 
-    add_arguments(ps)
+        add_arguments(ps)
     ps.set_defaults(func=_cmd_simulate)
 
     pr = sub.add_parser("render", help="run the Pulumi program under mocks; write Kubernetes YAML and an inventory")
@@ -247,7 +249,8 @@ def _show_notice(show: Callable[..., None]) -> Callable[..., None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
     args = parser.parse_args(argv)
     try:
         with warnings.catch_warnings():

@@ -66,10 +66,13 @@ def pool_minimums(spec: TopologySpec) -> dict[str, tuple[NodeMinimum, ...]]:
                 need = math.ceil(max(0, replicas - reserved_replicas) / per_node)
                 return min(pool.max_nodes, max(pool.min_nodes, need))
 
-            levels = [nodes_at(m) for m in range(MINUTES_PER_WEEK)]
+            # the minimum can only change where a window (shifted by the lead) starts or ends: evaluated at those
+            # minutes against the minute before (m - 1 wraps to Sunday 23:59), not at all 10,080
+            edges = sorted({(w.start_minute_of_week - lead) % MINUTES_PER_WEEK for w in e.floor.windows}
+                           | {w.end_minute_of_week for w in e.floor.windows})
             changes = tuple(
-                NodeMinimum(pool.name, m, levels[m], e.floor.timezone)
-                for m in range(MINUTES_PER_WEEK) if levels[m] != levels[m - 1]  # m - 1 wraps to Sunday 23:59
+                NodeMinimum(pool.name, m, level, e.floor.timezone)
+                for m in edges if (level := nodes_at(m)) != nodes_at((m - 1) % MINUTES_PER_WEEK)
             )
             if changes:
                 out[pool.name] = changes

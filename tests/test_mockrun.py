@@ -1,0 +1,122 @@
+"""The offline runner's recording monitor answers as Pulumi's own MockMonitor does, and records the stack outputs
+as the program exported them.
+
+The monitor answers in the program's thread without the runtime's serializer (offline/mockrun.py); the reference
+here is Pulumi's stock MockMonitor, run the stock way (set_mocks, its executor threads), over the same program.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pytest
+from pulumi.runtime import settings
+
+from offline.mockrun import SECRET, ServingMocks, _canonical, run_function
+
+# inputs of every wire shape: nested maps, lists holding None, ints and fractions, booleans, unicode, empties
+SPEC: dict[str, Any] = {
+    "replicas": 3, "ratio": 0.25, "flags": [True, False], "gaps": [None, 1, "x"], "empty": {}, "none": [],
+    "nested": {"deeper": {"name": "gpu-ü", "port": 8000}},
+}
+
+
+class Thing(pulumi.CustomResource):
+    """A resource with an output for each input and for what the mocks add to an AWS type (arn)."""
+
+    def __init__(self, name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("aws:test/thing:Thing", name, {**props, "arn": None}, opts)
+
+
+def declare() -> dict[str, pulumi.Output]:
+    """Resources with plain, secret, asset and parented inputs; what the program reads back from them."""
+    plain = Thing("plain", {"spec": SPEC, "count": 7})
+    secret = Thing("secret", {"token": pulumi.Output.secret("s3cr3t"), "keep": "x"})
+    asset = Thing("asset", {"code": pulumi.StringAsset("print(1)")})
+    child = Thing("child", {"of": plain.arn}, pulumi.ResourceOptions(parent=plain))
+    return {
+        "spec": plain.spec, "count": plain.count, "plainArn": plain.arn, "plainId": plain.id,
+        "token": secret.token, "tokenIsSecret": pulumi.Output.from_input(secret.token.is_secret()),
+        "arnIsSecret": pulumi.Output.from_input(secret.arn.is_secret()), "keep": secret.keep,
+        "code": asset.code, "childOf": child.of, "childUrn": child.urn,
+    }
+
+
+def _readable(value: Any) -> Any:
+    if isinstance(value, pulumi.StringAsset):
+        return ("StringAsset", value.text)
+    if isinstance(value, dict):
+        return {k: _readable(v) for k, v in value.items()}
+    return value
+
+
+def _read_back_with_stock_monitor() -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    settings.ROOT.set(None)
+    pulumi.runtime.set_mocks(ServingMocks(), project="llm-serving", stack="test", preview=False)
+
+    @pulumi.runtime.test
+    def run():
+        return pulumi.Output.all(**declare()).apply(seen.update)
+
+    run()
+    return _canonical(seen)
+
+
+def test_the_program_reads_back_what_pulumis_own_mock_monitor_gives_it():
+    rec = run_function(lambda: pulumi.export("seen", declare()))
+    ours = rec.outputs["seen"]
+    assert _readable(ours) == _readable(_read_back_with_stock_monitor())
+    # what that is, by hand: the inputs back (nested, None in lists, booleans, floats), the mock's ARN added,
+    # the secret still a secret to the program, the asset an asset
+    assert ours["spec"] == SPEC and ours["count"] == 7
+    assert ours["plainArn"].startswith("arn:aws:test:us-east-1:111122223333:plain-")
+    assert ours["childOf"] == ours["plainArn"]
+    assert (ours["token"], ours["tokenIsSecret"], ours["arnIsSecret"]) == ("s3cr3t", True, False)
+    assert _readable(ours["code"]) == ("StringAsset", "print(1)")
+    # the recording: the secret masked, the parent's URN kept, whole numbers as integers
+    by_name = {r.name: r for r in rec.resources}
+    assert by_name["secret"].inputs == {"keep": "x", "token": SECRET}
+    assert by_name["child"].parent == by_name["plain"].urn and by_name["child"].urn == ours["childUrn"]
+    assert by_name["plain"].inputs["spec"] == SPEC and type(by_name["plain"].inputs["spec"]["replicas"]) is int
+
+
+async def _later(value: Any) -> Any:
+    return value
+
+
+def test_stack_outputs_are_recorded_as_exported_with_every_output_resolved():
+    def program() -> None:
+        res = Thing("plain", {"name": "thing"})
+        pulumi.export("plain", {"a": [1, 2.0, 2.5], "empty": {}, "none": None, "tuple": (1, "b")})
+        pulumi.export("nested", {"arn": res.arn, "list": [res.name, {"deep": res.arn.apply(lambda a: a[:7])}]})
+        pulumi.export("output", res.name)
+        pulumi.export("awaited", pulumi.Output.from_input(_later({"name": res.name})))
+        pulumi.export("secret", pulumi.Output.secret("s3cr3t"))
+
+    rec = run_function(program)
+    # as Output.all(**outputs) resolves them (a tuple stays a tuple), whole numbers as integers
+    assert rec.outputs["plain"] == {"a": [1, 2, 2.5], "empty": {}, "none": None, "tuple": (1, "b")}
+    assert rec.outputs["output"] == "thing"
+    assert rec.outputs["awaited"] == {"name": "thing"}
+    assert rec.outputs["nested"]["list"] == ["thing", {"deep": "arn:aws"}]
+    assert rec.outputs["nested"]["arn"].startswith("arn:aws:test:us-east-1:111122223333:plain-")
+    assert rec.outputs["secret"] == "s3cr3t"
+
+
+def test_an_invoke_the_mocks_do_not_answer_fails_loudly():
+    def program() -> None:
+        pulumi.export("vpc", pulumi.runtime.invoke_output("aws:ec2/getVpc:getVpc", {"default": True}))
+
+    with pytest.raises(Exception, match="the offline mocks answer no invoke 'aws:ec2/getVpc:getVpc'"):
+        run_function(program)
+
+
+def test_an_answered_invoke_reaches_the_program():
+    def program() -> None:
+        pulumi.export("tables", pulumi.runtime.invoke_output("aws:ec2/getRouteTables:getRouteTables",
+                                                             {"vpcId": "vpc-0abc123456"}))
+
+    rec = run_function(program)
+    assert rec.outputs["tables"]["ids"] == ["rtb-123456-private-a", "rtb-123456-private-b"]
