@@ -282,15 +282,11 @@ end
 -- waits for that post. Every limit drops a record and counts it (llm_gateway_quality_dropped_total):
 -- captures in progress per endpoint, record posts in flight, the recorder's answer.
 --
--- http-request lua.llm_quality <endpoint> <fraction> <served version> <candidate version or -> <dst>
+-- http-request lua.llm_quality <endpoint> <served version> <candidate version or -> <dst>
 --   <capture bytes> <captures cap> <posts cap> <post timeout ms>
 -- served: the version the stable track (floor, burst) serves; candidate: the canary's or shadow's version.
--- per-request choices (quality sampling, shadow): seeded to the microsecond, so gateway pods started in the
--- same second draw differently (core.now works in the body context)
-do
-  local t = core.now()
-  math.randomseed(t.sec * 1000000 + t.usec)
-end
+-- The per-request draws are native (`rand` in the config sets txn.q_user / txn.q_mirror), so this action
+-- runs only for the sampled share: a Lua action costs a transaction object per call in HAProxy 2.6.
 local quality_cfg = {}
 local quality_posts = 0
 local quality_counts = { sampled = {}, dropped = {} }  -- "endpoint\tversion" / "endpoint\treason" -> count
@@ -298,7 +294,7 @@ local function quality_count(kind, ep, label)
   local k = ep .. "\t" .. label
   quality_counts[kind][k] = (quality_counts[kind][k] or 0) + 1
 end
-core.register_action("llm_quality", { "http-req" }, function(txn, ep, fraction, served, candidate, dst, cap_bytes,
+core.register_action("llm_quality", { "http-req" }, function(txn, ep, served, candidate, dst, cap_bytes,
                                                              max_captures, max_posts, timeout_ms)
   local c = quality_cfg[ep]
   if not c then
@@ -306,20 +302,13 @@ core.register_action("llm_quality", { "http-req" }, function(txn, ep, fraction, 
           max_captures = tonumber(max_captures), max_posts = tonumber(max_posts), timeout = tonumber(timeout_ms) }
     quality_cfg[ep] = c
   end
-  local f = tonumber(fraction)
-  -- chosen per request, independently for the user's exchange and for its shadow mirror (if one is sent)
-  local user = math.random() < f
-  local mirror = candidate ~= "-" and math.random() < f
-  if not user and not mirror then return end
   txn:set_var("txn.q_ep", ep)
   txn:set_var("txn.q_body", txn.f:req_body() or "")  -- as the client sent it: without the stamped cache_salt
   txn:set_var("txn.q_t0", now_ms())
   local rid = txn.f:req_fhdr("x-request-id") or ""
   txn:set_var("txn.q_rid", #rid > 128 and rid:sub(1, 128) or rid)
   txn:set_var("txn.q_path", txn.f:path() or "/")
-  if user then txn:set_var("txn.q_user", 1) end
-  if mirror then txn:set_var("txn.q_mirror", 1) end
-end, 9)
+end, 8)
 
 local function quality_post(c, ep, version, route, txn_meta, status, body_req, body_resp, truncated, ended)
   if quality_posts >= c.max_posts then quality_count("dropped", ep, "posts_full") return end
@@ -429,8 +418,8 @@ core.register_service("llm_quality_metrics", "http", function(applet)
   applet:send(text)
 end)
 
--- Shadow: http-request lua.llm_shadow <endpoint> <dst> <basis points> <cap> <timeout ms>
--- Chosen per request (basis points of 10,000). The action copies the request as the incumbent will
+-- Shadow: http-request lua.llm_shadow <endpoint> <dst> <cap> <timeout ms>
+-- Chosen per request natively (`rand` in the config: the action runs only for the mirrored share). The action copies the request as the incumbent will
 -- receive it (stamped body, the gateway's headers) and starts a Lua task that posts it to the
 -- loopback shadow frontend with HAProxy's own HTTP client; the answer is read and dropped. The
 -- action returns at once: the user's request never waits for the mirror and its response never
@@ -439,8 +428,7 @@ end)
 local shadow_inflight = {}
 local SHADOW_SKIP = { ["content-length"] = true, ["host"] = true, ["connection"] = true,
   ["transfer-encoding"] = true, ["expect"] = true, ["idempotency-key"] = true }
-core.register_action("llm_shadow", { "http-req" }, function(txn, name, dst, bp, cap, timeout_ms)
-  if math.random(10000) > tonumber(bp) then return end
+core.register_action("llm_shadow", { "http-req" }, function(txn, name, dst, cap, timeout_ms)
   local n = shadow_inflight[name] or 0
   if n >= tonumber(cap) then return end
   local body = txn.f:req_body() or ""
@@ -470,7 +458,7 @@ core.register_action("llm_shadow", { "http-req" }, function(txn, name, dst, bp, 
     shadow_inflight[name] = shadow_inflight[name] - 1
     if sample then quality_record_mirror(sample, ok and r or nil) end
   end)
-end, 5)
+end, 4)
 
 -- Floor replica choice: rendezvous (highest-random-weight) hashing of the session key over the
 -- floor's server slots, taking the first replica in the key's order whose in-flight (served +
@@ -531,16 +519,17 @@ end)
 -- first_byte_ms from the request (covers queueing, prefill, a burst cold start); afterwards
 -- inter_chunk_ms between chunks. On expiry it ends the stream with an SSE error event; HAProxy then
 -- drops the unfinished upstream connection, which aborts the generation.
+-- Cost: every callback builds a fresh transaction object in HAProxy 2.6 (fetch, converter, channel and
+-- message tables), so the filter has no start_analyze and registers as a data filter (payload callbacks)
+-- from http_headers, only on the side that needs one: the request only when there is something to stamp,
+-- the response only when it streams or is sampled for quality. A non-streamed request without a stamp
+-- costs three callbacks (two http_headers, end_analyze of the response; the request's end_analyze too).
 local Llm = { id = "llm", flags = filter.FLT_CFG_FL_HTX }
 Llm.__index = Llm
 -- HAProxy calls new() on the per-declaration copy that holds the filter's arguments: inherit from it
 function Llm:new()
   return setmetatable({ started = now_ms(), last = nil, active = false, ended = false, req_done = false },
     { __index = self })
-end
-function Llm:start_analyze(txn, chn)
-  filter.register_data_filter(self, chn)
-  return filter.CONTINUE
 end
 function Llm:end_analyze(txn, chn)
   if chn:is_resp() then
@@ -555,10 +544,19 @@ function Llm:end_analyze(txn, chn)
   return filter.CONTINUE
 end
 function Llm:http_headers(txn, msg)
-  if not msg:is_resp() then return filter.CONTINUE end
+  if not msg:is_resp() then
+    -- after every http-request rule: llm_gate has decided the stamp (burst's ns cap included)
+    if txn:get_var("txn.gate_prefix") or txn:get_var("txn.ns_capped") then
+      filter.register_data_filter(self, txn.req)
+    else
+      self.req_done = true
+    end
+    return filter.CONTINUE
+  end
   self.req_done = true
   self.active = txn:get_var("txn.stream") == 1
   if txn:get_var("txn.q_user") then self.q = quality_begin(txn, msg) end
+  if self.active or self.q then filter.register_data_filter(self, txn.res) end
   if self.active then
     -- engines send headers before the first token: the first-byte clock keeps running, and a
     -- wake-up is needed because no payload callback comes while the upstream stays silent
@@ -607,6 +605,7 @@ function Llm:http_payload(txn, msg)
     local done
     n, done = stamp(txn, msg, n)
     self.req_done = done
+    if done then filter.unregister_data_filter(self, txn.req) end
     return n
   end
   if self.active and not self.ended then n = watch_gaps(self, txn, msg, n) end
