@@ -1,6 +1,6 @@
 """Latency the gateway adds to the first streamed chunk: the rendered prod config vs the upstream alone.
 
-    .venv/bin/python -m benchmarks.bench_gateway [--rounds 5] [--quick] [--compare DIR]
+    .venv/bin/python -m benchmarks.bench_gateway [--rounds 5] [--quick] [--compare DIR] [--without FEATURES ...]
 
 What runs (all on 127.0.0.1, bounded in count and time):
 - upstreams and load generator: `sse_bench.c`, compiled here with cc (one epoll loop each, no
@@ -15,7 +15,12 @@ What runs (all on 127.0.0.1, bounded in count and time):
 - loads: one stream at a time; 200 streams started together; 200 in flight steady (a new stream
   starts when one ends), with short and with long (200-chunk) streams;
 - `--compare DIR`: a fourth path, `before`, the gateway rendered by another checkout of this project (e.g.
-  `git worktree add /tmp/before main`), run side by side and interleaved with the others.
+  `git worktree add /tmp/before main`), run side by side and interleaved with the others;
+- `--without watch` (or `gate`, `pick`, `quality`, `shadow`, `lua`; several joined by `+`; the option
+  repeats): a further path, this gateway with that feature's lines deleted from the rendered config (`watch`:
+  the Lua filter never registers on the response, so no first-byte / inter-chunk limits and no heartbeats;
+  `gate` also ends stamping and the stream watch, which follow from it; `lua`: every Lua line), to see what
+  each feature costs. Not a configuration to run: only a measurement.
 Reported: per load, the median over rounds of p50 and p99 time to first chunk on each path, and the
 gateway's and the minimal proxy's addition over direct; streams lost on any path (must be 0); and the
 HAProxy process's CPU time per stream (its run time from /proc/<pid>/schedstat across the round, divided
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -39,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from components.gateway_config import RenderedGateway, env_name  # noqa: E402
+from components.gateway_config import CONFIG_FILE, LUA_FILE, RenderedGateway, env_name  # noqa: E402
 from tests.gateway_harness import HaproxyProcess, free_port, haproxy_binary, no_recorder, pod_ca_dir  # noqa: E402
 from topology import load_inputs, plan  # noqa: E402
 
@@ -104,6 +110,34 @@ print(json.dumps({"files": r.files, "secret_env": r.secret_env}))
 """
 
 
+# what `--without` deletes from the rendered config (regex on lines) or replaces in the Lua (exact text)
+WITHOUT_CONFIG = {
+    "gate": r"    http-request lua\.llm_gate .*\n",
+    "pick": r"    http-request set-var\(txn\.floor_server\) lua\.llm_pick_floor.*\n",
+    "quality": r"    http-request (lua\.llm_quality|set-var\(txn\.q_(user|mirror)\)) .*\n",
+    "shadow": r"    http-request lua\.llm_shadow .*\n",
+}
+WITHOUT_CONFIG["lua"] = "|".join([*WITHOUT_CONFIG.values(), r"    filter lua\.llm .*\n"])
+WITHOUT_LUA = {"watch": ("  if self.active or self.q then filter.register_data_filter(self, txn.res) end\n", "")}
+
+
+def without(rendered: RenderedGateway, features: str) -> RenderedGateway:
+    cfg, lua = rendered.files[CONFIG_FILE], rendered.files[LUA_FILE]
+    for f in features.split("+"):
+        if f in WITHOUT_LUA:
+            old, new = WITHOUT_LUA[f]
+            if old not in lua:
+                raise SystemExit(f"--without {f}: gateway_lua.py changed; update WITHOUT_LUA")
+            lua = lua.replace(old, new)
+        elif f in WITHOUT_CONFIG:
+            cfg, n = re.subn(WITHOUT_CONFIG[f], "", cfg)
+            if n == 0:
+                raise SystemExit(f"--without {f}: no such line in the rendered config; update WITHOUT_CONFIG")
+        else:
+            raise SystemExit(f"--without {f!r}: known are {sorted([*WITHOUT_CONFIG, *WITHOUT_LUA])}")
+    return RenderedGateway(files={**rendered.files, CONFIG_FILE: cfg, LUA_FILE: lua}, secret_env=rendered.secret_env)
+
+
 def render_gateway(tree: Path | None, stack: str, servers: dict[str, str], workdir: Path):
     """The prod gateway for the bench upstreams, rendered by this checkout (tree None) or another one;
     returns (RenderedGateway, ports by endpoint)."""
@@ -143,6 +177,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="2 rounds, first two loads only (a smoke run)")
     ap.add_argument("--stack", default=str(ROOT / "stacks" / "Pulumi.prod.yaml"))
     ap.add_argument("--compare", metavar="DIR", help="another checkout of this project: its gateway runs as `before`")
+    ap.add_argument("--without", action="append", default=[], metavar="FEATURES",
+                    help="a further gateway path without these features (watch, gate, pick, quality, shadow, lua; join with +)")
     a = ap.parse_args()
     binary = haproxy_binary()
     if binary is None or shutil.which("cc") is None:
@@ -164,10 +200,13 @@ def main() -> int:
                                                    str(INTERVAL_MS)]))
                     servers[up] = f"127.0.0.1:{port}"
                 gws: dict[str, tuple[HaproxyProcess, int]] = {}
-                for path, tree in (("gateway", None), *((("before", Path(a.compare)),) if a.compare else ())):
-                    gw_dir = work / f"{path}-{len(results)}"
+                for path, tree in (("gateway", None), *((("before", Path(a.compare)),) if a.compare else ()),
+                                   *((f"without {w}", None) for w in a.without)):
+                    gw_dir = work / f"{path.replace(' ', '-')}-{len(results)}"
                     gw_dir.mkdir()
                     rendered, ports = render_gateway(tree, a.stack, servers, gw_dir)
+                    if path.startswith("without "):
+                        rendered = without(rendered, path.split(" ", 1)[1])
                     env = {var: f"bench-{key}" for var, key in rendered.secret_env.items()}
                     env[env_name("assist", "acme-api-key")] = KEY
                     gws[path] = (HaproxyProcess(rendered, gw_dir, env, list(ports.values()), prefix=cpu_prefix(PROXY_CORE)),
@@ -214,7 +253,7 @@ def main() -> int:
     print(f"time to first chunk, ms: median over {rounds} interleaved rounds of each round's p50 / p99; "
           f"chunks every {INTERVAL_MS} ms; haproxy under `{placement}`; 1-min load average {load_start:.1f} at the "
           f"start, {load_end:.1f} at the end")
-    paths = ["minimal", "gateway", *(["before"] if a.compare else [])]
+    paths = ["minimal", "gateway", *(["before"] if a.compare else []), *(f"without {w}" for w in a.without)]
     print(f"{'load':<30} {'direct':>15} " + " ".join(f"{p:>15} {'added ' + p:>17}" for p in paths)
           + "  lost  CPU us/stream " + " / ".join(paths))
     for name, row in results.items():
