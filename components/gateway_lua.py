@@ -452,10 +452,10 @@ core.register_service("llm_quality_metrics", "http", function(applet)
 end)
 
 -- Shadow: http-request lua.llm_shadow <endpoint> <dst> <cap> <timeout ms>
--- Chosen per request natively (`rand` in the config: the action runs only for the mirrored share). The action copies the request as the incumbent will
--- receive it (stamped body, the gateway's headers) and starts a Lua task that posts it to the
--- loopback shadow frontend with HAProxy's own HTTP client; the answer is read and dropped. The
--- action returns at once: the user's request never waits for the mirror and its response never
+-- Chosen per request natively (`rand` in the config: the action runs only for the mirrored share).
+-- The action copies the request as the incumbent will receive it (stamped body, the gateway's
+-- headers) and starts a Lua task that posts it to the loopback shadow frontend with HAProxy's own
+-- HTTP client; the answer is read and dropped. The action returns at once: the user's request never waits for the mirror and its response never
 -- passes through it. At most <cap> mirrors per endpoint in flight (this thread's Lua state; the
 -- gateway runs one thread); above that a mirror is skipped, never queued.
 local shadow_inflight = {}
@@ -556,7 +556,7 @@ end)
 -- message tables), so the filter has no start_analyze and registers as a data filter (payload callbacks)
 -- from http_headers, only on the side that needs one: the request only when there is something to stamp,
 -- the response only when it streams or is sampled for quality. A non-streamed request without a stamp
--- costs three callbacks (two http_headers, end_analyze of the response; the request's end_analyze too).
+-- costs four callbacks (two http_headers, two end_analyze) and no payload callback.
 local Llm = { id = "llm", flags = filter.FLT_CFG_FL_HTX }
 Llm.__index = Llm
 -- HAProxy calls new() on the per-declaration copy that holds the filter's arguments: inherit from it
