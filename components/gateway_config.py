@@ -531,17 +531,24 @@ def _endpoint_sections(
         # before the shadow action: it decides whether this request's exchange (and its mirror's) is recorded
         r = e.rollout
         candidate = r.candidate.version if (g.canary is not None or g.shadow is not None) else "-"
-        fl.append(f"    http-request lua.llm_quality {e.name} {q.sample_fraction:.6g} {r.served_version} {candidate} "
+        # drawn natively per request (one in a million resolution), independently for the user's exchange and
+        # for its shadow mirror: the Lua action (a transaction object per call) runs only for the sampled share
+        ppm = max(1, int(round(q.sample_fraction * 1_000_000))) if q.sample_fraction > 0 else 0
+        fl.append(f"    http-request set-var(txn.q_user) int(1) if METH_POST {{ rand(1000000) -m int lt {ppm} }}")
+        if candidate != "-":
+            fl.append(f"    http-request set-var(txn.q_mirror) int(1) if METH_POST {{ rand(1000000) -m int lt {ppm} }}")
+        fl.append(f"    http-request lua.llm_quality {e.name} {r.served_version} {candidate} "
                   f"{quality_bind} {quality_capture_bytes(e)} {QUALITY_MAX_CAPTURES} {QUALITY_MAX_POSTS} "
-                  f"{QUALITY_POST_TIMEOUT_MS} if METH_POST")
+                  f"{QUALITY_POST_TIMEOUT_MS} if {{ var(txn.q_user) -m found }} || {{ var(txn.q_mirror) -m found }}")
     shadow_cap = 0
     if g.shadow is not None:
         # a validated request is mirrored (chosen per request) by a Lua task: this action only copies the
         # stamped body and returns; the user's request goes on at once and never waits for the mirror.
         # At most shadow_cap mirrors in flight from this pod; above that a mirror is skipped, never queued.
         shadow_cap = per_pod_threshold(g.shadow.max_inflight, gateway_replicas)
-        fl.append(f"    http-request lua.llm_shadow {n} {shadow_bind} {int(round(g.shadow.percent * 100))} "
-                  f"{shadow_cap} {whole_ms} if METH_POST")
+        # chosen natively (basis points of 10,000): the Lua action runs only for the mirrored share
+        fl.append(f"    http-request lua.llm_shadow {n} {shadow_bind} {shadow_cap} {whole_ms} "
+                  f"if METH_POST {{ rand(10000) -m int lt {int(round(g.shadow.percent * 100))} }}")
 
     route: list[str] = []
     canary_threshold = threshold

@@ -23,28 +23,57 @@ end
 
 -- A validating JSON parser (RFC 8259 grammar, UTF-8 checked up front): the engine must never
 -- receive a body the gateway only half understood ('{...} xyz', '{"stream":tru}', '{...}{...}').
--- Runs of string content are skipped with string.find, so the cost is per token, not per byte.
+-- Cost is per token, not per byte: Lua's pattern matcher costs tens of ns per byte it scans (a character
+-- class is tried at every position: ~240 us for an 11 KB chat body), plain string.find is memchr. So
+-- string contents are skipped with plain finds of '"' and '\'; raw control characters (never valid
+-- anywhere in JSON except tab, newline and carriage return as whitespace between tokens) are refused by
+-- plain finds over the whole body once, and tab/newline/CR by their next positions, kept per parse, which
+-- must not fall inside a string.
 local MAX_DEPTH = 512  -- deeper nesting is refused (Python's json, in the engine, stops near 1000)
 local ESC = { [34] = 2, [92] = 2, [47] = 2, [98] = 2, [102] = 2, [110] = 2, [114] = 2, [116] = 2 }
+local find, byte, sub = string.find, string.byte, string.sub
+local BAD_CTL = {}  -- control characters other than tab, newline, carriage return
+for c = 0, 31 do
+  if c ~= 9 and c ~= 10 and c ~= 13 then BAD_CTL[#BAD_CTL + 1] = string.char(c) end
+end
+local WS_CTL = { "\t", "\n", "\r" }
+local ws_next = { 0, 0, 0 }  -- per parse: next position of each WS_CTL character at or after the scan point
+
+-- does [j, q) hold a tab, newline or carriage return? (inside a string: invalid)
+local function ws_ctl_before(s, j, q)
+  for c = 1, 3 do
+    local p = ws_next[c]
+    if p < j then
+      p = find(s, WS_CTL[c], j, true) or math.huge
+      ws_next[c] = p
+    end
+    if p < q then return true end
+  end
+  return false
+end
 
 local function read_string(s, i)
   -- s:byte(i) == '"'; returns the index after the closing quote and the raw inner text, or nil
   local j = i + 1
+  local q = find(s, '"', j, true)
   while true do
-    local k = s:find('[\0-\31"\\]', j)
-    if not k then return nil end
-    local c = s:byte(k)
-    if c == 34 then return k + 1, s:sub(i + 1, k - 1) end
-    if c ~= 92 then return nil end  -- a raw control character inside a string
-    local e = s:byte(k + 1)
+    if not q then return nil end
+    local b = find(s, "\\", j, true)
+    if not b or b > q then
+      if ws_ctl_before(s, j, q) then return nil end
+      return q + 1, sub(s, i + 1, q - 1)
+    end
+    if ws_ctl_before(s, j, b) then return nil end
+    local e = byte(s, b + 1)
     if e == 117 then
-      if not s:find("^%x%x%x%x", k + 2) then return nil end
-      j = k + 6
+      if not find(s, "^%x%x%x%x", b + 2) then return nil end
+      j = b + 6
     elseif ESC[e] then
-      j = k + 2
+      j = b + 2
     else
       return nil
     end
+    if j > q then q = find(s, '"', j, true) end  -- the quote was escaped (or inside \u....)
   end
 end
 
@@ -129,6 +158,10 @@ local function top_level_keys(body)
   local i = skip_ws(body, 1)
   if body:byte(i) ~= 123 then return nil, "the request body must be a JSON object" end
   if not utf8.len(body) then return nil, "the request body is not valid UTF-8" end
+  for c = 1, #BAD_CTL do
+    if find(body, BAD_CTL[c], 1, true) then return nil, "the request body is not valid JSON" end
+  end
+  ws_next[1], ws_next[2], ws_next[3] = 0, 0, 0
   local keys = {}
   local j, count = parse_object(body, i, 1, keys)
   if not j then return nil, "the request body is not valid JSON" end
@@ -282,15 +315,11 @@ end
 -- waits for that post. Every limit drops a record and counts it (llm_gateway_quality_dropped_total):
 -- captures in progress per endpoint, record posts in flight, the recorder's answer.
 --
--- http-request lua.llm_quality <endpoint> <fraction> <served version> <candidate version or -> <dst>
+-- http-request lua.llm_quality <endpoint> <served version> <candidate version or -> <dst>
 --   <capture bytes> <captures cap> <posts cap> <post timeout ms>
 -- served: the version the stable track (floor, burst) serves; candidate: the canary's or shadow's version.
--- per-request choices (quality sampling, shadow): seeded to the microsecond, so gateway pods started in the
--- same second draw differently (core.now works in the body context)
-do
-  local t = core.now()
-  math.randomseed(t.sec * 1000000 + t.usec)
-end
+-- The per-request draws are native (`rand` in the config sets txn.q_user / txn.q_mirror), so this action
+-- runs only for the sampled share: a Lua action costs a transaction object per call in HAProxy 2.6.
 local quality_cfg = {}
 local quality_posts = 0
 local quality_counts = { sampled = {}, dropped = {} }  -- "endpoint\tversion" / "endpoint\treason" -> count
@@ -298,7 +327,7 @@ local function quality_count(kind, ep, label)
   local k = ep .. "\t" .. label
   quality_counts[kind][k] = (quality_counts[kind][k] or 0) + 1
 end
-core.register_action("llm_quality", { "http-req" }, function(txn, ep, fraction, served, candidate, dst, cap_bytes,
+core.register_action("llm_quality", { "http-req" }, function(txn, ep, served, candidate, dst, cap_bytes,
                                                              max_captures, max_posts, timeout_ms)
   local c = quality_cfg[ep]
   if not c then
@@ -306,20 +335,13 @@ core.register_action("llm_quality", { "http-req" }, function(txn, ep, fraction, 
           max_captures = tonumber(max_captures), max_posts = tonumber(max_posts), timeout = tonumber(timeout_ms) }
     quality_cfg[ep] = c
   end
-  local f = tonumber(fraction)
-  -- chosen per request, independently for the user's exchange and for its shadow mirror (if one is sent)
-  local user = math.random() < f
-  local mirror = candidate ~= "-" and math.random() < f
-  if not user and not mirror then return end
   txn:set_var("txn.q_ep", ep)
   txn:set_var("txn.q_body", txn.f:req_body() or "")  -- as the client sent it: without the stamped cache_salt
   txn:set_var("txn.q_t0", now_ms())
   local rid = txn.f:req_fhdr("x-request-id") or ""
   txn:set_var("txn.q_rid", #rid > 128 and rid:sub(1, 128) or rid)
   txn:set_var("txn.q_path", txn.f:path() or "/")
-  if user then txn:set_var("txn.q_user", 1) end
-  if mirror then txn:set_var("txn.q_mirror", 1) end
-end, 9)
+end, 8)
 
 local function quality_post(c, ep, version, route, txn_meta, status, body_req, body_resp, truncated, ended)
   if quality_posts >= c.max_posts then quality_count("dropped", ep, "posts_full") return end
@@ -429,18 +451,17 @@ core.register_service("llm_quality_metrics", "http", function(applet)
   applet:send(text)
 end)
 
--- Shadow: http-request lua.llm_shadow <endpoint> <dst> <basis points> <cap> <timeout ms>
--- Chosen per request (basis points of 10,000). The action copies the request as the incumbent will
--- receive it (stamped body, the gateway's headers) and starts a Lua task that posts it to the
--- loopback shadow frontend with HAProxy's own HTTP client; the answer is read and dropped. The
--- action returns at once: the user's request never waits for the mirror and its response never
+-- Shadow: http-request lua.llm_shadow <endpoint> <dst> <cap> <timeout ms>
+-- Chosen per request natively (`rand` in the config: the action runs only for the mirrored share).
+-- The action copies the request as the incumbent will receive it (stamped body, the gateway's
+-- headers) and starts a Lua task that posts it to the loopback shadow frontend with HAProxy's own
+-- HTTP client; the answer is read and dropped. The action returns at once: the user's request never waits for the mirror and its response never
 -- passes through it. At most <cap> mirrors per endpoint in flight (this thread's Lua state; the
 -- gateway runs one thread); above that a mirror is skipped, never queued.
 local shadow_inflight = {}
 local SHADOW_SKIP = { ["content-length"] = true, ["host"] = true, ["connection"] = true,
   ["transfer-encoding"] = true, ["expect"] = true, ["idempotency-key"] = true }
-core.register_action("llm_shadow", { "http-req" }, function(txn, name, dst, bp, cap, timeout_ms)
-  if math.random(10000) > tonumber(bp) then return end
+core.register_action("llm_shadow", { "http-req" }, function(txn, name, dst, cap, timeout_ms)
   local n = shadow_inflight[name] or 0
   if n >= tonumber(cap) then return end
   local body = txn.f:req_body() or ""
@@ -470,7 +491,7 @@ core.register_action("llm_shadow", { "http-req" }, function(txn, name, dst, bp, 
     shadow_inflight[name] = shadow_inflight[name] - 1
     if sample then quality_record_mirror(sample, ok and r or nil) end
   end)
-end, 5)
+end, 4)
 
 -- Floor replica choice: rendezvous (highest-random-weight) hashing of the session key over the
 -- floor's server slots, taking the first replica in the key's order whose in-flight (served +
@@ -531,16 +552,17 @@ end)
 -- first_byte_ms from the request (covers queueing, prefill, a burst cold start); afterwards
 -- inter_chunk_ms between chunks. On expiry it ends the stream with an SSE error event; HAProxy then
 -- drops the unfinished upstream connection, which aborts the generation.
+-- Cost: every callback builds a fresh transaction object in HAProxy 2.6 (fetch, converter, channel and
+-- message tables), so the filter has no start_analyze and registers as a data filter (payload callbacks)
+-- from http_headers, only on the side that needs one: the request only when there is something to stamp,
+-- the response only when it streams or is sampled for quality. A non-streamed request without a stamp
+-- costs four callbacks (two http_headers, two end_analyze) and no payload callback.
 local Llm = { id = "llm", flags = filter.FLT_CFG_FL_HTX }
 Llm.__index = Llm
 -- HAProxy calls new() on the per-declaration copy that holds the filter's arguments: inherit from it
 function Llm:new()
   return setmetatable({ started = now_ms(), last = nil, active = false, ended = false, req_done = false },
     { __index = self })
-end
-function Llm:start_analyze(txn, chn)
-  filter.register_data_filter(self, chn)
-  return filter.CONTINUE
 end
 function Llm:end_analyze(txn, chn)
   if chn:is_resp() then
@@ -555,10 +577,19 @@ function Llm:end_analyze(txn, chn)
   return filter.CONTINUE
 end
 function Llm:http_headers(txn, msg)
-  if not msg:is_resp() then return filter.CONTINUE end
+  if not msg:is_resp() then
+    -- after every http-request rule: llm_gate has decided the stamp (burst's ns cap included)
+    if txn:get_var("txn.gate_prefix") or txn:get_var("txn.ns_capped") then
+      filter.register_data_filter(self, txn.req)
+    else
+      self.req_done = true
+    end
+    return filter.CONTINUE
+  end
   self.req_done = true
   self.active = txn:get_var("txn.stream") == 1
   if txn:get_var("txn.q_user") then self.q = quality_begin(txn, msg) end
+  if self.active or self.q then filter.register_data_filter(self, txn.res) end
   if self.active then
     -- engines send headers before the first token: the first-byte clock keeps running, and a
     -- wake-up is needed because no payload callback comes while the upstream stays silent
@@ -607,6 +638,7 @@ function Llm:http_payload(txn, msg)
     local done
     n, done = stamp(txn, msg, n)
     self.req_done = done
+    if done then filter.unregister_data_filter(self, txn.req) end
     return n
   end
   if self.active and not self.ended then n = watch_gaps(self, txn, msg, n) end

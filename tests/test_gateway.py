@@ -401,6 +401,9 @@ def test_body_checks_read_top_level_keys_only(gw):
     b'{"model":"m","temperature":1.}',             # a fraction without digits
     b'{"model":"m","messages":[1,]}',              # trailing comma
     b'{"model":"m","messages":[{"content":"a\x01b"}]}',  # raw control character in a string
+    b'{"model":"m","messages":[{"content":"a\nb"}]}',  # raw newline in a string (whitespace only between tokens)
+    b'{"model":"m",\n"stop":"x\\"\ty"}',         # raw tab after an escaped quote, newline between tokens
+    b'{"model":"m","stop":"\\\\","user":"a\rb"}',   # raw carriage return in a later string
     b'{"model":"m","stop":"\\q"}',               # unknown escape
     b'{"model":"m","stop":"\\u12"}',             # short unicode escape
     b'{"model":"m","user":"\xff\xfe"}',          # not UTF-8

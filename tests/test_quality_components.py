@@ -79,7 +79,11 @@ def test_the_gateway_samples_the_stacks_share_and_posts_to_the_recorder(prod):
     cfg = gateway_cfg(objs)
     fraction = rollout["quality_sampling"]["sample_fraction"]
     (line,) = [ln for ln in cfg.splitlines() if "lua.llm_quality " in ln]
-    assert line.split()[2:6] == ["assist", f"{fraction:g}", rollout["incumbent_version"], rollout["candidate"]["version"]]
+    assert line.split()[2:5] == ["assist", rollout["incumbent_version"], rollout["candidate"]["version"]]
+    # the per-request draws are native, in millionths: the user's exchange and its shadow mirror independently
+    ppm = round(fraction * 1_000_000)
+    for var in ("q_user", "q_mirror"):
+        assert f"http-request set-var(txn.{var}) int(1) if METH_POST {{ rand(1000000) -m int lt {ppm} }}" in cfg
     assert f"server-template recorder 1 {RECORDER_DNS} " in cfg and "frontend quality_records" in cfg
     assert "bind 127.0.0.1:9180" in cfg  # loopback only: nothing outside the pod can post records
     assert "lua.llm_quality_metrics if { path /metrics/quality }" in cfg
@@ -101,7 +105,8 @@ def test_a_rollback_narrows_sampling_and_the_role_to_the_incumbent():
     assert policy["Statement"][0]["Resource"] == [
         f"arn:aws:s3:::acme-llm-evals/prod/assist/{rollout['incumbent_version']}/*"]
     (line,) = [ln for ln in gateway_cfg(objs).splitlines() if "lua.llm_quality " in ln]
-    assert line.split()[4:6] == [rollout["incumbent_version"], "-"]  # no candidate route is left
+    assert line.split()[3:5] == [rollout["incumbent_version"], "-"]  # no candidate route is left
+    assert "set-var(txn.q_mirror)" not in gateway_cfg(objs)  # nor a mirror to sample
 
 
 def test_without_sampling_nothing_is_declared_and_without_an_image_the_error_names_the_key():
