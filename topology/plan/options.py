@@ -64,11 +64,10 @@ class OptionEval:
 
 def serverless_usd_by_hour(
     tier: Tier, ep: EndpointInputs, demand: Demand, pl: Placement, sls: Placement, pr: Prices, floor: np.ndarray,
-    warm_min: np.ndarray, max_containers: int, start_hour: int | None = None, cache: dict | None = None,
+    warm_min: np.ndarray, max_containers: int, start_hour: int | None = None,
 ) -> np.ndarray:
     """What the serverless tier bills in each hour: containers alive (from the arrival process and the
-    routing, topology.plan.serverless) plus each launch's cold start. start_hour, cache: see
-    expected_containers (a cache for floor + burst only, one per endpoint and placement)."""
+    routing, topology.plan.serverless) plus each launch's cold start. start_hour: see expected_containers."""
     if max_containers <= 0 and not warm_min.any():
         return np.zeros(HOURS_PER_WEEK)
     cold = serverless_cold_start_s(ep)
@@ -95,7 +94,7 @@ def serverless_usd_by_hour(
         ch = expected_containers(demand.mean_rps, service, floor_inflight=floor * overflow, target_inputs=target,
                                  scaledown_window_s=window, alpha=alpha, warm_min=warm_min, max_containers=cap,
                                  start_hour=start_hour, cluster_size=ep.traffic.arrival_cluster_size,
-                                 floor_service_line=line, cache=cache)
+                                 floor_service_line=line)
     # billed launch to stop: the time alive, plus each launch's cold start before it serves
     return (ch.alive + ch.launches * cold / 3600.0) * pr.serverless_container_hour
 
@@ -113,10 +112,9 @@ def dedicated_weekly_usd(pl: Placement, pr: Prices, floor: np.ndarray, reserved_
 def evaluate_floor(
     tier: Tier, ep: EndpointInputs, demand: Demand, pl: Placement, sls: Placement, pr: Prices,
     floor: np.ndarray, reserved_nodes: int, lead_s: float, ng: NodeGroups | None = None,
-    running: np.ndarray | None = None, cache: dict | None = None,
+    running: np.ndarray | None = None,
 ) -> OptionEval:
-    """Exact weekly cost of a floor on the profile: whole nodes, warm minimums, cold starts, tails. cache: see
-    serverless_usd_by_hour."""
+    """Exact weekly cost of a floor on the profile: whole nodes, warm minimums, cold starts, tails."""
     rpn = pl.replicas_per_node
     nodes = np.ceil(floor / rpn).astype(int)
     reserved_usd, od_usd = dedicated_weekly_usd(pl, pr, floor, reserved_nodes, lead_s)
@@ -132,8 +130,7 @@ def evaluate_floor(
     if tier == "serverless_only" and not ep.scale_to_zero_allowed:
         warm_min = np.maximum(warm_min, 1)
     max_containers = int(containers_peak.max()) if containers_peak.size else 0
-    serverless_by_hour = serverless_usd_by_hour(tier, ep, demand, pl, sls, pr, floor, warm_min, max_containers,
-                                                cache=cache if tier == "floor_plus_burst" else None)
+    serverless_by_hour = serverless_usd_by_hour(tier, ep, demand, pl, sls, pr, floor, warm_min, max_containers)
     serverless_usd = float(serverless_by_hour.sum())
     scheduled_nodes = int(max(0, nodes.max(initial=0) - reserved_nodes))
     ev = OptionEval(
@@ -364,7 +361,6 @@ def options_for(
         by_placement: dict[str, tuple[OptionEval | None, FloorCandidate | None, str]] = {}
         seen: set[tuple[str, int, bytes]] = set()
         bound = math.inf  # the cheapest schedule of this tier costed so far
-        hour_cache: dict[str, dict] = {}  # per placement: the serverless model's hours already worked out
         # the DP's own estimate first, so the bound is tight early
         for c in sorted((c for c in floors if c.tier == tier), key=_estimate):
             pl, burst_pl, pr, choice = c.pl, c.burst_pl, c.pr, c.choice
@@ -386,8 +382,7 @@ def options_for(
                 fixed = sls_fixed if burst else 0.0
                 if sum(dedicated_weekly_usd(pl, pr, choice.floor, choice.reserved_nodes, lead)) + fixed > bound / 0.99:
                     continue
-            ev = evaluate_floor(tier, ep, demand, pl, burst_pl, pr, choice.floor, choice.reserved_nodes, lead,
-                                cache=hour_cache.setdefault(pl.label, {}))
+            ev = evaluate_floor(tier, ep, demand, pl, burst_pl, pr, choice.floor, choice.reserved_nodes, lead)
             if burst and ev.burst_max_containers == 0:
                 by_placement[pl.label] = (top, top_c, why or
                                           "the cheapest floor leaves nothing to burst (that is dedicated_only)")

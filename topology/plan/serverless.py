@@ -143,7 +143,6 @@ def expected_containers(
     target_inputs: int, buffer_containers: int = 0, scaledown_window_s: float, alpha: float | None,
     warm_min: np.ndarray | int = 0, max_containers: int | None = None, start_hour: int | None = None,
     cluster_size: float = 1.0, floor_service_line: tuple[float, float, np.ndarray, int] | None = None,
-    cache: dict | None = None,
 ) -> ContainerHours:
     """Expected containers alive and launches in each hour (see the module docstring for the derivation).
 
@@ -156,9 +155,72 @@ def expected_containers(
     one-week simulation bills it (WARMUP_WEEKS more weeks before it would carry over levels reached once in a
     rare minute and never released: a deployment left running for months bills up to that); an hour index:
     no container is up before that hour, hours before it bill nothing.
-    cache: a dict kept by the caller across calls with the same rates, service and settings that differ only in
-    the floor (the layer DP's candidate schedules): an hour's switching probabilities depend only on that
-    hour's floor, so hours already worked out are read back."""
+
+    A pure function of its arguments, memoised on them (`_CALLS`): the planner asks again for the same
+    endpoint's week (copies of an endpoint, candidate schedules that land on the same floor). The returned
+    arrays are read-only."""
+    H = np.atleast_1d(np.asarray(rate_rps)).shape[0]
+    line = floor_service_line
+    key = (_key_array(rate_rps), _key_array(service_s, H), _key_array(floor_inflight, H), int(target_inputs),
+           int(buffer_containers), float(scaledown_window_s), alpha, _key_array(warm_min, H),
+           max_containers, start_hour, float(cluster_size),
+           None if line is None else (float(line[0]), float(line[1]), _key_array(line[2], H), int(line[3])))
+    hit = _CALLS.get(key)
+    if hit is None:
+        hit = _expected_containers(rate_rps, service_s, floor_inflight=floor_inflight, target_inputs=target_inputs,
+                                   buffer_containers=buffer_containers, scaledown_window_s=scaledown_window_s,
+                                   alpha=alpha, warm_min=warm_min, max_containers=max_containers,
+                                   start_hour=start_hour, cluster_size=cluster_size, floor_service_line=line)
+        hit.alive.flags.writeable = hit.launches.flags.writeable = False
+        _remember(_CALLS, key, hit, MEMO_CALLS)
+    return hit
+
+
+# Memos of pure functions, bounded (the oldest entry goes first); clear_memos() empties them.
+MEMO_CALLS = 4096  # whole weeks (two arrays of 168 floats each)
+MEMO_ROWS = 200_000  # one hour's switching probabilities (two arrays of at most a few hundred levels)
+_CALLS: dict = {}
+_ROWS: dict = {}
+
+
+def clear_memos() -> None:
+    """Forget every memoised result (benchmarks time a planner that pays for what it computes)."""
+    _CALLS.clear()
+    _ROWS.clear()
+    _level_grid.cache_clear()
+
+
+def _remember(memo: dict, key, value, limit: int) -> None:
+    if len(memo) >= limit:
+        del memo[next(iter(memo))]
+    memo[key] = value
+
+
+def _key_array(x, n: int | None = None) -> tuple:
+    """A hashable stand-in for an array argument: dtype, shape and bytes (a scalar stays a scalar)."""
+    a = np.asarray(x)
+    if a.ndim == 0:
+        return (a.dtype.str, float(a))
+    return (a.dtype.str, a.shape, a.tobytes())
+
+
+@functools.lru_cache(maxsize=256)
+def _level_grid(K: int) -> tuple[np.ndarray, np.ndarray]:
+    """The levels evaluated for K containers (every level up to DENSE_LEVELS, then geometric) and each one's
+    summed interpolation weight over the levels 1 … K (Σ over 1 … K of the linear interpolant = row · these)."""
+    k_all = np.arange(1, K + 1)
+    k = np.unique(np.concatenate([np.arange(1, min(K, DENSE_LEVELS) + 1),
+                                  np.rint(np.geomspace(1, K, LEVEL_POINTS)).astype(int)]))
+    hat_sum = (np.ones(len(k)) if len(k) == K else
+               np.array([np.interp(k_all, k, np.eye(len(k))[i]).sum() for i in range(len(k))]))
+    k.flags.writeable = hat_sum.flags.writeable = False
+    return k, hat_sum
+
+
+def _expected_containers(
+    rate_rps, service_s, *, floor_inflight, target_inputs, buffer_containers, scaledown_window_s, alpha, warm_min,
+    max_containers, start_hour, cluster_size, floor_service_line,
+) -> ContainerHours:
     lam = np.atleast_1d(np.asarray(rate_rps, dtype=float))
     H = lam.shape[0]
     S = np.broadcast_to(np.asarray(service_s, dtype=float), (H,))
@@ -172,11 +234,9 @@ def expected_containers(
     K = max(int(math.ceil(n_top / T)) + b + 1, int(warm.max(initial=0)), 1)
     if max_containers is not None:
         K = max(min(K, int(max_containers)), int(warm.max(initial=0)), 1)
-    k_all = np.arange(1, K + 1)
     # one grid of levels for every hour (the state carries over hours): every level up to DENSE_LEVELS, then
     # geometric; P(k-th alive) is interpolated in between (smooth there over the spread of in flight)
-    k = np.unique(np.concatenate([np.arange(1, min(K, DENSE_LEVELS) + 1),
-                                  np.rint(np.geomspace(1, K, LEVEL_POINTS)).astype(int)]))
+    k, hat_sum = _level_grid(K)
     # the k-th container starts when the burst holds ≥ up_k = max(T·(k − 1 − b) + 1, k) (the autoscaler's
     # ⌈in flight / target⌉ + buffer), and stops after W in which the burst held < k (least-in-flight routing
     # reaches the k-th only when the first k − 1 are busy)
@@ -185,9 +245,13 @@ def expected_containers(
     B = max(1.0, float(cluster_size))
     rate = lam[:, None, None] * g[None, None, :] / B
     S_hg = np.broadcast_to(S[:, None, None], rate.shape)
+    reps_key = np.zeros(H)
+    line_key = None
     if floor_service_line is not None:
         s0, s1, reps, cap_b = floor_service_line
-        reps_h = np.broadcast_to(np.asarray(reps, dtype=float), (H,))[:, None, None]
+        reps_key = np.broadcast_to(np.asarray(reps, dtype=float), (H,))
+        line_key = (float(s0), float(s1), int(cap_b))
+        reps_h = reps_key[:, None, None]
         F = np.maximum(reps_h, 1e-9)
         load = s1 * lam[:, None, None] * g[None, None, :] / F
         settled = s0 / np.maximum(1.0 - load, 1e-9)
@@ -202,21 +266,9 @@ def expected_containers(
     act = np.flatnonzero((lam > 0) & (m_h + 10 * np.sqrt(m_h) + 10 >= np.ceil((Q + 1) / B)))
     p_on = np.zeros((H, len(k)))
     p_off = np.where(lam > 0, -math.expm1(-SECONDS_PER_MINUTE / max(W, 1e-9)), 1.0)[:, None] * np.ones((1, len(k)))
-    if act.size and (cache is None or len(k) != K):
-        p_on[act], p_off[act] = _switching(rate[act], mean[act], Q[act], up, k, B, W, wg)
-    elif act.size:
-        # every level 1 … K: an hour worked out before for at least K levels is read back (its first K)
-        reps_key = (np.broadcast_to(np.asarray(floor_service_line[2], dtype=float), (H,))
-                    if floor_service_line is not None else np.zeros(H))
-        keys = [(b, int(h), float(Q[h]), float(reps_key[h])) for h in act]
-        todo = [i for i, key in enumerate(keys) if key not in cache or cache[key][0].shape[0] < K]
-        if todo:
-            rows = act[todo]
-            on_t, off_t = _switching(rate[rows], mean[rows], Q[rows], up, k, B, W, wg)
-            for j, i in enumerate(todo):
-                cache[keys[i]] = (on_t[j], off_t[j])
-        p_on[act] = np.array([cache[key][0][:K] for key in keys])
-        p_off[act] = np.array([cache[key][1][:K] for key in keys])
+    if act.size:
+        p_on[act], p_off[act] = _switching_rows(act, lam, S, Q, reps_key, rate, mean, up, k, K, T, b, B, W, alpha,
+                                                line_key, wg)
     # each level a two-state chain by minute; closed form over an hour's 60 steps
     tot = p_on + p_off
     star = np.where(tot > 0, p_on / np.maximum(tot, 1e-300), 0.0)
@@ -226,29 +278,63 @@ def expected_containers(
     neg_log = -np.log(np.clip(rho, 1e-300, 1.0))
     mean_decay = np.where(neg_log > 1e-12, (1 - rho60) / np.maximum(MINUTES_PER_HOUR * neg_log, 1e-300), 1.0)
     # the billed week, after WARMUP_WEEKS from empty
-    hours_order = list(range(H)) * WARMUP_WEEKS + list(range(H)) if start_hour is None else list(range(start_hour, H))
+    order = (np.tile(np.arange(H), WARMUP_WEEKS + 1) if start_hour is None else np.arange(start_hour, H))
     # a level the warm minimum holds is on all hour and after it (on at 1, relaxing to 1, no launch)
     on_warm = k[None, :] <= warm[:, None]
     star = np.where(on_warm, 1.0, star)
     mean_decay = np.where(on_warm, 0.0, mean_decay)
     rho60 = np.where(on_warm, 0.0, rho60)
-    pi = np.zeros(len(k))
     avg = np.zeros((H, len(k)))
-    for t in hours_order:
-        gap = pi - star[t]
-        avg[t] = star[t] + gap * mean_decay[t]
-        pi = star[t] + gap * rho60[t]
+    if order.size:
+        # P(on) at the start of each hour in order, from none on before the first: the state after an hour is
+        # star + (before − star)·ρ⁶⁰, an affine map of the state before, composed over the hours by a scan
+        pi = _affine_prefix(rho60[order], star[order] * (1.0 - rho60[order]))
+        last = order[-H:] if start_hour is None else order
+        pi_last = pi[-len(last):]
+        avg[last] = star[last] + (pi_last - star[last]) * mean_decay[last]
     launch = (1.0 - avg) * p_on * MINUTES_PER_HOUR
     if start_hour is not None:
         avg[:start_hour] = 0.0
         launch[:start_hour] = 0.0
-    # back onto every level 1 … K
-    # (interpolation is linear in the row: Σ over 1 … K of the interpolant = row · the summed hat weights)
-    hat_sum = (np.ones(len(k)) if len(k) == K else
-               np.array([np.interp(k_all, k, np.eye(len(k))[i]).sum() for i in range(len(k))]))
+    # back onto every level 1 … K (interpolation is linear in the row: the summed hat weights)
     alive = avg @ hat_sum
     launches = launch @ hat_sum
     return ContainerHours(alive=alive, launches=launches)
+
+
+def _affine_prefix(a: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """x_0 = 0, x_{t+1} = a_t·x_t + c_t (rows t, columns independent): every x_t for t < len(a), by a doubling
+    scan (log₂ steps of whole-array arithmetic instead of a loop over the rows; a_t ∈ [0, 1], so the composed
+    products only shrink)."""
+    A, C = a.copy(), c.copy()
+    n, d = len(a), 1
+    while d < n:
+        # compose each map with the one d rows before it: (A, C)[i] ∘ (A, C)[i − d]
+        C[d:] = A[d:] * C[:-d] + C[d:]
+        A[d:] = A[d:] * A[:-d]
+        d *= 2
+    return np.concatenate([np.zeros((1,) + c.shape[1:]), C[:-1]])
+
+
+def _switching_rows(act, lam, S, Q, reps, rate, mean, up, k, K, T, b, B, W, alpha, line_key, wg):
+    """_switching for the active hours, each hour's row read from the memo when the same hour (rate, service,
+    floor, levels, settings) was worked out before. A row depends only on its own hour, and on each level
+    alone: with every level 1 … K evaluated (no interpolation), a row worked out for more levels serves any
+    fewer by its prefix."""
+    dense = len(k) == K
+    const = (T, b, B, W, alpha, line_key, wg.shape[0], "dense" if dense else K)
+    keys = [(const, x, y, z, r) for x, y, z, r in zip(lam[act].tolist(), S[act].tolist(), Q[act].tolist(),
+                                                       reps[act].tolist())]
+    found = [_ROWS.get(key) for key in keys]
+    todo = [i for i, f in enumerate(found) if f is None or f[0].shape[0] < len(k)]
+    if todo:
+        rows = act[todo]
+        on_t, off_t = _switching(rate[rows], mean[rows], Q[rows], up, k, B, W, wg)
+        for j, i in enumerate(todo):
+            found[i] = (on_t[j], off_t[j])
+            _remember(_ROWS, keys[i], found[i], MEMO_ROWS)
+    n = len(k)
+    return np.array([f[0][:n] for f in found]), np.array([f[1][:n] for f in found])
 
 
 def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
