@@ -7,6 +7,7 @@ cheapest feasible one wins and the reason the runner-up lost is written down.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,15 @@ from .schedule import (
 )
 from .serverless import buffer_containers, expected_containers, gamma_alpha_for_peak, service_time_s
 from .timing import herd_limits, lead_time_s, serverless_cold_start_s, ttft_budget_s
+
+# α of the minute factors from the peak factor is a bisection; every option of an endpoint asks for the same one
+_alpha_of_peak = functools.lru_cache(maxsize=256)(gamma_alpha_for_peak)
+
+
+def _previous_hour(x: np.ndarray) -> np.ndarray:
+    """Each hour's value an hour earlier along the last axis, the week wrapping (np.roll by 1, without its
+    generic overhead: the planner calls it thousands of times)."""
+    return np.concatenate((x[..., -1:], x[..., :-1]), axis=-1)
 
 
 @dataclass
@@ -73,7 +83,7 @@ def serverless_usd_by_hour(
     cold = serverless_cold_start_s(ep)
     cap = max(1, min(ep.serverless.max_containers_cap, max_containers))  # the BurstSpec's planned max_containers
     target = max(1, math.floor(sls.usable_concurrency * sls.planning_utilisation))  # its target_inputs
-    alpha = gamma_alpha_for_peak(ep.traffic.within_hour_peak_factor)
+    alpha = _alpha_of_peak(ep.traffic.within_hour_peak_factor)
     window = ep.serverless.scaledown_window_s
     if tier == "serverless_only":
         buffer = buffer_containers(demand.peak_rps, sls.planning_rps, cold, cap)
@@ -104,7 +114,7 @@ def dedicated_weekly_usd(pl: Placement, pr: Prices, floor: np.ndarray, reserved_
     """(reserved, on demand) weekly bill of a floor: whole nodes, each node the clock adds billed from lead_s
     before its hour."""
     od_nodes = np.maximum(np.ceil(floor / pl.replicas_per_node).astype(int) - reserved_nodes, 0)
-    node_rises = np.maximum(od_nodes - np.roll(od_nodes, 1), 0).sum()
+    node_rises = np.maximum(od_nodes - _previous_hour(od_nodes), 0).sum()
     reserved_usd = HOURS_PER_WEEK * reserved_nodes * pr.reserved_node_hour
     return reserved_usd, float((od_nodes.sum() + node_rises * lead_s / 3600.0) * pr.on_demand_node_hour)
 
@@ -164,7 +174,7 @@ def layers_of(
         share = ng.needed.sum(axis=1).astype(float)  # a warm minimum only: by the hours each node is needed
     share = share / share.sum() if share.sum() > 0 else np.zeros(ng.groups)
     hours_by_group = ng.needed.sum(axis=1)
-    rises_by_group = (ng.needed & ~np.roll(ng.needed, 1, axis=1)).sum(axis=1)
+    rises_by_group = (ng.needed & ~_previous_hour(ng.needed)).sum(axis=1)
     for g in range(ng.groups):
         needed = ng.needed[g]
         hours = int(hours_by_group[g])
@@ -178,7 +188,7 @@ def layers_of(
         if g < reserved_nodes:
             paid = ng.reserved_usd_week
         else:
-            starts = int((on[g] & ~np.roll(on[g], 1)).sum()) if on[g].sum() < HOURS_PER_WEEK else 0
+            starts = int((on[g] & ~_previous_hour(on[g])).sum()) if on[g].sum() < HOURS_PER_WEEK else 0
             paid = (on[g].sum() + starts * lead_s / 3600.0) * ng.on_demand_node_hour
         paid += serverless_usd * share[g]
         out.append(CapacityLayer(

@@ -103,28 +103,44 @@ def poisson_below_and_at(levels: np.ndarray, mean: np.ndarray) -> tuple[np.ndarr
     log_fact = log_fact_upto(top + 1)
     log_m = np.log(m)  # on the unbroadcast means: the full (levels × nodes) arrays are the planner's cost
     at = np.exp((L - 1) * log_m - m - log_fact[(L - 1).astype(int)])
-    small = np.broadcast_to(L <= EXACT_LEVELS, shape)
+    # Wilson–Hilferty for the levels above EXACT_LEVELS, exact sums at or below. Each is worked out on the block
+    # of hours (rows) × levels (columns) that has such a level, not on the whole array; a value depends only on
+    # its own level and mean, so the blocks give what the whole array would
+    Lb = np.broadcast_to(L, shape[:2] + L.shape[2:])
+    mb = np.broadcast_to(m, shape[:1] + m.shape[1:])
+    small = Lb <= EXACT_LEVELS
+    small_rc = small.reshape(shape[:2] + (-1,)).any(axis=2)
+    big_rc = (~small).reshape(shape[:2] + (-1,)).any(axis=2)
     below = np.empty(shape)
-    if not small.all():
-        # P(N ≤ L − 1) = P(Gamma(L, 1) > m): Wilson–Hilferty above EXACT_LEVELS (only there)
-        # (each factor on its own axis first: cbrt(m / L) = cbrt(m) / cbrt(L); only z is full size)
-        z = (np.cbrt(m) / np.cbrt(L) - (1 - 1 / (9 * L))) * np.sqrt(9 * L)
-        below[...] = _norm_sf(z)
-    rows = np.flatnonzero(small.reshape(shape[0], -1).any(axis=1))  # leading-axis rows with a small level
+    rows, cols = np.flatnonzero(big_rc.any(axis=1)), np.flatnonzero(big_rc.any(axis=0))
     if rows.size:
-        # exact cumulative sums for those rows: one table per mean, as long as the largest small level there,
-        # read by index
-        L_r = np.broadcast_to(L, shape)[rows]
-        n_exact = int(np.where(small[rows], L_r, 1).max())
-        m_r = np.broadcast_to(m, shape[:1] + m.shape[1:])[rows]
+        # P(N ≤ L − 1) = P(Gamma(L, 1) > m): Wilson–Hilferty
+        # (each factor on its own axis first: cbrt(m / L) = cbrt(m) / cbrt(L); only z is full size)
+        L_b, m_b = _block(Lb, rows, cols), _block(mb, rows, cols)
+        z = (np.cbrt(m_b) / np.cbrt(L_b) - (1 - 1 / (9 * L_b))) * np.sqrt(9 * L_b)
+        below[rows[:, None], cols[None, :]] = _norm_sf(z)
+    # exact cumulative sums: one table per mean, as long as the largest small level in the row, read by index
+    # (rows grouped by that length rounded up to a power of two, so a quiet hour does not pay a busy one's table)
+    need = np.where(small, Lb, 0).reshape(shape[0], -1).max(axis=1, initial=0)
+    bucket = np.where(need > 0, 2 ** np.ceil(np.log2(np.maximum(need, 1))), 0).astype(int)
+    for n_exact in np.unique(bucket[bucket > 0]).tolist():
+        rows = np.flatnonzero(bucket == n_exact)
+        cols = np.flatnonzero(small_rc[rows].any(axis=0))
+        n_exact = min(n_exact, int(need[rows].max()))
+        L_r, m_r = _block(Lb, rows, cols), _block(mb, rows, cols)
         j = np.arange(n_exact)
         cdf = np.cumsum(np.exp(j * np.log(m_r)[..., None] - m_r[..., None] - log_fact[:n_exact]), axis=-1)
-        sub = (rows.size,) + shape[1:]
         idx = np.clip(L_r - 1, 0, n_exact - 1).astype(int)
-        grid = np.ogrid[tuple(slice(0, n) for n in sub)]
-        pick = tuple(np.minimum(gi, cdf.shape[a] - 1) for a, gi in enumerate(grid))  # size-1 axes broadcast
-        below[rows] = np.where(small[rows], cdf[pick + (idx,)], below[rows])
+        exact = np.take_along_axis(cdf, idx[..., None], axis=-1)[..., 0]
+        sel = (rows[:, None], cols[None, :])
+        below[sel] = np.where(_block(small, rows, cols), exact, below[sel])
     return np.clip(below, 0.0, 1.0), np.broadcast_to(at, shape)
+
+
+def _block(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """x[rows][:, cols] for x of 3 axes, an axis of size 1 (broadcast) left as it is."""
+    x = x[rows] if x.shape[0] > 1 else x
+    return x[:, cols] if x.shape[1] > 1 else x
 
 
 def log_fact_upto(n: int) -> np.ndarray:
@@ -318,22 +334,26 @@ def _affine_prefix(a: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 def _switching_rows(act, lam, S, Q, reps, rate, mean, up, k, K, T, b, B, W, alpha, line_key, wg):
     """_switching for the active hours, each hour's row read from the memo when the same hour (rate, service,
-    floor, levels, settings) was worked out before. A row depends only on its own hour, and on each level
-    alone: with every level 1 … K evaluated (no interpolation), a row worked out for more levels serves any
-    fewer by its prefix."""
+    floor, levels, settings) was worked out before. A row depends only on its own hour, and each level's
+    entry on that level alone: with every level 1 … K evaluated (no interpolation), a row worked out for fewer
+    levels is extended by the missing ones, and one worked out for more serves by its prefix."""
     dense = len(k) == K
     const = (T, b, B, W, alpha, line_key, wg.shape[0], "dense" if dense else K)
     keys = [(const, x, y, z, r) for x, y, z, r in zip(lam[act].tolist(), S[act].tolist(), Q[act].tolist(),
                                                        reps[act].tolist())]
-    found = [_ROWS.get(key) for key in keys]
-    todo = [i for i, f in enumerate(found) if f is None or f[0].shape[0] < len(k)]
-    if todo:
-        rows = act[todo]
-        on_t, off_t = _switching(rate[rows], mean[rows], Q[rows], up, k, B, W, wg)
-        for j, i in enumerate(todo):
-            found[i] = (on_t[j], off_t[j])
-            _remember(_ROWS, keys[i], found[i], MEMO_ROWS)
     n = len(k)
+    found = [_ROWS.get(key) for key in keys]
+    have = np.array([0 if f is None else f[0].shape[0] for f in found])
+    for start in np.unique(have[have < n]):
+        # the rows that have levels k[:start] already: work out the rest
+        todo = np.flatnonzero(have == start)
+        rows = act[todo]
+        on_t, off_t = _switching(rate[rows], mean[rows], Q[rows], up[start:], k[start:], B, W, wg)
+        for j, i in enumerate(todo.tolist()):
+            f = found[i]
+            found[i] = ((on_t[j], off_t[j]) if f is None else
+                        (np.concatenate([f[0], on_t[j]]), np.concatenate([f[1], off_t[j]])))
+            _remember(_ROWS, keys[i], found[i], MEMO_ROWS)
     return np.array([f[0][:n] for f in found]), np.array([f[1][:n] for f in found])
 
 
@@ -341,8 +361,11 @@ def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray
                W: float, wg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-minute probabilities (H, P) that each level switches on (from off) and off (from on), for hours
     with traffic: rate and mean (H, 1, G) are clusters per second and in flight at each minute factor g."""
-    F_up, at_up = poisson_below_and_at(np.ceil((Q[:, None] + up[None, :]) / B)[:, :, None], mean)
-    F_dn, at_dn = poisson_below_and_at(np.ceil((Q[:, None] + k[None, :]) / B)[:, :, None], mean)
+    # both level sets in one call (one table of Poisson sums per hour and g): start levels, then stop levels
+    P = len(k)
+    levels = np.ceil((Q[:, None] + np.concatenate([up, k])[None, :]) / B)[:, :, None]
+    F, at = poisson_below_and_at(levels, mean)
+    F_up, at_up, F_dn, at_dn = F[:, :P], at[:, :P], F[:, P:], at[:, P:]
     h_on = rate * at_up / np.maximum(F_up, 1e-300)  # hazard of reaching up_k from below
     d = rate * at_dn  # down-crossings of k per second (= up-crossings)
     hW = W * d / np.maximum(F_dn, 1e-300)
