@@ -91,7 +91,8 @@ def _norm_sf(z: np.ndarray) -> np.ndarray:
     np.exp(x, out=x)
     poly *= x
     poly *= 0.5  # half erfc(|z|/√2) = the upper tail at |z|
-    return np.where(z >= 0, poly, 1.0 - poly)
+    np.subtract(1.0, poly, out=poly, where=z < 0)  # the lower tail below 0 (in place: np.where costs more)
+    return poly
 
 
 def poisson_below_and_at(levels: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -112,32 +113,60 @@ def poisson_below_and_at(levels: np.ndarray, mean: np.ndarray) -> tuple[np.ndarr
     small_rc = small.reshape(shape[:2] + (-1,)).any(axis=2)
     big_rc = (~small).reshape(shape[:2] + (-1,)).any(axis=2)
     below = np.empty(shape)
-    rows, cols = np.flatnonzero(big_rc.any(axis=1)), np.flatnonzero(big_rc.any(axis=0))
-    if rows.size:
+    rows, cols = _run(np.flatnonzero(big_rc.any(axis=1))), _run(np.flatnonzero(big_rc.any(axis=0)))
+    if _size(rows, shape[0]):
         # P(N ≤ L − 1) = P(Gamma(L, 1) > m): Wilson–Hilferty
         # (each factor on its own axis first: cbrt(m / L) = cbrt(m) / cbrt(L); only z is full size)
         L_b, m_b = _block(Lb, rows, cols), _block(mb, rows, cols)
         z = (np.cbrt(m_b) / np.cbrt(L_b) - (1 - 1 / (9 * L_b))) * np.sqrt(9 * L_b)
-        below[rows[:, None], cols[None, :]] = _norm_sf(z)
+        below[_cell(rows, cols)] = _norm_sf(z)
     # exact cumulative sums: one table per mean, as long as the largest small level in the row, read by index
     # (rows grouped by that length rounded up to a power of two, so a quiet hour does not pay a busy one's table)
     need = np.where(small, Lb, 0).reshape(shape[0], -1).max(axis=1, initial=0)
     bucket = np.where(need > 0, 2 ** np.ceil(np.log2(np.maximum(need, 1))), 0).astype(int)
     for n_exact in np.unique(bucket[bucket > 0]).tolist():
-        rows = np.flatnonzero(bucket == n_exact)
-        cols = np.flatnonzero(small_rc[rows].any(axis=0))
-        n_exact = min(n_exact, int(need[rows].max()))
+        rows_i = np.flatnonzero(bucket == n_exact)
+        rows, cols = _run(rows_i), _run(np.flatnonzero(small_rc[rows_i].any(axis=0)))
+        n_exact = min(n_exact, int(need[rows_i].max()))
         L_r, m_r = _block(Lb, rows, cols), _block(mb, rows, cols)
         j = np.arange(n_exact)
         cdf = np.cumsum(np.exp(j * np.log(m_r)[..., None] - m_r[..., None] - log_fact[:n_exact]), axis=-1)
         idx = np.clip(L_r - 1, 0, n_exact - 1).astype(int)
         exact = np.take_along_axis(cdf, idx[..., None], axis=-1)[..., 0]
-        sel = (rows[:, None], cols[None, :])
-        below[sel] = np.where(_block(small, rows, cols), exact, below[sel])
+        small_b = _block(small, rows, cols)
+        if small_b.all():
+            below[_cell(rows, cols)] = exact
+        else:
+            block = below[_cell(rows, cols)]
+            np.copyto(block, exact, where=small_b)
+            below[_cell(rows, cols)] = block
     return np.clip(below, 0.0, 1.0), np.broadcast_to(at, shape)
 
 
-def _block(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+def _run(idx: np.ndarray) -> np.ndarray | slice:
+    """An index array as a slice when it is a run of consecutive indices (slices read and write views, not
+    copies)."""
+    if idx.size and idx[-1] - idx[0] == idx.size - 1:
+        return slice(int(idx[0]), int(idx[-1]) + 1)
+    return idx
+
+
+def _size(idx: np.ndarray | slice, n: int) -> int:
+    return len(range(*idx.indices(n))) if isinstance(idx, slice) else idx.size
+
+
+def _cell(rows: np.ndarray | slice, cols: np.ndarray | slice) -> tuple:
+    """The index of the block rows × cols of a 3-axis array."""
+    if isinstance(rows, slice) or isinstance(cols, slice):
+        if isinstance(rows, slice) and isinstance(cols, slice):
+            return rows, cols
+        if isinstance(rows, slice):
+            return rows, cols
+        return rows[:, None], np.arange(cols.start, cols.stop)[None, :]
+    return rows[:, None], cols[None, :]
+
+
+def _block(x: np.ndarray, rows: np.ndarray | slice, cols: np.ndarray | slice) -> np.ndarray:
     """x[rows][:, cols] for x of 3 axes, an axis of size 1 (broadcast) left as it is."""
     x = x[rows] if x.shape[0] > 1 else x
     return x[:, cols] if x.shape[1] > 1 else x
@@ -373,7 +402,8 @@ def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray
     # 1 / expected on-period, q·d / (1 − F·q), with 1 − F·q = (1 − F) + F·(1 − q) kept accurate when both are
     # tiny (a level the hour never reaches again: its container stops W after the last request, rate 1/W)
     slack = np.maximum(1.0 - F_dn, 0.0) + F_dn * -np.expm1(-hW)
-    r_off = np.where(slack > 0, q * d / np.maximum(slack, 1e-300), 1.0 / max(W, 1e-9))
+    r_off = q * d / np.maximum(slack, 1e-300)
+    np.copyto(r_off, 1.0 / max(W, 1e-9), where=~(slack > 0))
     # per-minute switching probabilities, averaged over the minute factor g (independent per minute)
     w = wg[None, None, :]
     # (a two-state chain in continuous time inside the minute: rates h_on and r_off)
