@@ -28,6 +28,14 @@ bills its cold start on top. The expected value follows from the arrival process
    Expected containers alive = Σ_k P(k-th alive), floored by the warm minimum (P = 1 for k ≤ minimum).
 4. Launches: the k-th container starts at an up-crossing of L_k that found none in the previous window,
    at rate ≈ u·e^(−h·W); each bills its cold start (launch to ready) on top.
+5. The start-up burst: from no container (the start of the billed span), nothing is served for the cold
+   start c, and routing queues requests on the starting containers; the first request a container takes
+   finds it empty and completes S₁ (its service alone) after the container is ready. So until c + S₁ every
+   request is in flight — Poisson(λ·g·(c + S₁)) in the first minute — and the autoscaler launches up to that
+   level; a container so launched stops only like any other (in flight below k for a window), which at a
+   rate that needs it never happens. This is a lower bound of the burst: after c + S₁ in flight still grows
+   until completions outpace arrivals, how long depends on the spread of service times, which the plan does
+   not know (only their mean).
 
 Checks on the limits: W → 0 gives E⌈N / target⌉ (the mean of the occupancy's ceiling); W → ∞ gives the
 largest number ever needed; a constant rate with zero service time gives the first container alive
@@ -188,6 +196,7 @@ def expected_containers(
     target_inputs: int, buffer_containers: int = 0, scaledown_window_s: float, alpha: float | None,
     warm_min: np.ndarray | int = 0, max_containers: int | None = None, start_hour: int | None = None,
     cluster_size: float = 1.0, floor_service_line: tuple[float, float, np.ndarray, int] | None = None,
+    startup: tuple[float, float] | None = None,
 ) -> ContainerHours:
     """Expected containers alive and launches in each hour (see the module docstring for the derivation).
 
@@ -200,6 +209,9 @@ def expected_containers(
     one-week simulation bills it (WARMUP_WEEKS more weeks before it would carry over levels reached once in a
     rare minute and never released: a deployment left running for months bills up to that); an hour index:
     no container is up before that hour, hours before it bill nothing.
+    startup: (cold start c, launch to ready; S₁, the service time of a request that finds its container
+    empty) — starting from no container, every request of the first c + S₁ is in flight at once (the start-up
+    burst, step 5); None: no start-up burst.
 
     A pure function of its arguments, memoised on them (`_CALLS`): the planner asks again for the same
     endpoint's week (copies of an endpoint, candidate schedules that land on the same floor). The returned
@@ -208,14 +220,15 @@ def expected_containers(
     line = floor_service_line
     key = (_key_array(rate_rps), _key_array(service_s, H), _key_array(floor_inflight, H), int(target_inputs),
            int(buffer_containers), float(scaledown_window_s), alpha, _key_array(warm_min, H),
-           max_containers, start_hour, float(cluster_size),
+           max_containers, start_hour, float(cluster_size), startup,
            None if line is None else (float(line[0]), float(line[1]), _key_array(line[2], H), int(line[3])))
     hit = _CALLS.get(key)
     if hit is None:
         hit = _expected_containers(rate_rps, service_s, floor_inflight=floor_inflight, target_inputs=target_inputs,
                                    buffer_containers=buffer_containers, scaledown_window_s=scaledown_window_s,
                                    alpha=alpha, warm_min=warm_min, max_containers=max_containers,
-                                   start_hour=start_hour, cluster_size=cluster_size, floor_service_line=line)
+                                   start_hour=start_hour, cluster_size=cluster_size, floor_service_line=line,
+                                   startup=startup)
         hit.alive.flags.writeable = hit.launches.flags.writeable = False
         _remember(_CALLS, key, hit, MEMO_CALLS)
     return hit
@@ -264,7 +277,7 @@ def _level_grid(K: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _expected_containers(
     rate_rps, service_s, *, floor_inflight, target_inputs, buffer_containers, scaledown_window_s, alpha, warm_min,
-    max_containers, start_hour, cluster_size, floor_service_line,
+    max_containers, start_hour, cluster_size, floor_service_line, startup,
 ) -> ContainerHours:
     lam = np.atleast_1d(np.asarray(rate_rps, dtype=float))
     H = lam.shape[0]
@@ -275,6 +288,10 @@ def _expected_containers(
     g, wg = gamma_quadrature(alpha)
     # levels that can matter: up to mean + 10 sd of in flight at the largest g, in the busiest hour
     m_top = float((lam * S).max(initial=0.0) * g.max())
+    order = (np.tile(np.arange(H), WARMUP_WEEKS + 1) if start_hour is None else np.arange(start_hour, H))
+    if startup is not None and order.size:
+        # and in the start-up burst (step 5), which can reach above any hour's own
+        m_top = max(m_top, float(lam[order[0]]) * g.max() * (startup[0] + startup[1]))
     n_top = max(m_top + 10 * math.sqrt(m_top) + 10 - float(Q.min(initial=0.0)), 1.0)
     K = max(int(math.ceil(n_top / T)) + b + 1, int(warm.max(initial=0)), 1)
     if max_containers is not None:
@@ -322,22 +339,27 @@ def _expected_containers(
     # the hour's mean of ρ^t for t in [0, 60] minutes (the state relaxes continuously, not at minute ends)
     neg_log = -np.log(np.clip(rho, 1e-300, 1.0))
     mean_decay = np.where(neg_log > 1e-12, (1 - rho60) / np.maximum(MINUTES_PER_HOUR * neg_log, 1e-300), 1.0)
-    # the billed week, after WARMUP_WEEKS from empty
-    order = (np.tile(np.arange(H), WARMUP_WEEKS + 1) if start_hour is None else np.arange(start_hour, H))
+    # the billed week (`order`), after WARMUP_WEEKS from empty
     # a level the warm minimum holds is on all hour and after it (on at 1, relaxing to 1, no launch)
     on_warm = k[None, :] <= warm[:, None]
     star = np.where(on_warm, 1.0, star)
     mean_decay = np.where(on_warm, 0.0, mean_decay)
     rho60 = np.where(on_warm, 0.0, rho60)
     avg = np.zeros((H, len(k)))
+    burst0 = np.zeros(len(k))
     if order.size:
-        # P(on) at the start of each hour in order, from none on before the first: the state after an hour is
-        # star + (before − star)·ρ⁶⁰, an affine map of the state before, composed over the hours by a scan
-        pi = _affine_prefix(rho60[order], star[order] * (1.0 - rho60[order]))
+        # the start-up burst (step 5): the levels launched before the first request completes
+        h0 = int(order[0])
+        burst0 = np.where(on_warm[h0], 0.0, _startup_burst(rate[h0], Q[h0], startup, up, B, wg))
+        # P(on) at the start of each hour in order: the state after an hour is star + (before − star)·ρ⁶⁰, an
+        # affine map of the state before, composed over the hours by a scan
+        pi = _affine_prefix(rho60[order], star[order] * (1.0 - rho60[order]), burst0)
         last = order[-H:] if start_hour is None else order
         pi_last = pi[-len(last):]
         avg[last] = star[last] + (pi_last - star[last]) * mean_decay[last]
     launch = (1.0 - avg) * p_on * MINUTES_PER_HOUR
+    if order.size and (start_hour is not None or WARMUP_WEEKS == 0):
+        launch[int(order[0])] += burst0  # each launched once, at the start
     if start_hour is not None:
         avg[:start_hour] = 0.0
         launch[:start_hour] = 0.0
@@ -347,10 +369,32 @@ def _expected_containers(
     return ContainerHours(alive=alive, launches=launches)
 
 
-def _affine_prefix(a: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """x_0 = 0, x_{t+1} = a_t·x_t + c_t (rows t, columns independent): every x_t for t < len(a), by a doubling
-    scan (log₂ steps of whole-array arithmetic instead of a loop over the rows; a_t ∈ [0, 1], so the composed
-    products only shrink)."""
+def _startup_burst(rate_g: np.ndarray, Q: float, startup: tuple[float, float] | None, up: np.ndarray, B: float,
+                   wg: np.ndarray) -> np.ndarray:
+    """P(the k-th container is launched in the start-up burst), levels up (P,), for an hour with no floor.
+
+    From no container, a container serves only a cold start c after its launch; the autoscaler launches on
+    requests in flight, and with no container ready the routing queues requests on starting ones. The first
+    request a container takes finds it empty and completes S₁ (its service alone) after the container is
+    ready; until then nothing completes, so every request that arrived since the start is in flight:
+    Poisson(λ·g·(c + S₁)) (clusters of B), against the hour's Poisson(λ·g·S). After it, each container
+    completes its queue one request per decode-line step s₁, faster than requests arrive while
+    launched containers > λ·s₁, so in flight falls back. The k-th container is launched when the burst reaches
+    up_k and stops, like any other, only when in flight stays below k for a window — which at a rate that
+    needs it never happens. Behind a floor the floor serves from the start and only its overflow waits: no
+    start-up burst."""
+    if startup is None or Q > 0 or not np.any(rate_g > 0):
+        return np.zeros(len(up))
+    cold_start_s, first_service_s = startup
+    mean0 = rate_g * (cold_start_s + first_service_s)  # (1, G) clusters in flight when the first request completes
+    below, _ = poisson_below_and_at(np.ceil(up / B)[None, :, None], mean0[None])
+    return ((1.0 - below[0]) * wg[None, :]).sum(axis=1)
+
+
+def _affine_prefix(a: np.ndarray, c: np.ndarray, x0: np.ndarray | None = None) -> np.ndarray:
+    """x_0 given (0 by default), x_{t+1} = a_t·x_t + c_t (rows t, columns independent): every x_t for
+    t < len(a), by a doubling scan (log₂ steps of whole-array arithmetic instead of a loop over the rows;
+    a_t ∈ [0, 1], so the composed products only shrink)."""
     A, C = a.copy(), c.copy()
     n, d = len(a), 1
     while d < n:
@@ -358,7 +402,9 @@ def _affine_prefix(a: np.ndarray, c: np.ndarray) -> np.ndarray:
         C[d:] = A[d:] * C[:-d] + C[d:]
         A[d:] = A[d:] * A[:-d]
         d *= 2
-    return np.concatenate([np.zeros((1,) + c.shape[1:]), C[:-1]])
+    if x0 is None or not np.any(x0):
+        return np.concatenate([np.zeros((1,) + c.shape[1:]), C[:-1]])
+    return np.concatenate([x0[None], A[:-1] * x0 + C[:-1]])
 
 
 def _switching_rows(act, lam, S, Q, reps, rate, mean, up, k, K, T, b, B, W, alpha, line_key, wg):
