@@ -164,13 +164,12 @@ def _size(idx: np.ndarray | slice, n: int) -> int:
 
 
 def _cell(rows: np.ndarray | slice, cols: np.ndarray | slice) -> tuple:
-    """The index of the block rows × cols of a 3-axis array."""
-    if isinstance(rows, slice) or isinstance(cols, slice):
-        if isinstance(rows, slice) and isinstance(cols, slice):
-            return rows, cols
-        if isinstance(rows, slice):
-            return rows, cols
-        return rows[:, None], np.arange(cols.start, cols.stop)[None, :]
+    """The index of the block rows × cols of a 3-axis array (a slice of rows takes any index of columns; index
+    arrays for both are crossed)."""
+    if isinstance(cols, slice) and not isinstance(rows, slice):
+        cols = np.arange(cols.start, cols.stop)
+    if isinstance(rows, slice):
+        return rows, cols
     return rows[:, None], cols[None, :]
 
 
@@ -216,12 +215,11 @@ def expected_containers(
     A pure function of its arguments, memoised on them (`_CALLS`): the planner asks again for the same
     endpoint's week (copies of an endpoint, candidate schedules that land on the same floor). The returned
     arrays are read-only."""
-    H = np.atleast_1d(np.asarray(rate_rps)).shape[0]
     line = floor_service_line
-    key = (_key_array(rate_rps), _key_array(service_s, H), _key_array(floor_inflight, H), int(target_inputs),
-           int(buffer_containers), float(scaledown_window_s), alpha, _key_array(warm_min, H),
+    key = (_key_array(rate_rps), _key_array(service_s), _key_array(floor_inflight), int(target_inputs),
+           int(buffer_containers), float(scaledown_window_s), alpha, _key_array(warm_min),
            max_containers, start_hour, float(cluster_size), startup,
-           None if line is None else (float(line[0]), float(line[1]), _key_array(line[2], H), int(line[3])))
+           None if line is None else (float(line[0]), float(line[1]), _key_array(line[2]), int(line[3])))
     hit = _CALLS.get(key)
     if hit is None:
         hit = _expected_containers(rate_rps, service_s, floor_inflight=floor_inflight, target_inputs=target_inputs,
@@ -254,7 +252,7 @@ def _remember(memo: dict, key, value, limit: int) -> None:
     memo[key] = value
 
 
-def _key_array(x, n: int | None = None) -> tuple:
+def _key_array(x) -> tuple:
     """A hashable stand-in for an array argument: dtype, shape and bytes (a scalar stays a scalar)."""
     a = np.asarray(x)
     if a.ndim == 0:
