@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from topology import CostInputs, load_inputs, plan  # noqa: E402
-from topology.plan import placement  # noqa: E402
+from topology.plan import placement, serverless  # noqa: E402
 
 
 def fleet(inputs: CostInputs, n: int, distinct: bool = False) -> CostInputs:
@@ -43,6 +43,7 @@ def fleet(inputs: CostInputs, n: int, distinct: bool = False) -> CostInputs:
 
 
 def clear_caches() -> None:
+    serverless.clear_memos()
     clear = getattr(placement.slo_utilisation, "cache_clear", None)
     if clear is not None:
         clear()

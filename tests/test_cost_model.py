@@ -72,6 +72,21 @@ def test_a_long_window_keeps_the_busiest_hours_containers():
     assert short.alive[1] == pytest.approx(0.5, rel=1e-2)
 
 
+def test_a_start_from_no_container_launches_for_everything_in_flight_before_the_first_completion():
+    """10 req/s, a request alone takes S₁ = 1 s, a cold start c = 9 s, one request per container: from no
+    container nothing completes for c + S₁ = 10 s, so all of those requests are in flight at once —
+    Poisson(100) — and each has launched its container: E = λ·(c + S₁) = 100 launches, and with a window that
+    never ends all 100 stay billed in the first hour (the hour's own in flight, Poisson(10), never comes close)."""
+    lam = np.array([10.0, 10.0])
+    r = expected_containers(lam, 1.0, target_inputs=1, scaledown_window_s=1e7, alpha=None, start_hour=0,
+                            startup=(9.0, 1.0))
+    assert float(r.alive[0]) == pytest.approx(100.0, rel=0.05)
+    assert float(r.launches[0]) == pytest.approx(100.0, rel=0.05)
+    # without a cold start the busiest moment of the hour sets it: far fewer
+    quick = expected_containers(lam, 1.0, target_inputs=1, scaledown_window_s=1e7, alpha=None, start_hour=0)
+    assert float(quick.alive[0]) < 40.0
+
+
 def test_peak_factor_measured_from_a_synthetic_week_recovers_the_input(root):
     """The input is measurable: the simulator's synthetic arrivals at peak factor 2.0, measured from their
     per-minute counts (Poisson noise removed), give 2.0 back."""
@@ -111,14 +126,15 @@ CELLS = [  # (trace, mean req/s, hours)
 # Cells the model misses by more than the tolerance at these horizons, as measured (simulated vs planned option
 # cost), with the bound they must stay within (so a regression still fails) and the reason; README lists them.
 KNOWN_GAPS: dict[tuple[str, float, str], tuple[float, str]] = {
-    # batch-submitting clients: bunches of ~50 requests within seconds; the cluster model (B requests sharing
-    # one service time) overstates how long they hold containers at low rates and behind floors
-    ("azure2023_code.csv", 0.3, "serverless_only"): (0.25, "−17.2%: cluster model overstates bunches' hold time"),
-    ("azure2023_code.csv", 3.0, "floor_plus_burst"): (0.25, "−12.4%: same, behind a floor"),
-    # from 30 req/s, a cold start (25 s) queues the requests routed to a starting container, which adds in
-    # flight and launches more containers; starting from no container at all (as these bounded runs do), the
-    # cascade is largest: the model bills each launch's cold start but not the cascade
-    ("azure2023_conv.csv", 30.0, "serverless_only"): (0.25, "+16.2%: cold-start queueing cascade not modelled"),
+    # batch-submitting clients: bunches of ~50 requests within seconds, planned as one arrival of B requests
+    # holding B places for one mean service time; the error's sign changes with the rate (the whole weeks: −14%
+    # at 0.3 req/s, +12% at 3), so it is not one bias of the cluster model: open
+    ("azure2023_code.csv", 0.3, "serverless_only"): (0.25, "−17.0%: bunches of ~50 (cluster model)"),
+    ("azure2023_code.csv", 3.0, "serverless_only"): (0.25, "+17.0%: bunches of ~50 (cluster model)"),
+    # the plan's start-up burst (serverless.py step 5) is at the hour's mean rate; ServeGen's rate trace runs
+    # the first minutes of 09:00 about a quarter below its hour's mean (21.7 vs 28.7 req/s in the first 30 s),
+    # and in a one-hour run from no container that start is most of the bill
+    ("servegen_m-small_14d_rate.csv", 30.0, "serverless_only"): (0.25, "−14.8%: start-up burst at the hour's mean rate, the trace's start runs below it"),
 }
 
 

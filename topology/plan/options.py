@@ -7,6 +7,7 @@ cheapest feasible one wins and the reason the runner-up lost is written down.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,15 @@ from .schedule import (
 )
 from .serverless import buffer_containers, expected_containers, gamma_alpha_for_peak, service_time_s
 from .timing import herd_limits, lead_time_s, serverless_cold_start_s, ttft_budget_s
+
+# α of the minute factors from the peak factor is a bisection; every option of an endpoint asks for the same one
+_alpha_of_peak = functools.lru_cache(maxsize=256)(gamma_alpha_for_peak)
+
+
+def _previous_hour(x: np.ndarray) -> np.ndarray:
+    """Each hour's value an hour earlier along the last axis, the week wrapping (np.roll by 1, without its
+    generic overhead: the planner calls it thousands of times)."""
+    return np.concatenate((x[..., -1:], x[..., :-1]), axis=-1)
 
 
 @dataclass
@@ -64,17 +74,16 @@ class OptionEval:
 
 def serverless_usd_by_hour(
     tier: Tier, ep: EndpointInputs, demand: Demand, pl: Placement, sls: Placement, pr: Prices, floor: np.ndarray,
-    warm_min: np.ndarray, max_containers: int, start_hour: int | None = None, cache: dict | None = None,
+    warm_min: np.ndarray, max_containers: int, start_hour: int | None = None,
 ) -> np.ndarray:
     """What the serverless tier bills in each hour: containers alive (from the arrival process and the
-    routing, topology.plan.serverless) plus each launch's cold start. start_hour, cache: see
-    expected_containers (a cache for floor + burst only, one per endpoint and placement)."""
+    routing, topology.plan.serverless) plus each launch's cold start. start_hour: see expected_containers."""
     if max_containers <= 0 and not warm_min.any():
         return np.zeros(HOURS_PER_WEEK)
     cold = serverless_cold_start_s(ep)
     cap = max(1, min(ep.serverless.max_containers_cap, max_containers))  # the BurstSpec's planned max_containers
     target = max(1, math.floor(sls.usable_concurrency * sls.planning_utilisation))  # its target_inputs
-    alpha = gamma_alpha_for_peak(ep.traffic.within_hour_peak_factor)
+    alpha = _alpha_of_peak(ep.traffic.within_hour_peak_factor)
     window = ep.serverless.scaledown_window_s
     if tier == "serverless_only":
         buffer = buffer_containers(demand.peak_rps, sls.planning_rps, cold, cap)
@@ -84,7 +93,8 @@ def serverless_usd_by_hour(
             service = service_time_s(ep, sls, batch)
             ch = expected_containers(demand.mean_rps, service, target_inputs=target, buffer_containers=buffer,
                                      scaledown_window_s=window, alpha=alpha, warm_min=warm_min, max_containers=cap,
-                                     start_hour=start_hour, cluster_size=ep.traffic.arrival_cluster_size)
+                                     start_hour=start_hour, cluster_size=ep.traffic.arrival_cluster_size,
+                                     startup=(cold, float(service_time_s(ep, sls, 1))))
             batch = 1.0 + demand.mean_rps * service / np.maximum(ch.alive, 1.0)
     else:
         # the gateway sends to burst what the floor's replicas × overflow threshold places cannot hold
@@ -95,7 +105,7 @@ def serverless_usd_by_hour(
         ch = expected_containers(demand.mean_rps, service, floor_inflight=floor * overflow, target_inputs=target,
                                  scaledown_window_s=window, alpha=alpha, warm_min=warm_min, max_containers=cap,
                                  start_hour=start_hour, cluster_size=ep.traffic.arrival_cluster_size,
-                                 floor_service_line=line, cache=cache)
+                                 floor_service_line=line, startup=(cold, float(service_time_s(ep, sls, 1))))
     # billed launch to stop: the time alive, plus each launch's cold start before it serves
     return (ch.alive + ch.launches * cold / 3600.0) * pr.serverless_container_hour
 
@@ -105,7 +115,7 @@ def dedicated_weekly_usd(pl: Placement, pr: Prices, floor: np.ndarray, reserved_
     """(reserved, on demand) weekly bill of a floor: whole nodes, each node the clock adds billed from lead_s
     before its hour."""
     od_nodes = np.maximum(np.ceil(floor / pl.replicas_per_node).astype(int) - reserved_nodes, 0)
-    node_rises = np.maximum(od_nodes - np.roll(od_nodes, 1), 0).sum()
+    node_rises = np.maximum(od_nodes - _previous_hour(od_nodes), 0).sum()
     reserved_usd = HOURS_PER_WEEK * reserved_nodes * pr.reserved_node_hour
     return reserved_usd, float((od_nodes.sum() + node_rises * lead_s / 3600.0) * pr.on_demand_node_hour)
 
@@ -113,10 +123,9 @@ def dedicated_weekly_usd(pl: Placement, pr: Prices, floor: np.ndarray, reserved_
 def evaluate_floor(
     tier: Tier, ep: EndpointInputs, demand: Demand, pl: Placement, sls: Placement, pr: Prices,
     floor: np.ndarray, reserved_nodes: int, lead_s: float, ng: NodeGroups | None = None,
-    running: np.ndarray | None = None, cache: dict | None = None,
+    running: np.ndarray | None = None,
 ) -> OptionEval:
-    """Exact weekly cost of a floor on the profile: whole nodes, warm minimums, cold starts, tails. cache: see
-    serverless_usd_by_hour."""
+    """Exact weekly cost of a floor on the profile: whole nodes, warm minimums, cold starts, tails."""
     rpn = pl.replicas_per_node
     nodes = np.ceil(floor / rpn).astype(int)
     reserved_usd, od_usd = dedicated_weekly_usd(pl, pr, floor, reserved_nodes, lead_s)
@@ -132,8 +141,7 @@ def evaluate_floor(
     if tier == "serverless_only" and not ep.scale_to_zero_allowed:
         warm_min = np.maximum(warm_min, 1)
     max_containers = int(containers_peak.max()) if containers_peak.size else 0
-    serverless_by_hour = serverless_usd_by_hour(tier, ep, demand, pl, sls, pr, floor, warm_min, max_containers,
-                                                cache=cache if tier == "floor_plus_burst" else None)
+    serverless_by_hour = serverless_usd_by_hour(tier, ep, demand, pl, sls, pr, floor, warm_min, max_containers)
     serverless_usd = float(serverless_by_hour.sum())
     scheduled_nodes = int(max(0, nodes.max(initial=0) - reserved_nodes))
     ev = OptionEval(
@@ -167,7 +175,7 @@ def layers_of(
         share = ng.needed.sum(axis=1).astype(float)  # a warm minimum only: by the hours each node is needed
     share = share / share.sum() if share.sum() > 0 else np.zeros(ng.groups)
     hours_by_group = ng.needed.sum(axis=1)
-    rises_by_group = (ng.needed & ~np.roll(ng.needed, 1, axis=1)).sum(axis=1)
+    rises_by_group = (ng.needed & ~_previous_hour(ng.needed)).sum(axis=1)
     for g in range(ng.groups):
         needed = ng.needed[g]
         hours = int(hours_by_group[g])
@@ -181,7 +189,7 @@ def layers_of(
         if g < reserved_nodes:
             paid = ng.reserved_usd_week
         else:
-            starts = int((on[g] & ~np.roll(on[g], 1)).sum()) if on[g].sum() < HOURS_PER_WEEK else 0
+            starts = int((on[g] & ~_previous_hour(on[g])).sum()) if on[g].sum() < HOURS_PER_WEEK else 0
             paid = (on[g].sum() + starts * lead_s / 3600.0) * ng.on_demand_node_hour
         paid += serverless_usd * share[g]
         out.append(CapacityLayer(
@@ -364,7 +372,6 @@ def options_for(
         by_placement: dict[str, tuple[OptionEval | None, FloorCandidate | None, str]] = {}
         seen: set[tuple[str, int, bytes]] = set()
         bound = math.inf  # the cheapest schedule of this tier costed so far
-        hour_cache: dict[str, dict] = {}  # per placement: the serverless model's hours already worked out
         # the DP's own estimate first, so the bound is tight early
         for c in sorted((c for c in floors if c.tier == tier), key=_estimate):
             pl, burst_pl, pr, choice = c.pl, c.burst_pl, c.pr, c.choice
@@ -386,8 +393,7 @@ def options_for(
                 fixed = sls_fixed if burst else 0.0
                 if sum(dedicated_weekly_usd(pl, pr, choice.floor, choice.reserved_nodes, lead)) + fixed > bound / 0.99:
                     continue
-            ev = evaluate_floor(tier, ep, demand, pl, burst_pl, pr, choice.floor, choice.reserved_nodes, lead,
-                                cache=hour_cache.setdefault(pl.label, {}))
+            ev = evaluate_floor(tier, ep, demand, pl, burst_pl, pr, choice.floor, choice.reserved_nodes, lead)
             if burst and ev.burst_max_containers == 0:
                 by_placement[pl.label] = (top, top_c, why or
                                           "the cheapest floor leaves nothing to burst (that is dedicated_only)")

@@ -28,6 +28,14 @@ bills its cold start on top. The expected value follows from the arrival process
    Expected containers alive = Σ_k P(k-th alive), floored by the warm minimum (P = 1 for k ≤ minimum).
 4. Launches: the k-th container starts at an up-crossing of L_k that found none in the previous window,
    at rate ≈ u·e^(−h·W); each bills its cold start (launch to ready) on top.
+5. The start-up burst: from no container (the start of the billed span), nothing is served for the cold
+   start c, and routing queues requests on the starting containers; the first request a container takes
+   finds it empty and completes S₁ (its service alone) after the container is ready. So until c + S₁ every
+   request is in flight — Poisson(λ·g·(c + S₁)) in the first minute — and the autoscaler launches up to that
+   level; a container so launched stops only like any other (in flight below k for a window), which at a
+   rate that needs it never happens. This is a lower bound of the burst: after c + S₁ in flight still grows
+   until completions outpace arrivals, how long depends on the spread of service times, which the plan does
+   not know (only their mean).
 
 Checks on the limits: W → 0 gives E⌈N / target⌉ (the mean of the occupancy's ceiling); W → ∞ gives the
 largest number ever needed; a constant rate with zero service time gives the first container alive
@@ -91,7 +99,8 @@ def _norm_sf(z: np.ndarray) -> np.ndarray:
     np.exp(x, out=x)
     poly *= x
     poly *= 0.5  # half erfc(|z|/√2) = the upper tail at |z|
-    return np.where(z >= 0, poly, 1.0 - poly)
+    np.subtract(1.0, poly, out=poly, where=z < 0)  # the lower tail below 0 (in place: np.where costs more)
+    return poly
 
 
 def poisson_below_and_at(levels: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -103,28 +112,71 @@ def poisson_below_and_at(levels: np.ndarray, mean: np.ndarray) -> tuple[np.ndarr
     log_fact = log_fact_upto(top + 1)
     log_m = np.log(m)  # on the unbroadcast means: the full (levels × nodes) arrays are the planner's cost
     at = np.exp((L - 1) * log_m - m - log_fact[(L - 1).astype(int)])
-    small = np.broadcast_to(L <= EXACT_LEVELS, shape)
+    # Wilson–Hilferty for the levels above EXACT_LEVELS, exact sums at or below. Each is worked out on the block
+    # of hours (rows) × levels (columns) that has such a level, not on the whole array; a value depends only on
+    # its own level and mean, so the blocks give what the whole array would
+    Lb = np.broadcast_to(L, shape[:2] + L.shape[2:])
+    mb = np.broadcast_to(m, shape[:1] + m.shape[1:])
+    small = Lb <= EXACT_LEVELS
+    small_rc = small.reshape(shape[:2] + (-1,)).any(axis=2)
+    big_rc = (~small).reshape(shape[:2] + (-1,)).any(axis=2)
     below = np.empty(shape)
-    if not small.all():
-        # P(N ≤ L − 1) = P(Gamma(L, 1) > m): Wilson–Hilferty above EXACT_LEVELS (only there)
+    rows, cols = _run(np.flatnonzero(big_rc.any(axis=1))), _run(np.flatnonzero(big_rc.any(axis=0)))
+    if _size(rows, shape[0]):
+        # P(N ≤ L − 1) = P(Gamma(L, 1) > m): Wilson–Hilferty
         # (each factor on its own axis first: cbrt(m / L) = cbrt(m) / cbrt(L); only z is full size)
-        z = (np.cbrt(m) / np.cbrt(L) - (1 - 1 / (9 * L))) * np.sqrt(9 * L)
-        below[...] = _norm_sf(z)
-    rows = np.flatnonzero(small.reshape(shape[0], -1).any(axis=1))  # leading-axis rows with a small level
-    if rows.size:
-        # exact cumulative sums for those rows: one table per mean, as long as the largest small level there,
-        # read by index
-        L_r = np.broadcast_to(L, shape)[rows]
-        n_exact = int(np.where(small[rows], L_r, 1).max())
-        m_r = np.broadcast_to(m, shape[:1] + m.shape[1:])[rows]
+        L_b, m_b = _block(Lb, rows, cols), _block(mb, rows, cols)
+        z = (np.cbrt(m_b) / np.cbrt(L_b) - (1 - 1 / (9 * L_b))) * np.sqrt(9 * L_b)
+        below[_cell(rows, cols)] = _norm_sf(z)
+    # exact cumulative sums: one table per mean, as long as the largest small level in the row, read by index
+    # (rows grouped by that length rounded up to a power of two, so a quiet hour does not pay a busy one's table)
+    need = np.where(small, Lb, 0).reshape(shape[0], -1).max(axis=1, initial=0)
+    bucket = np.where(need > 0, 2 ** np.ceil(np.log2(np.maximum(need, 1))), 0).astype(int)
+    for n_exact in np.unique(bucket[bucket > 0]).tolist():
+        rows_i = np.flatnonzero(bucket == n_exact)
+        rows, cols = _run(rows_i), _run(np.flatnonzero(small_rc[rows_i].any(axis=0)))
+        n_exact = min(n_exact, int(need[rows_i].max()))
+        L_r, m_r = _block(Lb, rows, cols), _block(mb, rows, cols)
         j = np.arange(n_exact)
         cdf = np.cumsum(np.exp(j * np.log(m_r)[..., None] - m_r[..., None] - log_fact[:n_exact]), axis=-1)
-        sub = (rows.size,) + shape[1:]
         idx = np.clip(L_r - 1, 0, n_exact - 1).astype(int)
-        grid = np.ogrid[tuple(slice(0, n) for n in sub)]
-        pick = tuple(np.minimum(gi, cdf.shape[a] - 1) for a, gi in enumerate(grid))  # size-1 axes broadcast
-        below[rows] = np.where(small[rows], cdf[pick + (idx,)], below[rows])
+        exact = np.take_along_axis(cdf, idx[..., None], axis=-1)[..., 0]
+        small_b = _block(small, rows, cols)
+        if small_b.all():
+            below[_cell(rows, cols)] = exact
+        else:
+            block = below[_cell(rows, cols)]
+            np.copyto(block, exact, where=small_b)
+            below[_cell(rows, cols)] = block
     return np.clip(below, 0.0, 1.0), np.broadcast_to(at, shape)
+
+
+def _run(idx: np.ndarray) -> np.ndarray | slice:
+    """An index array as a slice when it is a run of consecutive indices (slices read and write views, not
+    copies)."""
+    if idx.size and idx[-1] - idx[0] == idx.size - 1:
+        return slice(int(idx[0]), int(idx[-1]) + 1)
+    return idx
+
+
+def _size(idx: np.ndarray | slice, n: int) -> int:
+    return len(range(*idx.indices(n))) if isinstance(idx, slice) else idx.size
+
+
+def _cell(rows: np.ndarray | slice, cols: np.ndarray | slice) -> tuple:
+    """The index of the block rows × cols of a 3-axis array (a slice of rows takes any index of columns; index
+    arrays for both are crossed)."""
+    if isinstance(cols, slice) and not isinstance(rows, slice):
+        cols = np.arange(cols.start, cols.stop)
+    if isinstance(rows, slice):
+        return rows, cols
+    return rows[:, None], cols[None, :]
+
+
+def _block(x: np.ndarray, rows: np.ndarray | slice, cols: np.ndarray | slice) -> np.ndarray:
+    """x[rows][:, cols] for x of 3 axes, an axis of size 1 (broadcast) left as it is."""
+    x = x[rows] if x.shape[0] > 1 else x
+    return x[:, cols] if x.shape[1] > 1 else x
 
 
 def log_fact_upto(n: int) -> np.ndarray:
@@ -143,7 +195,7 @@ def expected_containers(
     target_inputs: int, buffer_containers: int = 0, scaledown_window_s: float, alpha: float | None,
     warm_min: np.ndarray | int = 0, max_containers: int | None = None, start_hour: int | None = None,
     cluster_size: float = 1.0, floor_service_line: tuple[float, float, np.ndarray, int] | None = None,
-    cache: dict | None = None,
+    startup: tuple[float, float] | None = None,
 ) -> ContainerHours:
     """Expected containers alive and launches in each hour (see the module docstring for the derivation).
 
@@ -156,9 +208,75 @@ def expected_containers(
     one-week simulation bills it (WARMUP_WEEKS more weeks before it would carry over levels reached once in a
     rare minute and never released: a deployment left running for months bills up to that); an hour index:
     no container is up before that hour, hours before it bill nothing.
-    cache: a dict kept by the caller across calls with the same rates, service and settings that differ only in
-    the floor (the layer DP's candidate schedules): an hour's switching probabilities depend only on that
-    hour's floor, so hours already worked out are read back."""
+    startup: (cold start c, launch to ready; S₁, the service time of a request that finds its container
+    empty) — starting from no container, every request of the first c + S₁ is in flight at once (the start-up
+    burst, step 5); None: no start-up burst.
+
+    A pure function of its arguments, memoised on them (`_CALLS`): the planner asks again for the same
+    endpoint's week (copies of an endpoint, candidate schedules that land on the same floor). The returned
+    arrays are read-only."""
+    line = floor_service_line
+    key = (_key_array(rate_rps), _key_array(service_s), _key_array(floor_inflight), int(target_inputs),
+           int(buffer_containers), float(scaledown_window_s), alpha, _key_array(warm_min),
+           max_containers, start_hour, float(cluster_size), startup,
+           None if line is None else (float(line[0]), float(line[1]), _key_array(line[2]), int(line[3])))
+    hit = _CALLS.get(key)
+    if hit is None:
+        hit = _expected_containers(rate_rps, service_s, floor_inflight=floor_inflight, target_inputs=target_inputs,
+                                   buffer_containers=buffer_containers, scaledown_window_s=scaledown_window_s,
+                                   alpha=alpha, warm_min=warm_min, max_containers=max_containers,
+                                   start_hour=start_hour, cluster_size=cluster_size, floor_service_line=line,
+                                   startup=startup)
+        hit.alive.flags.writeable = hit.launches.flags.writeable = False
+        _remember(_CALLS, key, hit, MEMO_CALLS)
+    return hit
+
+
+# Memos of pure functions, bounded (the oldest entry goes first); clear_memos() empties them.
+MEMO_CALLS = 4096  # whole weeks (two arrays of 168 floats each)
+MEMO_ROWS = 200_000  # one hour's switching probabilities (two arrays of at most a few hundred levels)
+_CALLS: dict = {}
+_ROWS: dict = {}
+
+
+def clear_memos() -> None:
+    """Forget every memoised result (benchmarks time a planner that pays for what it computes)."""
+    _CALLS.clear()
+    _ROWS.clear()
+    _level_grid.cache_clear()
+
+
+def _remember(memo: dict, key, value, limit: int) -> None:
+    if len(memo) >= limit:
+        del memo[next(iter(memo))]
+    memo[key] = value
+
+
+def _key_array(x) -> tuple:
+    """A hashable stand-in for an array argument: dtype, shape and bytes (a scalar stays a scalar)."""
+    a = np.asarray(x)
+    if a.ndim == 0:
+        return (a.dtype.str, float(a))
+    return (a.dtype.str, a.shape, a.tobytes())
+
+
+@functools.lru_cache(maxsize=256)
+def _level_grid(K: int) -> tuple[np.ndarray, np.ndarray]:
+    """The levels evaluated for K containers (every level up to DENSE_LEVELS, then geometric) and each one's
+    summed interpolation weight over the levels 1 … K (Σ over 1 … K of the linear interpolant = row · these)."""
+    k_all = np.arange(1, K + 1)
+    k = np.unique(np.concatenate([np.arange(1, min(K, DENSE_LEVELS) + 1),
+                                  np.rint(np.geomspace(1, K, LEVEL_POINTS)).astype(int)]))
+    hat_sum = (np.ones(len(k)) if len(k) == K else
+               np.array([np.interp(k_all, k, np.eye(len(k))[i]).sum() for i in range(len(k))]))
+    k.flags.writeable = hat_sum.flags.writeable = False
+    return k, hat_sum
+
+
+def _expected_containers(
+    rate_rps, service_s, *, floor_inflight, target_inputs, buffer_containers, scaledown_window_s, alpha, warm_min,
+    max_containers, start_hour, cluster_size, floor_service_line, startup,
+) -> ContainerHours:
     lam = np.atleast_1d(np.asarray(rate_rps, dtype=float))
     H = lam.shape[0]
     S = np.broadcast_to(np.asarray(service_s, dtype=float), (H,))
@@ -168,15 +286,17 @@ def expected_containers(
     g, wg = gamma_quadrature(alpha)
     # levels that can matter: up to mean + 10 sd of in flight at the largest g, in the busiest hour
     m_top = float((lam * S).max(initial=0.0) * g.max())
+    order = (np.tile(np.arange(H), WARMUP_WEEKS + 1) if start_hour is None else np.arange(start_hour, H))
+    if startup is not None and order.size:
+        # and in the start-up burst (step 5), which can reach above any hour's own
+        m_top = max(m_top, float(lam[order[0]]) * g.max() * (startup[0] + startup[1]))
     n_top = max(m_top + 10 * math.sqrt(m_top) + 10 - float(Q.min(initial=0.0)), 1.0)
     K = max(int(math.ceil(n_top / T)) + b + 1, int(warm.max(initial=0)), 1)
     if max_containers is not None:
         K = max(min(K, int(max_containers)), int(warm.max(initial=0)), 1)
-    k_all = np.arange(1, K + 1)
     # one grid of levels for every hour (the state carries over hours): every level up to DENSE_LEVELS, then
     # geometric; P(k-th alive) is interpolated in between (smooth there over the spread of in flight)
-    k = np.unique(np.concatenate([np.arange(1, min(K, DENSE_LEVELS) + 1),
-                                  np.rint(np.geomspace(1, K, LEVEL_POINTS)).astype(int)]))
+    k, hat_sum = _level_grid(K)
     # the k-th container starts when the burst holds ≥ up_k = max(T·(k − 1 − b) + 1, k) (the autoscaler's
     # ⌈in flight / target⌉ + buffer), and stops after W in which the burst held < k (least-in-flight routing
     # reaches the k-th only when the first k − 1 are busy)
@@ -185,9 +305,13 @@ def expected_containers(
     B = max(1.0, float(cluster_size))
     rate = lam[:, None, None] * g[None, None, :] / B
     S_hg = np.broadcast_to(S[:, None, None], rate.shape)
+    reps_key = np.zeros(H)
+    line_key = None
     if floor_service_line is not None:
         s0, s1, reps, cap_b = floor_service_line
-        reps_h = np.broadcast_to(np.asarray(reps, dtype=float), (H,))[:, None, None]
+        reps_key = np.broadcast_to(np.asarray(reps, dtype=float), (H,))
+        line_key = (float(s0), float(s1), int(cap_b))
+        reps_h = reps_key[:, None, None]
         F = np.maximum(reps_h, 1e-9)
         load = s1 * lam[:, None, None] * g[None, None, :] / F
         settled = s0 / np.maximum(1.0 - load, 1e-9)
@@ -202,21 +326,9 @@ def expected_containers(
     act = np.flatnonzero((lam > 0) & (m_h + 10 * np.sqrt(m_h) + 10 >= np.ceil((Q + 1) / B)))
     p_on = np.zeros((H, len(k)))
     p_off = np.where(lam > 0, -math.expm1(-SECONDS_PER_MINUTE / max(W, 1e-9)), 1.0)[:, None] * np.ones((1, len(k)))
-    if act.size and (cache is None or len(k) != K):
-        p_on[act], p_off[act] = _switching(rate[act], mean[act], Q[act], up, k, B, W, wg)
-    elif act.size:
-        # every level 1 … K: an hour worked out before for at least K levels is read back (its first K)
-        reps_key = (np.broadcast_to(np.asarray(floor_service_line[2], dtype=float), (H,))
-                    if floor_service_line is not None else np.zeros(H))
-        keys = [(b, int(h), float(Q[h]), float(reps_key[h])) for h in act]
-        todo = [i for i, key in enumerate(keys) if key not in cache or cache[key][0].shape[0] < K]
-        if todo:
-            rows = act[todo]
-            on_t, off_t = _switching(rate[rows], mean[rows], Q[rows], up, k, B, W, wg)
-            for j, i in enumerate(todo):
-                cache[keys[i]] = (on_t[j], off_t[j])
-        p_on[act] = np.array([cache[key][0][:K] for key in keys])
-        p_off[act] = np.array([cache[key][1][:K] for key in keys])
+    if act.size:
+        p_on[act], p_off[act] = _switching_rows(act, lam, S, Q, reps_key, rate, mean, up, k, K, T, b, B, W, alpha,
+                                                line_key, wg)
     # each level a two-state chain by minute; closed form over an hour's 60 steps
     tot = p_on + p_off
     star = np.where(tot > 0, p_on / np.maximum(tot, 1e-300), 0.0)
@@ -225,38 +337,108 @@ def expected_containers(
     # the hour's mean of ρ^t for t in [0, 60] minutes (the state relaxes continuously, not at minute ends)
     neg_log = -np.log(np.clip(rho, 1e-300, 1.0))
     mean_decay = np.where(neg_log > 1e-12, (1 - rho60) / np.maximum(MINUTES_PER_HOUR * neg_log, 1e-300), 1.0)
-    # the billed week, after WARMUP_WEEKS from empty
-    hours_order = list(range(H)) * WARMUP_WEEKS + list(range(H)) if start_hour is None else list(range(start_hour, H))
+    # the billed week (`order`), after WARMUP_WEEKS from empty
     # a level the warm minimum holds is on all hour and after it (on at 1, relaxing to 1, no launch)
     on_warm = k[None, :] <= warm[:, None]
     star = np.where(on_warm, 1.0, star)
     mean_decay = np.where(on_warm, 0.0, mean_decay)
     rho60 = np.where(on_warm, 0.0, rho60)
-    pi = np.zeros(len(k))
     avg = np.zeros((H, len(k)))
-    for t in hours_order:
-        gap = pi - star[t]
-        avg[t] = star[t] + gap * mean_decay[t]
-        pi = star[t] + gap * rho60[t]
+    burst0 = np.zeros(len(k))
+    if order.size:
+        # the start-up burst (step 5): the levels launched before the first request completes
+        h0 = int(order[0])
+        burst0 = np.where(on_warm[h0], 0.0, _startup_burst(rate[h0], Q[h0], startup, up, B, wg))
+        # P(on) at the start of each hour in order: the state after an hour is star + (before − star)·ρ⁶⁰, an
+        # affine map of the state before, composed over the hours by a scan
+        pi = _affine_prefix(rho60[order], star[order] * (1.0 - rho60[order]), burst0)
+        last = order[-H:] if start_hour is None else order
+        pi_last = pi[-len(last):]
+        avg[last] = star[last] + (pi_last - star[last]) * mean_decay[last]
     launch = (1.0 - avg) * p_on * MINUTES_PER_HOUR
+    if order.size and (start_hour is not None or WARMUP_WEEKS == 0):
+        launch[int(order[0])] += burst0  # each launched once, at the start
     if start_hour is not None:
         avg[:start_hour] = 0.0
         launch[:start_hour] = 0.0
-    # back onto every level 1 … K
-    # (interpolation is linear in the row: Σ over 1 … K of the interpolant = row · the summed hat weights)
-    hat_sum = (np.ones(len(k)) if len(k) == K else
-               np.array([np.interp(k_all, k, np.eye(len(k))[i]).sum() for i in range(len(k))]))
+    # back onto every level 1 … K (interpolation is linear in the row: the summed hat weights)
     alive = avg @ hat_sum
     launches = launch @ hat_sum
     return ContainerHours(alive=alive, launches=launches)
+
+
+def _startup_burst(rate_g: np.ndarray, Q: float, startup: tuple[float, float] | None, up: np.ndarray, B: float,
+                   wg: np.ndarray) -> np.ndarray:
+    """P(the k-th container is launched in the start-up burst), levels up (P,), for an hour with no floor.
+
+    From no container, a container serves only a cold start c after its launch; the autoscaler launches on
+    requests in flight, and with no container ready the routing queues requests on starting ones. The first
+    request a container takes finds it empty and completes S₁ (its service alone) after the container is
+    ready; until then nothing completes, so every request that arrived since the start is in flight:
+    Poisson(λ·g·(c + S₁)) (clusters of B), against the hour's Poisson(λ·g·S). After it, each container
+    completes its queue one request per decode-line step s₁, faster than requests arrive while
+    launched containers > λ·s₁, so in flight falls back. The k-th container is launched when the burst reaches
+    up_k and stops, like any other, only when in flight stays below k for a window — which at a rate that
+    needs it never happens. Behind a floor the floor serves from the start and only its overflow waits: no
+    start-up burst."""
+    if startup is None or Q > 0 or not np.any(rate_g > 0):
+        return np.zeros(len(up))
+    cold_start_s, first_service_s = startup
+    mean0 = rate_g * (cold_start_s + first_service_s)  # (1, G) clusters in flight when the first request completes
+    below, _ = poisson_below_and_at(np.ceil(up / B)[None, :, None], mean0[None])
+    return ((1.0 - below[0]) * wg[None, :]).sum(axis=1)
+
+
+def _affine_prefix(a: np.ndarray, c: np.ndarray, x0: np.ndarray | None = None) -> np.ndarray:
+    """x_0 given (0 by default), x_{t+1} = a_t·x_t + c_t (rows t, columns independent): every x_t for
+    t < len(a), by a doubling scan (log₂ steps of whole-array arithmetic instead of a loop over the rows;
+    a_t ∈ [0, 1], so the composed products only shrink)."""
+    A, C = a.copy(), c.copy()
+    n, d = len(a), 1
+    while d < n:
+        # compose each map with the one d rows before it: (A, C)[i] ∘ (A, C)[i − d]
+        C[d:] = A[d:] * C[:-d] + C[d:]
+        A[d:] = A[d:] * A[:-d]
+        d *= 2
+    if x0 is None or not np.any(x0):
+        return np.concatenate([np.zeros((1,) + c.shape[1:]), C[:-1]])
+    return np.concatenate([x0[None], A[:-1] * x0 + C[:-1]])
+
+
+def _switching_rows(act, lam, S, Q, reps, rate, mean, up, k, K, T, b, B, W, alpha, line_key, wg):
+    """_switching for the active hours, each hour's row read from the memo when the same hour (rate, service,
+    floor, levels, settings) was worked out before. A row depends only on its own hour, and each level's
+    entry on that level alone: with every level 1 … K evaluated (no interpolation), a row worked out for fewer
+    levels is extended by the missing ones, and one worked out for more serves by its prefix."""
+    dense = len(k) == K
+    const = (T, b, B, W, alpha, line_key, wg.shape[0], "dense" if dense else K)
+    keys = [(const, x, y, z, r) for x, y, z, r in zip(lam[act].tolist(), S[act].tolist(), Q[act].tolist(),
+                                                       reps[act].tolist())]
+    n = len(k)
+    found = [_ROWS.get(key) for key in keys]
+    have = np.array([0 if f is None else f[0].shape[0] for f in found])
+    for start in np.unique(have[have < n]):
+        # the rows that have levels k[:start] already: work out the rest
+        todo = np.flatnonzero(have == start)
+        rows = act[todo]
+        on_t, off_t = _switching(rate[rows], mean[rows], Q[rows], up[start:], k[start:], B, W, wg)
+        for j, i in enumerate(todo.tolist()):
+            f = found[i]
+            found[i] = ((on_t[j], off_t[j]) if f is None else
+                        (np.concatenate([f[0], on_t[j]]), np.concatenate([f[1], off_t[j]])))
+            _remember(_ROWS, keys[i], found[i], MEMO_ROWS)
+    return np.array([f[0][:n] for f in found]), np.array([f[1][:n] for f in found])
 
 
 def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
                W: float, wg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-minute probabilities (H, P) that each level switches on (from off) and off (from on), for hours
     with traffic: rate and mean (H, 1, G) are clusters per second and in flight at each minute factor g."""
-    F_up, at_up = poisson_below_and_at(np.ceil((Q[:, None] + up[None, :]) / B)[:, :, None], mean)
-    F_dn, at_dn = poisson_below_and_at(np.ceil((Q[:, None] + k[None, :]) / B)[:, :, None], mean)
+    # both level sets in one call (one table of Poisson sums per hour and g): start levels, then stop levels
+    P = len(k)
+    levels = np.ceil((Q[:, None] + np.concatenate([up, k])[None, :]) / B)[:, :, None]
+    F, at = poisson_below_and_at(levels, mean)
+    F_up, at_up, F_dn, at_dn = F[:, :P], at[:, :P], F[:, P:], at[:, P:]
     h_on = rate * at_up / np.maximum(F_up, 1e-300)  # hazard of reaching up_k from below
     d = rate * at_dn  # down-crossings of k per second (= up-crossings)
     hW = W * d / np.maximum(F_dn, 1e-300)
@@ -264,7 +446,8 @@ def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray
     # 1 / expected on-period, q·d / (1 − F·q), with 1 − F·q = (1 − F) + F·(1 − q) kept accurate when both are
     # tiny (a level the hour never reaches again: its container stops W after the last request, rate 1/W)
     slack = np.maximum(1.0 - F_dn, 0.0) + F_dn * -np.expm1(-hW)
-    r_off = np.where(slack > 0, q * d / np.maximum(slack, 1e-300), 1.0 / max(W, 1e-9))
+    r_off = q * d / np.maximum(slack, 1e-300)
+    np.copyto(r_off, 1.0 / max(W, 1e-9), where=~(slack > 0))
     # per-minute switching probabilities, averaged over the minute factor g (independent per minute)
     w = wg[None, None, :]
     # (a two-state chain in continuous time inside the minute: rates h_on and r_off)
