@@ -71,6 +71,85 @@ def test_mooncake_replay_with_raw_tokens_reports_rejections_and_preemptions(plan
     assert scaled.too_long_413 + scaled.too_long_400 == 0  # scaled to the shape: nothing over the limit
 
 
+def _guard_sim(planned_stacks, replicas: int, engine: Engine | None = None) -> EndpointSim:
+    inputs, spec = planned_stacks["prod"]
+    ep_in = next(e for e in inputs.endpoints if e.name == "guard")
+    return EndpointSim(inputs, ep_in, spec.endpoint("guard"), 0.0, 3600.0, np.random.default_rng(0),
+                       Overrides(admission=True, engine=engine, fixed_replicas=replicas))
+
+
+def test_a_floor_replica_holds_the_gateways_admission_cap_hand_worked(planned_stacks):
+    """prod guard: the gateway holds a replica at admission_inflight_per_floor_replica (7, HAProxy's per-server
+    maxconn) though vLLM runs 13 (max_num_seqs). Thirteen requests at once on one replica, 2,000 tokens out
+    (seconds each): 7 start, the other 6 would wait seconds for a slot, past the 0.157 s bounded wait, so each
+    gets 429. With the replica's 13 sequence slots (the engine before) all 13 started and none was shed."""
+    inputs, spec = planned_stacks["prod"]
+    g = spec.endpoint("guard").gateway
+    assert (g.admission_inflight_per_floor_replica, spec.endpoint("guard").capacity.usable_concurrency) == (7, 13)
+    sim = _guard_sim(planned_stacks, 1)
+    t = np.arange(13) * 1e-6
+    sim.feed(Chunk(t, np.full(13, 100.0), np.full(13, 2000.0)), 15.0, 15.0)
+    assert sim.n_shed == 6 and sim.n_floor == 7
+    assert max(sim.f_inflight) == 7
+
+
+def test_a_full_replica_hands_the_request_to_the_first_slot_to_free_on_any_replica(planned_stacks):
+    """HAProxy's backend queue gives a waiting request to the first server with a free connection, not to the
+    one the pick tried. Two replicas held at 7 (a 10 ms token step at any batch, instant prefill): 14 requests
+    alternate between them, replica 1's with 5 tokens out (done at 0.05 s), replica 0's with 1,000 (10 s).
+    A 15th at 0.01 s finds both full; replica 1's first slot frees at 0.05 s, within the 0.157 s bounded wait:
+    served with TTFT 0.04 s wait + one 10 ms step = 0.05 s. Waiting on replica 0 (the least-loaded pick, first
+    in order) it would have waited 10 s and been shed."""
+    eng = Engine(slots=7, prefill_tokens_per_s=1e9, t_min=0.01, k=0.0, interference=0.0,
+                 kv_capacity_tokens=1e9, gpus=1.0)
+    sim = _guard_sim(planned_stacks, 2, eng)
+    out = np.array([1000.0, 5.0] * 7 + [5.0])
+    t = np.r_[np.arange(14) * 1e-6, 0.01]
+    ttft = []
+    orig = sim._record
+    sim._record = lambda a, tt, itl, fl: (ttft.append(tt.copy()), orig(a, tt, itl, fl))
+    sim.feed(Chunk(t, np.full(15, 10.0), out), 15.0, 15.0)
+    assert sim.n_shed == 0
+    assert ttft[0][14] == pytest.approx(0.05, abs=1e-3)
+
+
+def _assist_at_burst_cap(planned_stacks, burst_inflight: int):
+    """prod with assist's burst cap (admission_burst_inflight) replaced: 0 = no cap (no burst_full acl)."""
+    inputs, spec = planned_stacks["prod"]
+    eps = tuple(e.model_copy(update={"gateway": e.gateway.model_copy(update={"admission_burst_inflight": burst_inflight})})
+                if e.name == "assist" else e for e in spec.endpoints)
+    return inputs, spec.model_copy(update={"endpoints": eps})
+
+
+def test_burst_below_its_cap_waits_for_restoring_containers_and_is_not_shed(planned_stacks):
+    """The gateway cannot see Modal's containers: below its in-flight cap to burst it sends every request there,
+    and one that lands on a restoring container waits at Modal for the 25 s restore, past the gateway's 2.192 s
+    bounded wait, and is served, not shed. prod assist's first 6 minutes at Friday's peak (burst cold, in flight
+    to burst ≤ 243 against its cap of 1,536): requests wait on starting containers, TTFT passes the bounded
+    wait, nothing is shed. (The engine before shed them at Modal when their slot wait passed the bounded wait.)"""
+    inputs, spec = planned_stacks["prod"]
+    g = spec.endpoint("assist").gateway
+    ov = Overrides(admission=True, focus=(116.0 * 3600, 116.1 * 3600))
+    r = simulate_endpoint(inputs, spec, "assist", seed=0, start_h=116.0, end_h=116.1, overrides=ov)
+    assert r.requests_waiting_on_cold_container > 0
+    assert r.focus_ttft_max_s > g.admission_queue_timeout_s
+    assert r.shed == 0
+
+
+def test_floor_and_burst_full_wait_in_the_gateways_queue_then_429(planned_stacks):
+    """At 3× Friday's peak, in flight to burst reaches its cap (24 containers × 64 inputs): from there a request
+    the floor pick cannot place waits in HAProxy's queue for a floor slot and gets 429 past the bounded wait.
+    With no burst cap (admission_burst_inflight 0: no burst_full acl) the gateway sends all of them to burst and
+    sheds nothing: every 429 is the burst cap's."""
+    kw = dict(seed=0, start_h=116.0, end_h=116.1, rate_scale=3.0)
+    inputs, spec = planned_stacks["prod"]
+    capped = simulate_endpoint(inputs, spec, "assist", overrides=Overrides(admission=True), **kw)
+    i2, s2 = _assist_at_burst_cap(planned_stacks, 0)
+    uncapped = simulate_endpoint(i2, s2, "assist", overrides=Overrides(admission=True), **kw)
+    assert capped.shed > 0 and uncapped.shed == 0
+    assert uncapped.burst_queue_peak > capped.burst_queue_peak
+
+
 def test_spike_drill_keeps_admitted_goodput_and_states_the_shed_share(planned_stacks):
     """prod assist, 3× for 10 minutes at the peak: admission control (bounded wait, then 429) keeps the
     admitted requests at ≥ 99% goodput; the shed share is reported (and is what the cap could not carry)."""
