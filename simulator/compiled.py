@@ -74,8 +74,8 @@ _N_COUNTS = 9
  _P_START_S, _P_END_S, _P_TICK_S, _P_PY_TICK, _P_FIXED, _P_HAS_AUTOSCALER, _P_MAX_REPLICAS, _P_TARGET_WAITING,
  _P_MIN_REPLICAS, _P_THRESHOLD, _P_UP_W, _P_DOWN_W, _P_UP_STEP, _P_UP_PERIOD, _P_DOWN_STEP, _P_DOWN_PERIOD,
  _P_RESERVED_NODES, _P_RPN, _P_POD_COLD, _P_NODE_COLD, _P_NODE_SCALE_DOWN, _P_MAX_ADD, _P_B_COLD, _P_B_USD_S,
- _P_B_WINDOW, _P_MINUTES_PER_WEEK) = range(61)
-_N_PARAMS = 61
+ _P_B_WINDOW, _P_MINUTES_PER_WEEK, _P_BURST_CAP, _P_FLOOR_QUEUE) = range(63)
+_N_PARAMS = 63
 
 DISABLE_ENV = "SIMULATOR_PURE_PYTHON"  # set to 1: every run uses the pure-Python reference engine
 
@@ -765,6 +765,9 @@ def _serve(i0, T, IN, OUT, status, ns, abpos, pend, xo, ttft, itl, flag,
     is_api = p[_P_IS_API] != 0.0
     overflow = p[_P_OVERFLOW]
     shed_after = p[_P_SHED_AFTER]
+    burst_cap = p[_P_BURST_CAP]
+    fq = p[_P_FLOOR_QUEUE] != 0.0
+    has_floor = p[_P_HAS_FLOOR] != 0.0
     first_byte_s = p[_P_FIRST_BYTE]
     kvs = p[_P_KVS]
     c = int(p[_P_C])
@@ -843,7 +846,33 @@ def _serve(i0, T, IN, OUT, status, ns, abpos, pend, xo, ttft, itl, flag,
                         r = rr
             if fi[r] >= overflow and (streamed or ns_rule != 1):
                 r = -1
+        if r < 0 and has_burst and sv[_V_BINF] >= burst_cap and (streamed or ns_rule != 2):
+            # the floor pick found no room and burst is full: HAProxy's queue, bounded, then 429
+            if nrout > 0:
+                r = routable[0]
+                for q in range(1, nrout):
+                    if fi[routable[q]] < fi[r]:
+                        r = routable[q]
+            else:
+                queued = False
+                if not has_floor and cnt[_C_NLIVE] > 0:  # serverless only: the burst server's own queue
+                    w = cslots[live[0], 0]
+                    for q in range(1, cnt[_C_NLIVE]):
+                        if cslots[live[q], 0] < w:
+                            w = cslots[live[q], 0]
+                    queued = w - t <= shed_after
+                if not queued:
+                    st[_S_SHED] += 1
+                    ttft[i] = inf
+                    flag[i] = REJECTED | SHED
+                    i += 1
+                    continue
         if r >= 0:
+            if fq and fslots[r, 0] > t and nrout > 1:  # full: the queue gives it the first slot to free
+                r = routable[0]
+                for q in range(1, nrout):
+                    if fslots[routable[q], 0] < fslots[r, 0]:
+                        r = routable[q]
             if not _runs_room(fruns, frc, r, t):
                 return _GROW_FRUNS, i
             s0 = fslots[r, 0]
@@ -953,15 +982,7 @@ def _serve(i0, T, IN, OUT, status, ns, abpos, pend, xo, ttft, itl, flag,
                         best = j
             if not _runs_room(cruns, crc, best, t):
                 return _GROW_CRUNS, i
-            start = max(t, cslots[best, 0])
-            if start - t > shed_after:
-                if capped:  # the reference caps max_tokens before the burst tier sheds
-                    st[_S_NS_CAPPED] += 1
-                st[_S_SHED] += 1
-                ttft[i] = inf
-                flag[i] = REJECTED | SHED
-                i += 1
-                continue
+            start = max(t, cslots[best, 0])  # never shed here (EndpointSim._burst)
             cold_wait = cready[best] > t and start >= cready[best]
             bsz = min(b_slots, ci[best] + 1)
             if b_dyn:
@@ -1278,7 +1299,11 @@ class CompiledEndpointSim(_eng.EndpointSim):
         p[_P_HAS_BURST] = self.has_burst
         p[_P_IS_API] = self.is_api
         p[_P_OVERFLOW] = self.ep.gateway.overflow_inflight_per_replica if self.has_burst else float(1 << 60)
+        if self.has_burst and self.floor_cap:
+            p[_P_OVERFLOW] = min(p[_P_OVERFLOW], self.floor_cap)
         p[_P_SHED_AFTER] = self.admission_wait_s
+        p[_P_BURST_CAP] = self.burst_cap
+        p[_P_FLOOR_QUEUE] = self.floor_queue
         p[_P_FIRST_BYTE] = self.ep.gateway.first_byte_timeout_s
         p[_P_KVS] = 1.0 / (1.0 - self.hit)
         p[_P_ONE_MINUS_HIT] = 1.0 - self.hit

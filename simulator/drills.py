@@ -134,16 +134,9 @@ def _fmt(v: float, unit: str = "") -> str:
 
 
 def admission_overrides(inputs: CostInputs, spec: TopologySpec, name: str, **kw) -> Overrides:
-    """The gateway's admission control as the spec sets it: a bounded wait, then 429 with Retry-After; and each
-    floor replica held at the gateway's per-server cap (admission_inflight_per_floor_replica, HAProxy's
-    maxconn), below its max_num_seqs when the inter-token SLO needs it — beyond it requests wait in the
-    gateway's queue, which the engine counts as waiting for a slot, as the KEDA trigger does."""
-    ep = spec.endpoint(name)
-    cap = ep.gateway.admission_inflight_per_floor_replica
-    eng = None
-    if ep.has_floor and 0 < cap < ep.capacity.usable_concurrency:
-        eng = engine_for(_ep_in(inputs, name), ep.capacity, cap)
-    return Overrides(admission=True, engine=eng, **kw)
+    """The gateway's admission control as the spec sets it (the engine reads admission_* from the spec: each
+    floor replica held at its per-server cap, burst at its in-flight cap, a bounded wait, then 429)."""
+    return Overrides(admission=True, **kw)
 
 
 class _Focused:

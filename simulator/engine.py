@@ -319,6 +319,19 @@ class EndpointSim:
         # admission control: a request that cannot start within the bounded wait gets 429 (None: no limit)
         self.admission_wait_s = (gw.admission_queue_timeout_s if self.ov.admission and gw.admission_queue_timeout_s
                                  else math.inf)
+        adm = self.ov.admission
+        # with admission control HAProxy holds a floor replica at admission_inflight_per_floor_replica (its
+        # maxconn) and the floor pick overflows at the lower of that and the overflow threshold
+        # (components/gateway_config.py: floor_cap, pick_threshold)
+        self.floor_cap = gw.admission_inflight_per_floor_replica if adm and gw.admission_inflight_per_floor_replica > 0 else 0
+        # the gateway sees only its own in-flight count to burst (acl burst_full: be_conn(burst) ≥ the cap), never
+        # Modal's containers: below the cap a request goes to burst and waits there (a restore included); at
+        # the cap it waits in HAProxy's queue for a floor slot (with no floor, a burst one), bounded, then 429
+        self.burst_cap = (float(gw.admission_burst_inflight) if adm and ep.has_burst and gw.admission_burst_inflight > 0
+                          else math.inf)
+        # a request that finds its replica full waits in HAProxy's backend queue, which hands it to the first
+        # replica slot to free (leastconn among those with room); without admission it queues at the replica
+        self.floor_queue = adm
         # non-streamed requests on burst: Modal's web-request cap and the planner's rule for them
         b = ep.burst
         self.ns_rule = b.non_streamed_rule if b is not None and ep.has_burst else None
@@ -336,7 +349,10 @@ class EndpointSim:
         prices = inputs.prices
         # --- dedicated floor
         if self.has_floor:
-            self.feng = self.ov.engine or engine_for(ep_in, cap, cap.usable_concurrency)
+            slots = cap.usable_concurrency
+            if 0 < self.floor_cap < slots:
+                slots = self.floor_cap  # the gateway's maxconn: the engine never runs more than it lets in
+            self.feng = self.ov.engine or engine_for(ep_in, cap, slots)
             self.rpn = cap.replicas_per_node
             od = prices.dedicated_on_demand_usd_per_gpu_hour[cap.gpu_kind]
             self.od_node_usd_s = od * cap.gpus_per_node / SECONDS_PER_HOUR
@@ -797,7 +813,11 @@ class EndpointSim:
         routable = self.routable
         has_burst, is_api = self.has_burst, self.is_api
         overflow = self.ep.gateway.overflow_inflight_per_replica if has_burst else 1 << 60
+        if has_burst and self.floor_cap:
+            overflow = min(overflow, self.floor_cap)
         shed_after = self.admission_wait_s
+        burst_cap, fq = self.burst_cap, self.floor_queue
+        fslot0 = lambda q: fslots[q][0]  # noqa: E731
         # the gateway's Lua filter ends a stream with no first byte in this long (components/gateway_config.py);
         # it also bounds the replica's queue, which an under-provisioned floor would otherwise grow without end
         first_byte_s = self.ep.gateway.first_byte_timeout_s
@@ -849,8 +869,23 @@ class EndpointSim:
                 r = routable[0] if len(routable) == 1 else min(routable, key=key)
                 if fi[r] >= overflow and (streamed or self.ns_rule != "floor_only"):
                     r = -1
+            if (r < 0 and has_burst and self.burst_inflight >= burst_cap
+                    and (streamed or self.ns_rule != "require_streaming")):
+                # the floor pick found no room and burst is full: HAProxy's queue, bounded, then 429
+                if routable:
+                    r = routable[0] if len(routable) == 1 else min(routable, key=key)
+                elif not self.has_floor and self.live and min(self.c_slots[j][0] for j in self.live) - t <= shed_after:
+                    pass  # serverless only: the burst server's own queue; Modal then starts it on the freed slot
+                else:
+                    self.n_shed += 1
+                    ttft[i] = math.inf
+                    flag[i] = REJECTED | SHED
+                    continue
             if r >= 0:
                 sl = fslots[r]
+                if fq and sl[0] > t and len(routable) > 1:  # full: the queue gives it the first slot to free
+                    r = min(routable, key=fslot0)
+                    sl = fslots[r]
                 s0 = sl[0]
                 start = s0 if s0 > t else t
                 if start - t > shed_after:
@@ -919,13 +954,7 @@ class EndpointSim:
                 if not streamed and self.ns_rule == "cap_max_tokens" and o > self.ns_max_tokens:
                     o = self.ns_max_tokens
                     self.n_ns_capped += 1
-                res = self._burst(t, IN[i], o, ab_pos[i] if ab_pos is not None else -1.0, shed_after)
-                if res is None:
-                    self.n_shed += 1
-                    ttft[i] = math.inf
-                    flag[i] = REJECTED | SHED
-                    continue
-                ttft[i], itl[i], bad, total = res
+                ttft[i], itl[i], bad, total = self._burst(t, IN[i], o, ab_pos[i] if ab_pos is not None else -1.0)
                 flag[i] = BURST | (BAD if bad else 0)
                 if not streamed:
                     self.n_ns_burst += 1
@@ -968,10 +997,10 @@ class EndpointSim:
         ab.wasted_gpu_s += (fin - leave) * gpu_share
         return fin
 
-    def _burst(self, t: float, uncached: float, out: float, ab_pos: float,
-               shed_after: float) -> tuple[float, float, bool, float] | None:
+    def _burst(self, t: float, uncached: float, out: float, ab_pos: float) -> tuple[float, float, bool, float]:
         """One request to the burst tier: (TTFT, mean token gap, served by a bad revision, time to the last
-        token), or None when admission control sheds it (its wait for a slot would pass the bounded wait)."""
+        token). Never shed here: the gateway cannot see Modal's containers, so a request it sent waits at Modal
+        for a slot (a restoring container's included); admission control acts before, on the burst cap."""
         b = self.ep.burst
         assert b is not None
         live, ci = self.live, self.c_inflight
@@ -988,9 +1017,6 @@ class EndpointSim:
         eng = self.beng
         sl = self.c_slots[best]
         start = max(t, sl[0])
-        if start - t > shed_after:
-            self.burst_inflight -= 1
-            return None
         if self.c_ready[best] > t and start >= self.c_ready[best]:
             self.cold_waits += 1
         bsz = min(eng.slots, ci[best] + 1)

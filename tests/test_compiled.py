@@ -75,9 +75,15 @@ def test_admission_shedding_and_non_streamed_rules_are_identical(planned_stacks)
     r, _ = _both(inputs, spec, "assist", lambda: Overrides(admission=True), seed=0, start_h=116.0, end_h=116.1,
                  rate_scale=3.0)
     assert r.non_streamed_burst > 0 and r.non_streamed_capped > 0
+    assert r.shed > 0  # floor and burst full (burst at its in-flight cap): HAProxy's queue, then 429
     spiked, _ = _both(inputs, spec, "guard", lambda: Overrides(admission=True), seed=3, start_h=9.0, end_h=9.4,
                       spike=Spike(6.0, 9.1 * 3600, 10.0))
     assert spiked.shed > 0
+    # serverless only (dev guard, one container of 66 inputs): past the burst cap, the burst server's own queue
+    dev_in, dev = planned_stacks["dev"]
+    so, _ = _both(dev_in, dev, "guard", lambda: Overrides(admission=True), seed=4, start_h=10.0, end_h=10.05,
+                  rate_scale=1000.0)
+    assert 0 < so.shed < so.requests
 
 
 def test_first_byte_timeout_is_identical(planned_stacks):

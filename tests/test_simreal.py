@@ -71,17 +71,96 @@ def test_mooncake_replay_with_raw_tokens_reports_rejections_and_preemptions(plan
     assert scaled.too_long_413 + scaled.too_long_400 == 0  # scaled to the shape: nothing over the limit
 
 
-def test_spike_drill_keeps_admitted_goodput_and_states_the_shed_share(planned_stacks):
-    """prod assist, 3× for 10 minutes at the peak: admission control (bounded wait, then 429) keeps the
-    admitted requests at ≥ 99% goodput; the shed share is reported (and is what the cap could not carry)."""
+def _guard_sim(planned_stacks, replicas: int, engine: Engine | None = None) -> EndpointSim:
+    inputs, spec = planned_stacks["prod"]
+    ep_in = next(e for e in inputs.endpoints if e.name == "guard")
+    return EndpointSim(inputs, ep_in, spec.endpoint("guard"), 0.0, 3600.0, np.random.default_rng(0),
+                       Overrides(admission=True, engine=engine, fixed_replicas=replicas))
+
+
+def test_a_floor_replica_holds_the_gateways_admission_cap_hand_worked(planned_stacks):
+    """prod guard: the gateway holds a replica at admission_inflight_per_floor_replica (7, HAProxy's per-server
+    maxconn) though vLLM runs 13 (max_num_seqs). Thirteen requests at once on one replica, 2,000 tokens out
+    (seconds each): 7 start, the other 6 would wait seconds for a slot, past the 0.157 s bounded wait, so each
+    gets 429. With the replica's 13 sequence slots (the engine before) all 13 started and none was shed."""
+    inputs, spec = planned_stacks["prod"]
+    g = spec.endpoint("guard").gateway
+    assert (g.admission_inflight_per_floor_replica, spec.endpoint("guard").capacity.usable_concurrency) == (7, 13)
+    sim = _guard_sim(planned_stacks, 1)
+    t = np.arange(13) * 1e-6
+    sim.feed(Chunk(t, np.full(13, 100.0), np.full(13, 2000.0)), 15.0, 15.0)
+    assert sim.n_shed == 6 and sim.n_floor == 7
+    assert max(sim.f_inflight) == 7
+
+
+def test_a_full_replica_hands_the_request_to_the_first_slot_to_free_on_any_replica(planned_stacks):
+    """HAProxy's backend queue gives a waiting request to the first server with a free connection, not to the
+    one the pick tried. Two replicas held at 7 (a 10 ms token step at any batch, instant prefill): 14 requests
+    alternate between them, replica 1's with 5 tokens out (done at 0.05 s), replica 0's with 1,000 (10 s).
+    A 15th at 0.01 s finds both full; replica 1's first slot frees at 0.05 s, within the 0.157 s bounded wait:
+    served with TTFT 0.04 s wait + one 10 ms step = 0.05 s. Waiting on replica 0 (the least-loaded pick, first
+    in order) it would have waited 10 s and been shed."""
+    eng = Engine(slots=7, prefill_tokens_per_s=1e9, t_min=0.01, k=0.0, interference=0.0,
+                 kv_capacity_tokens=1e9, gpus=1.0)
+    sim = _guard_sim(planned_stacks, 2, eng)
+    out = np.array([1000.0, 5.0] * 7 + [5.0])
+    t = np.r_[np.arange(14) * 1e-6, 0.01]
+    ttft = []
+    orig = sim._record
+    sim._record = lambda a, tt, itl, fl: (ttft.append(tt.copy()), orig(a, tt, itl, fl))
+    sim.feed(Chunk(t, np.full(15, 10.0), out), 15.0, 15.0)
+    assert sim.n_shed == 0
+    assert ttft[0][14] == pytest.approx(0.05, abs=1e-3)
+
+
+def _assist_at_burst_cap(planned_stacks, burst_inflight: int):
+    """prod with assist's burst cap (admission_burst_inflight) replaced: 0 = no cap (no burst_full acl)."""
+    inputs, spec = planned_stacks["prod"]
+    eps = tuple(e.model_copy(update={"gateway": e.gateway.model_copy(update={"admission_burst_inflight": burst_inflight})})
+                if e.name == "assist" else e for e in spec.endpoints)
+    return inputs, spec.model_copy(update={"endpoints": eps})
+
+
+def test_burst_below_its_cap_waits_for_restoring_containers_and_is_not_shed(planned_stacks):
+    """The gateway cannot see Modal's containers: below its in-flight cap to burst it sends every request there,
+    and one that lands on a restoring container waits at Modal for the 25 s restore, past the gateway's 2.192 s
+    bounded wait, and is served, not shed. prod assist's first 6 minutes at Friday's peak (burst cold, in flight
+    to burst ≤ 243 against its cap of 1,536): requests wait on starting containers, TTFT passes the bounded
+    wait, nothing is shed. (The engine before shed them at Modal when their slot wait passed the bounded wait.)"""
+    inputs, spec = planned_stacks["prod"]
+    g = spec.endpoint("assist").gateway
+    ov = Overrides(admission=True, focus=(116.0 * 3600, 116.1 * 3600))
+    r = simulate_endpoint(inputs, spec, "assist", seed=0, start_h=116.0, end_h=116.1, overrides=ov)
+    assert r.requests_waiting_on_cold_container > 0
+    assert r.focus_ttft_max_s > g.admission_queue_timeout_s
+    assert r.shed == 0
+
+
+def test_floor_and_burst_full_wait_in_the_gateways_queue_then_429(planned_stacks):
+    """At 3× Friday's peak, in flight to burst reaches its cap (24 containers × 64 inputs): from there a request
+    the floor pick cannot place waits in HAProxy's queue for a floor slot and gets 429 past the bounded wait.
+    With no burst cap (admission_burst_inflight 0: no burst_full acl) the gateway sends all of them to burst and
+    sheds nothing: every 429 is the burst cap's."""
+    kw = dict(seed=0, start_h=116.0, end_h=116.1, rate_scale=3.0)
+    inputs, spec = planned_stacks["prod"]
+    capped = simulate_endpoint(inputs, spec, "assist", overrides=Overrides(admission=True), **kw)
+    i2, s2 = _assist_at_burst_cap(planned_stacks, 0)
+    uncapped = simulate_endpoint(i2, s2, "assist", overrides=Overrides(admission=True), **kw)
+    assert capped.shed > 0 and uncapped.shed == 0
+    assert uncapped.burst_queue_peak > capped.burst_queue_peak
+
+
+def test_spike_drill_states_the_shed_share_and_where_admitted_requests_miss(planned_stacks):
+    """prod assist, 3× for 10 minutes at the peak: nothing is shed (past the burst cap the floor's spare
+    connections take the rest within the bounded wait), so goodput of all requests is the admitted goodput;
+    it misses the 99% bar only in spike minute 1, on burst restores (tests/test_drills.py's xfail states it)."""
     inputs, spec = planned_stacks["prod"]
     r = spike(inputs, spec, "assist", factor=3.0, minutes=10.0)
     adm_base, adm_spike = r.values["admitted goodput (window)"]
     shed_base, shed_spike = r.values["shed with 429 (window)"]
-    assert adm_spike >= 0.99
-    assert 0 < shed_spike < 0.10 and shed_spike > shed_base
-    assert r.values["goodput (window)"][1] < adm_spike
-    assert "shed" in r.finding
+    assert shed_base == shed_spike == 0 and "0.00% shed" in r.finding
+    assert r.values["goodput (window)"][1] == adm_spike < adm_base
+    assert "minute 1, while burst containers restore" in r.finding
 
 
 def _placement(decode_tok_s: float, seqs: int) -> Placement:
@@ -123,18 +202,29 @@ def _with_rule(spec, rule: str):
 
 def test_non_streamed_burst_requests_past_modals_cap_fail_only_without_the_rule(planned_stacks):
     """prod assist at 3× its Friday-peak rate for 15 minutes, a quarter of requests non-streamed: thousands of
-    them overflow to burst. Under the planner's max_tokens cap none runs past Modal's 150 s; with no rule
-    ('fits') some do and get the 303 the client does not follow; 'floor_only' sends none to burst."""
+    them overflow to burst. Under the planner's max_tokens cap all but a few stay within Modal's 150 s (those few:
+    see the xfail below); with no rule ('fits') many more pass it and get the 303 the client does not follow;
+    'floor_only' sends none to burst."""
     inputs, spec = planned_stacks["prod"]
     assert spec.endpoint("assist").burst.timeout_s > 150  # the burst function itself would run them to 471 s
     kw = dict(seed=0, start_h=116.0, end_h=116.25, rate_scale=3.0, overrides=Overrides(admission=True))
     ruled = simulate_endpoint(inputs, spec, "assist", **kw)
     assert ruled.non_streamed_burst > 1000 and ruled.non_streamed_capped > 0
-    assert ruled.non_streamed_redirected == 0
     unruled = simulate_endpoint(inputs, _with_rule(spec, "fits"), "assist", **kw)
-    assert unruled.non_streamed_capped == 0 and unruled.non_streamed_redirected > 0
+    assert unruled.non_streamed_capped == 0 and unruled.non_streamed_redirected > 10 * max(1, ruled.non_streamed_redirected)
     floor_only = simulate_endpoint(inputs, _with_rule(spec, "floor_only"), "assist", **kw)
     assert floor_only.non_streamed_burst == 0 and floor_only.non_streamed_redirected == 0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the planner's non-streamed max_tokens cap (topology/plan/limits.py non_streamed_burst_rule) budgets the TTFT "
+    "SLO before decoding, not a wait at Modal for a restoring container: at 3x Friday's peak for 15 min, 2 of "
+    "8,263 non-streamed burst requests admitted while containers restored (25 s) pass Modal's 150 s and get the "
+    "303 (none with an instant restore)"))
+def test_non_streamed_burst_requests_under_the_rule_never_pass_modals_cap(planned_stacks):
+    inputs, spec = planned_stacks["prod"]
+    kw = dict(seed=0, start_h=116.0, end_h=116.25, rate_scale=3.0, overrides=Overrides(admission=True))
+    assert simulate_endpoint(inputs, spec, "assist", **kw).non_streamed_redirected == 0
 
 
 def test_long_prompt_drill_replays_a_trace_with_its_own_prompts(planned_stacks, root):
