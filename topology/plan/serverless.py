@@ -432,6 +432,22 @@ def _switching_rows(act, lam, S, Q, reps, rate, mean, up, k, K, T, b, B, W, alph
 
 def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
                W: float, wg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """_switching_numpy, by the compiled kernel when it serves (serverless_compiled: same figures to 1e-12)."""
+    if _use_compiled():
+        from . import serverless_compiled
+        top = int(math.ceil((float(Q.max(initial=0.0)) + float(max(up.max(), k.max()))) / B))
+        return serverless_compiled.switching(rate, mean, Q, up, k, B, W, wg, log_fact_upto(top + 2), EXACT_LEVELS,
+                                             float(SECONDS_PER_MINUTE))
+    return _switching_numpy(rate, mean, Q, up, k, B, W, wg)
+
+
+def _use_compiled() -> bool:
+    from . import serverless_compiled
+    return serverless_compiled.available()
+
+
+def _switching_numpy(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
+                     W: float, wg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-minute probabilities (H, P) that each level switches on (from off) and off (from on), for hours
     with traffic: rate and mean (H, 1, G) are clusters per second and in flight at each minute factor g."""
     # both level sets in one call (one table of Poisson sums per hour and g): start levels, then stop levels
