@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -441,7 +442,18 @@ def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray
     return _switching_numpy(rate, mean, Q, up, k, B, W, wg)
 
 
+# Whether _switching runs the compiled kernel: None decides by whether numba is loaded already. The kernel is
+# 2.3× faster than numpy, but importing numba and loading the cached kernel costs ≈ 0.33 s, more than it saves
+# for a stack of a few endpoints (the prod stack's serverless arithmetic is ≈ 0.08 s): so a `plan` alone stays
+# on numpy, and a process that has numba anyway (`plan --simulate`, the simulator's kernels) uses it. True:
+# always (a long-lived process planning many fleets); False: never. Both give the same plans (figures agree to
+# 1e-12 relative; benchmarks/plans_unchanged.py checks the specs byte for byte).
+USE_COMPILED: bool | None = None
+
+
 def _use_compiled() -> bool:
+    if USE_COMPILED is False or (USE_COMPILED is None and "numba" not in sys.modules):
+        return False
     from . import serverless_compiled
     return serverless_compiled.available()
 

@@ -124,6 +124,10 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                     # P(N ≤ L − 1) = P(Gamma(L, 1) > m): Wilson–Hilferty, then 1 − Φ(z) by A&S 7.1.26
                     z = (cbrt_m / cbrt_L[i] - shift_L[i]) * sqrt_9L[i]
                     x = abs(z) * inv_sqrt2
+                    if z < 0 and x * x > _EXPM1_IS_MINUS_ONE:
+                        # 1 − (poly < 1)·e^(−x²)/2 rounds to 1 (as expm1 to −1 above)
+                        below[i] = 1.0
+                        continue
                     t = 1.0 / (0.3275911 * x + 1.0)
                     poly = t * 1.061405429
                     poly = (poly + -1.453152027) * t
