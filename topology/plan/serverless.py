@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
+import os
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -433,7 +433,7 @@ def _switching_rows(act, lam, S, Q, reps, rate, mean, up, k, K, T, b, B, W, alph
 
 def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
                W: float, wg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """_switching_numpy, by the compiled kernel when it serves (serverless_compiled: same figures to 1e-12)."""
+    """_switching_numpy, or the compiled kernel where asked for (USE_COMPILED; same figures to 1e-12)."""
     if _use_compiled():
         from . import serverless_compiled
         top = int(math.ceil((float(Q.max(initial=0.0)) + float(max(up.max(), k.max()))) / B))
@@ -442,17 +442,17 @@ def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray
     return _switching_numpy(rate, mean, Q, up, k, B, W, wg)
 
 
-# Whether _switching runs the compiled kernel: None decides by whether numba is loaded already. The kernel is
-# 2.3× faster than numpy, but importing numba and loading the cached kernel costs ≈ 0.33 s, more than it saves
-# for a stack of a few endpoints (the prod stack's serverless arithmetic is ≈ 0.08 s): so a `plan` alone stays
-# on numpy, and a process that has numba anyway (`plan --simulate`, the simulator's kernels) uses it. True:
-# always (a long-lived process planning many fleets); False: never. Both give the same plans (figures agree to
-# 1e-12 relative; benchmarks/plans_unchanged.py checks the specs byte for byte).
-USE_COMPILED: bool | None = None
+# Whether _switching runs the compiled kernel (serverless_compiled; numba). Off unless asked for (PLANNER_COMPILED=1
+# or setting this True): the kernel is 2.3× faster than numpy on this arithmetic, but importing numba and loading
+# the cached kernel cost ≈ 0.3 s per process (the first compile ever ≈ 1.3 s more), more than it saves on a
+# stack of a few endpoints (the prod stack's serverless arithmetic is ≈ 0.07 s) and less than on a fleet of
+# 100 (≈ 0.6 s). Both give the same plans: figures agree to 1e-12 relative (tests/test_serverless_compiled.py),
+# specs byte for byte (benchmarks/plans_unchanged.py --compiled yes).
+USE_COMPILED: bool = os.environ.get("PLANNER_COMPILED", "") in ("1", "true", "yes")
 
 
 def _use_compiled() -> bool:
-    if USE_COMPILED is False or (USE_COMPILED is None and "numba" not in sys.modules):
+    if not USE_COMPILED:
         return False
     from . import serverless_compiled
     return serverless_compiled.available()

@@ -5,26 +5,23 @@ checks the two agree to 1e-12 relative. Why faster: numpy builds every intermedi
 quadrature nodes (and a table of Poisson terms per hour and node) in memory; here each hour and node builds its
 table of P(N = j) once and reads every level from it, with no temporaries.
 
-numba is imported only when `switching` is first called (its import costs ≈ 0.17 s; the planner of a single
-stack does not need it, see `serverless.COMPILED_MIN_WORK`). Compiled functions are cached on disk
+The planner uses it only where asked for (`serverless.USE_COMPILED`, PLANNER_COMPILED=1): numba is imported
+when `switching` is first called (≈ 0.17 s, and ≈ 0.15 s more to load the cached kernel), which a stack of a
+few endpoints does not win back. Compiled functions are cached on disk
 (`cache=True`, as simulator/compiled.py does); where no cache location is writable they compile in memory.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
-DISABLE_ENV = "PLANNER_PURE_NUMPY"  # set to 1: the planner uses the numpy reference only
 _KERNEL = None  # the compiled kernel, once built; False when numba is not importable
 
 
 def available() -> bool:
-    """Whether the compiled kernel can run (numba importable and not switched off)."""
-    if os.environ.get(DISABLE_ENV, "") in ("1", "true", "yes"):
-        return False
+    """Whether the compiled kernel can run (numba importable)."""
     return _kernel() is not None
 
 
