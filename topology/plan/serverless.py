@@ -444,9 +444,8 @@ def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray
 
 # Whether _switching runs the compiled kernel (serverless_compiled; numba). Off unless asked for (PLANNER_COMPILED=1
 # or setting this True): the kernel is 2.3× faster than numpy on this arithmetic, but importing numba and loading
-# the cached kernel cost ≈ 0.3 s per process (the first compile ever ≈ 1.3 s more), more than it saves on a
-# stack of a few endpoints (the prod stack's serverless arithmetic is ≈ 0.07 s) and less than on a fleet of
-# 100 (≈ 0.6 s). Both give the same plans: figures agree to 1e-12 relative (tests/test_serverless_compiled.py),
+# the cached kernel cost ≈ 0.3 s per process (the first compile ever ≈ 1.1 s more), while it saves ≈ 0.07 s on
+# the prod stack and ≈ 0.6 s on a fleet of 100 endpoints. Both give the same plans: figures agree to 1e-12 relative (tests/test_serverless_compiled.py),
 # specs byte for byte (benchmarks/plans_unchanged.py --compiled yes).
 USE_COMPILED: bool = os.environ.get("PLANNER_COMPILED", "") in ("1", "true", "yes")
 
