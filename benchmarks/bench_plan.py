@@ -8,6 +8,9 @@ are emptied before every timed run, so a run pays for what it computes itself. T
   * `fleet`: the prod stack's endpoints cycled, traffic scaled so each decision differs (the endpoints of
     one model share their placement search, as copies of an endpoint per region or tenant would);
   * `distinct`: the same with every endpoint's TTFT SLO nudged, so no two share a placement search.
+Each case twice: the serverless arithmetic in numpy (what `python -m topology plan` runs: numba is not loaded)
+and by the compiled kernel (`serverless.USE_COMPILED = True`; what a process that has numba loaded runs — its
+import and the cached kernel's load, ≈ 0.3 s once per process, are paid before the timed runs).
 """
 
 from __future__ import annotations
@@ -69,11 +72,20 @@ def main() -> None:
     one = prod.model_copy(update={"endpoints": [prod.endpoints[0]]})
     hundred, hundred_distinct = fleet(prod, 100), fleet(prod, 100, distinct=True)
     plan(one)  # warm imports
+    modes = [("numpy", False)]
+    if hasattr(serverless, "USE_COMPILED"):
+        serverless.USE_COMPILED = True
+        plan(one)  # numba's import and the kernel's load (or first compile)
+        modes.append(("compiled", True))
     r = args.repeats
     for label, inputs, repeats in [("1 endpoint", one, 3 * r), ("prod stack (3)", prod, 2 * r),
                                    ("100 endpoints, fleet", hundred, r), ("100 endpoints, distinct", hundred_distinct, r)]:
-        wall, cpu = medians(lambda: plan(inputs), repeats)
-        print(f"plan, {label:24s} wall {wall * 1000:8.1f} ms  CPU {cpu * 1000:8.1f} ms  (median of {repeats})")
+        for mode, flag in modes:  # interleaved: the machine's load falls on both alike
+            if hasattr(serverless, "USE_COMPILED"):
+                serverless.USE_COMPILED = flag
+            wall, cpu = medians(lambda: plan(inputs), repeats)
+            print(f"plan, {label:24s} {mode:8s} wall {wall * 1000:8.1f} ms  CPU {cpu * 1000:8.1f} ms  "
+                  f"(median of {repeats})")
 
 
 if __name__ == "__main__":

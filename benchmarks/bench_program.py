@@ -82,10 +82,22 @@ def bare_program(rec: Recording):
     return program
 
 
+def clear_caches() -> None:
+    """Empty the planner's memos (as bench_plan.py does): each run pays for the planning it does, not the
+    previous run's."""
+    from topology.plan import placement, serverless
+
+    serverless.clear_memos()
+    clear = getattr(placement.slo_utilisation, "cache_clear", None)
+    if clear is not None:
+        clear()
+
+
 def timed(fn, repeats: int) -> tuple[float, float]:
-    """(median wall s, median CPU s) of `repeats` calls."""
+    """(median wall s, median CPU s) of `repeats` calls, the planner's memos emptied before each."""
     wall, cpu = [], []
     for _ in range(repeats):
+        clear_caches()
         t0, c0 = time.perf_counter(), time.process_time()
         fn()
         wall.append(time.perf_counter() - t0)

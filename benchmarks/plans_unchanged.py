@@ -101,12 +101,19 @@ def main() -> None:
     ap.add_argument("--tree", type=Path, default=ROOT, help="the checkout whose planner and stacks are read")
     ap.add_argument("--save", type=Path, help="write the record here")
     ap.add_argument("--compare", type=Path, help="compare this tree's record with the one saved here")
+    ap.add_argument("--compiled", choices=["auto", "yes", "no"], default="auto",
+                    help="the serverless arithmetic by the numba kernel (yes), numpy (no) or as plan() decides "
+                         "(a tree without the kernel ignores it)")
     args = ap.parse_args()
     sys.path.insert(0, str(args.tree.resolve()))
     warnings.simplefilter("ignore")
     import topology
 
     print(f"planner from {Path(topology.__file__).parent}")
+    from topology.plan import serverless
+    if args.compiled != "auto" and hasattr(serverless, "USE_COMPILED"):
+        serverless.USE_COMPILED = args.compiled == "yes"
+        print(f"serverless arithmetic: {'compiled' if args.compiled == 'yes' else 'numpy'}")
     rec = {name: record(inputs) for name, inputs in cases(args.tree).items()}
     if args.save:
         args.save.write_text(json.dumps(rec))

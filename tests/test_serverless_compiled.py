@@ -1,0 +1,95 @@
+"""The compiled switching kernel (topology/plan/serverless_compiled.py) gives the numpy reference's figures."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from topology.plan import serverless as sv
+
+pytest.importorskip("numba")
+from topology.plan import serverless_compiled  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _both(rate, mean, Q, up, k, B, W, wg):
+    top = int(np.ceil((Q.max() + max(up.max(), k.max())) / B))
+    got = serverless_compiled.switching(rate, mean, Q, up, k, B, W, wg, sv.log_fact_upto(top + 2), sv.EXACT_LEVELS,
+                                        float(sv.SECONDS_PER_MINUTE))
+    return got, sv._switching_numpy(rate, mean, Q, up, k, B, W, wg)
+
+
+def _assert_close(got, want, rtol=1e-12):
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        assert np.all(np.isfinite(a))
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=0.0)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_kernel_agrees_with_numpy_on_random_hours(seed):
+    """Means from 1e-6 to 3000 in flight (rate 0 included), levels below and above the exact-sum limit (64),
+    floors Q, cluster sizes and windows as the planner passes them."""
+    rng = np.random.default_rng(seed)
+    H, G = int(rng.integers(1, 40)), 32
+    alpha = float(rng.uniform(0.5, 20))
+    g, wg = sv.gamma_quadrature(alpha)
+    lam = 10 ** rng.uniform(-3, 2.5, H)
+    lam[rng.random(H) < 0.1] = 0.0
+    S = 10 ** rng.uniform(-1, 1.3, H)
+    B = float(rng.choice([1.0, 1.0, 2.0, 3.5]))
+    rate = lam[:, None, None] * g[None, None, :] / B
+    mean = rate * S[:, None, None]
+    Q = np.round(rng.choice([0.0, 0.0, 10.0, 80.0, 400.0]) * rng.random(H))
+    K = int(rng.integers(1, 300))
+    T = int(rng.integers(1, 9))
+    b = int(rng.integers(0, 3))
+    k, _ = sv._level_grid(K)
+    up = np.where(k <= b, k, np.maximum(T * (k - 1 - b) + 1, k))
+    W = float(rng.choice([2.0, 60.0, 120.0, 600.0]))
+    _assert_close(*_both(rate, mean, Q, up, k, B, W, wg))
+
+
+def test_kernel_agrees_where_values_underflow():
+    """Levels far above and far below the mean (P(N = L − 1) below the least double, P(N < L) exactly 0 or 1):
+    the kernel's shortcuts there give what numpy's full arithmetic gives."""
+    g, wg = sv.gamma_quadrature(2.0)
+    lam = np.array([1e-9, 0.01, 50.0, 2000.0, 9000.0])
+    rate = lam[:, None, None] * g[None, None, :]
+    mean = rate * 1.0
+    k = np.arange(1, 200)
+    Q = np.array([0.0, 0.0, 0.0, 1000.0, 0.0])
+    _assert_close(*_both(rate, mean, Q, k * 7, k, 1.0, 300.0, wg))
+
+
+@pytest.mark.parametrize("stack", ["Pulumi.prod.yaml", "Pulumi.dev.yaml"])
+def test_plans_are_the_same_byte_for_byte(stack, monkeypatch):
+    from topology import load_inputs, plan
+
+    inputs = load_inputs(ROOT / "stacks" / stack)
+    specs = {}
+    for compiled in (False, True):
+        monkeypatch.setattr(sv, "USE_COMPILED", compiled)
+        sv.clear_memos()
+        specs[compiled] = plan(inputs).to_json()
+    sv.clear_memos()
+    assert specs[True] == specs[False]
+
+
+def test_off_unless_asked_for():
+    """A plan alone stays on numpy (numba's import would cost more than the kernel saves on a few endpoints)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; from topology import load_inputs, plan; plan(load_inputs('stacks/Pulumi.dev.yaml'));"
+            "print('numba' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "PLANNER_COMPILED"}
+    for flag, want in ((None, "False"), ("1", "True")):
+        if flag:
+            env["PLANNER_COMPILED"] = flag
+        r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == want
