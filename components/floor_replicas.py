@@ -83,8 +83,8 @@ def queue_query(namespace: str, served_model_name: str, waiting_metric: str, gat
     `waiting_metric` is the pinned engine version's name (EngineSpec.metrics.requests_waiting).
 
     `gateway_queue_of` (an endpoint name): the endpoint runs admission control, so the gateway holds each floor
-    server at maxconn = the engine's max_num_seqs and the floor's queue waits in HAProxy, not in vLLM — the
-    engine's gauge stays near 0 however long the queue. Then the requests queued in the gateway's floor backend
+    server at maxconn = the spec's admission cap (at most the engine's max_num_seqs) and the floor's queue waits
+    in HAProxy, not in vLLM — the engine's gauge stays near 0 however long the queue. Then the requests queued in the gateway's floor backend
     (backend and per-server queues: a request pinned to a full replica waits on that server) are added, from
     every gateway pod. An absent gateway series adds 0; an absent engine series still leaves the sum undefined
     (the trigger's ignoreNullValues false holds the size rather than read "no queue")."""
