@@ -413,6 +413,26 @@ def _runs_add(runs, count, r, fin, pe, gap, kvp, o):
 # --------------------------------------------------------------------------------------------------
 
 
+def _kv_timing(pend, i, runs, count, r, start, pfree, used, kvfull, kvp, o, u, inv_p, gap, cap):
+    """Request i on replica or container r from `start`: (ok, start, prefill end, finish, first token, mean
+    token gap). When its full length does not fit the KV cache beside what is held: the result the Python
+    kv_fit left pending for it, else the exact all-fit shortcut; ok False when neither answers (kv_fit must
+    run). One body for the floor and the burst paths."""
+    if used + kvfull > cap:
+        if pend[5] > 0.5 and int(pend[0]) == i:
+            start, pe, fin, first = pend[1], pend[2], pend[3], pend[4]
+            pend[5] = 0.0
+        elif _kv_all_fit(runs, count, r, start, kvp, o, cap):
+            pe = max(start, pfree) + u * inv_p
+            fin = pe + o * gap
+            first = pe + gap
+        else:
+            return False, start, 0.0, 0.0, 0.0, 0.0
+        return True, start, pe, fin, first, ((fin - first) / (o - 1) if o > 1 else 0.0)
+    pe = max(start, pfree) + u * inv_p
+    return True, start, pe, pe + o * gap, pe + gap, (gap if o > 1 else 0.0)
+
+
 def _remove(arr, cnt, slot, v):
     """list.remove on the first cnt[slot] entries of `arr` (the first occurrence; order kept)."""
     n = cnt[slot]
@@ -899,29 +919,12 @@ def _serve(i0, T, IN, OUT, status, ns, abpos, pend, xo, ttft, itl, flag,
             u = IN[i]
             kvp = u * kvs
             kvfull = kvp + o
-            if fkv[r] + kvfull > kcap:
-                if pend[5] > 0.5 and int(pend[0]) == i:
-                    start, pe, fin, first = pend[1], pend[2], pend[3], pend[4]
-                    pend[5] = 0.0
-                elif _kv_all_fit(fruns, frc, r, start, kvp, o, kcap):
-                    ps = max(start, fpfree[r])
-                    pe = ps + u * inv_p
-                    fin = pe + o * gap
-                    first = pe + gap
-                else:
-                    xo[0], xo[1], xo[2], xo[3], xo[4], xo[5], xo[6], xo[7] = r, start, fpfree[r], kvp, u, o, gap, 0.0
-                    return _KV_FLOOR, i
-                st[_S_WAIT] += start - t
-                gap_mean = (fin - first) / (o - 1) if o > 1 else 0.0
-            else:
-                st[_S_WAIT] += start - t
-                ps = fpfree[r]
-                if ps < start:
-                    ps = start
-                pe = ps + u * inv_p
-                fin = pe + o * gap
-                first = pe + gap
-                gap_mean = gap if o > 1 else 0.0
+            ok, start, pe, fin, first, gap_mean = _kv_timing(pend, i, fruns, frc, r, start, fpfree[r], fkv[r], kvfull,
+                                                             kvp, o, u, inv_p, gap, kcap)
+            if not ok:
+                xo[0], xo[1], xo[2], xo[3], xo[4], xo[5], xo[6], xo[7] = r, start, fpfree[r], kvp, u, o, gap, 0.0
+                return _KV_FLOOR, i
+            st[_S_WAIT] += start - t
             if first - t > first_byte_s:
                 st[_S_TIMED_OUT] += 1
                 ttft[i] = inf
@@ -992,26 +995,11 @@ def _serve(i0, T, IN, OUT, status, ns, abpos, pend, xo, ttft, itl, flag,
             u = IN[i]
             kvp = u / one_minus_hit
             kvfull = kvp + o
-            if ckv[best] + kvfull > b_kvcap:
-                if pend[5] > 0.5 and int(pend[0]) == i:
-                    start, pe, fin, first = pend[1], pend[2], pend[3], pend[4]
-                    pend[5] = 0.0
-                elif _kv_all_fit(cruns, crc, best, start, kvp, o, b_kvcap):
-                    ps = max(start, cpfree[best])
-                    pe = ps + u * b_inv_p
-                    fin = pe + o * gap
-                    first = pe + gap
-                else:
-                    xo[0], xo[1], xo[2], xo[3], xo[4], xo[5], xo[6], xo[7] = (best, start, cpfree[best], kvp, u, o,
-                                                                              gap, 1.0)
-                    return _KV_BURST, i
-                gap_mean = (fin - first) / (o - 1) if o > 1 else 0.0
-            else:
-                ps = max(start, cpfree[best])
-                pe = ps + u * b_inv_p
-                fin = pe + o * gap
-                first = pe + gap
-                gap_mean = gap if o > 1 else 0.0
+            ok, start, pe, fin, first, gap_mean = _kv_timing(pend, i, cruns, crc, best, start, cpfree[best], ckv[best],
+                                                             kvfull, kvp, o, u, b_inv_p, gap, b_kvcap)
+            if not ok:
+                xo[0], xo[1], xo[2], xo[3], xo[4], xo[5], xo[6], xo[7] = best, start, cpfree[best], kvp, u, o, gap, 1.0
+                return _KV_BURST, i
             # committed from here on
             if capped:
                 st[_S_NS_CAPPED] += 1
@@ -1133,6 +1121,7 @@ if numba is not None:
     _runs_room = _jit(_runs_room)
     _runs_add = _jit(_runs_add)
     _kv_all_fit = _jit(_kv_all_fit)
+    _kv_timing = _jit(_kv_timing)
     _remove = _jit(_remove)
     _promote = _jit(_promote)
     _census = _jit(_census)

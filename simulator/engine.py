@@ -596,7 +596,6 @@ class EndpointSim:
         self.next_ready = nxt
 
     def _tick_floor(self, now: float, dt: float, hour: int) -> None:
-        st = self.f_state
         self.promote(now)
         ready_n, waiting = self._floor_census()
         if 0 <= hour < self.tally.hours:
@@ -874,9 +873,10 @@ class EndpointSim:
                 # the floor pick found no room and burst is full: HAProxy's queue, bounded, then 429
                 if routable:
                     r = routable[0] if len(routable) == 1 else min(routable, key=key)
-                elif not self.has_floor and self.live and min(self.c_slots[j][0] for j in self.live) - t <= shed_after:
-                    pass  # serverless only: the burst server's own queue; Modal then starts it on the freed slot
-                else:
+                elif (self.has_floor or not self.live
+                      or min(self.c_slots[j][0] for j in self.live) - t > shed_after):
+                    # (serverless only, a slot freeing within the wait: the burst server's own queue holds it and
+                    # Modal starts it on the freed slot, below)
                     self.n_shed += 1
                     ttft[i] = math.inf
                     flag[i] = REJECTED | SHED
