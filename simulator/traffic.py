@@ -34,6 +34,7 @@ from topology.minute_factors import gamma_alpha_for_peak
 from topology.loading import InputError
 from topology.timebase import HOURS_PER_WEEK, MINUTES_PER_HOUR, MINUTES_PER_WEEK, SECONDS_PER_MINUTE
 from topology.reading import loads_json, open_text_lines
+from topology.token_shape import lognormal_params
 
 SECONDS_PER_WEEK = MINUTES_PER_WEEK * SECONDS_PER_MINUTE
 
@@ -177,17 +178,6 @@ def _load_rate(p: Path, cols: list[str], reader) -> RateTrace:
 # --------------------------------------------------------------------------------------------------
 # Shapes and burstiness
 # --------------------------------------------------------------------------------------------------
-
-
-def lognormal_params(mean: float, p99: float) -> tuple[float, float]:
-    """μ, σ of the lognormal with this mean and 99th percentile (the narrower of the two solutions)."""
-    z = 2.3263
-    r = math.log(p99 / mean)  # = zσ − σ²/2
-    disc = z * z - 2 * r
-    sigma = z - math.sqrt(disc) if disc > 0 else z
-    return math.log(mean) - sigma * sigma / 2, sigma
-
-
 
 
 def minute_rates(ep: EndpointInputs, trace: Trace | None) -> tuple[np.ndarray, float | None]:

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..inputs import EndpointInputs
 from ..spec import Derivation
+from ..token_shape import Z_P99, lognormal_params
 from .placement import Placement
 
 # Modal answers a web request that runs past 150 s with a 303 redirect (shared/notes/facts.md, "Checked
@@ -96,24 +97,13 @@ def spike_headroom(ep: EndpointInputs, peak_rps: np.ndarray, floor_rps: np.ndarr
     return SpikeHeadroom(containers, usd, d)
 
 
-Z_P99 = 2.3263  # standard normal quantile at 0.99
-
-
-def lognormal_sigma(mean: float, p99: float) -> float:
-    """σ of the lognormal with this mean and 99th percentile (the narrower of the two solutions): the shape
-    gives only those two figures for its token counts."""
-    r = math.log(p99 / mean)  # = zσ − σ²/2
-    disc = Z_P99 * Z_P99 - 2 * r
-    return Z_P99 - math.sqrt(disc) if disc > 0 else Z_P99
-
-
 def p99_mean_prompt_factor(mean: float, p99: float, n: int) -> float:
     """The p99 of the mean of n prompts over the mean prompt, prompts lognormal (mean, p99): Fenton–Wilkinson,
     the mean of n independent lognormals taken as a lognormal with the same mean and variance,
     σ_n² = ln(1 + (e^σ² − 1)/n). 1 for n = 0 (no neighbours)."""
     if n <= 0 or p99 <= mean:
         return 1.0
-    s2 = math.log1p(math.expm1(lognormal_sigma(mean, p99) ** 2) / n)
+    s2 = math.log1p(math.expm1(lognormal_params(mean, p99)[1] ** 2) / n)
     return math.exp(-s2 / 2 + Z_P99 * math.sqrt(s2))
 
 
