@@ -7,6 +7,7 @@ import re
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -135,6 +136,58 @@ class HaproxyProcess:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
         self._log.close()
+
+
+class SilentServer:
+    """Accepts connections, reads the request and never answers (until stopped): a stalled rollout candidate,
+    a slow S3 endpoint or a stalled quality recorder. `requests` counts PUTs and POSTs (uploads, record posts,
+    mirrored requests), not health checks; `address` is host:port, `url` the same over http."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.sock.settimeout(0.2)
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.url = f"http://{self.address}"
+        self.conns: list[socket.socket] = []
+        self.requests = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                continue
+            c.settimeout(2)
+            try:
+                if c.recv(65536).startswith((b"PUT", b"POST")):
+                    self.requests += 1
+            except OSError:
+                pass
+            self.conns.append(c)  # held open, never answered
+
+    def open_connections(self) -> int:
+        alive = 0
+        for c in self.conns:
+            try:
+                c.setblocking(False)
+                alive += c.recv(1, socket.MSG_PEEK) != b""  # b"" = the peer closed
+            except BlockingIOError:
+                alive += 1
+            except OSError:
+                pass
+        return alive
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(timeout=2)
+        for c in self.conns:
+            c.close()
+        self.sock.close()
 
 
 def lua_path(workdir: Path) -> str:

@@ -23,44 +23,6 @@ from topology.spec import CanarySpec, ShadowSpec
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class StallingSink:
-    """Accepts connections, reads the request and never answers: a slow S3 endpoint, or a stalled recorder.
-    `requests` counts PUTs and POSTs (uploads, record posts), not health checks."""
-
-    def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.sock.settimeout(0.2)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.conns: list[socket.socket] = []
-        self.requests = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                continue
-            c.settimeout(1)
-            try:
-                if c.recv(65536).startswith((b"PUT", b"POST")):
-                    self.requests += 1
-            except OSError:
-                pass
-            self.conns.append(c)
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join(timeout=2)
-        for c in self.conns:
-            c.close()
-        self.sock.close()
-
-
 class DelayingProxy:
     """A TCP proxy to `target` that holds each block the client sends for `delay_s` before passing it on: a real
     S3 API (moto behind it) that answers every request, slowly."""

@@ -9,68 +9,17 @@ every candidate replica is full or none is up, never to an error.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import socket
 import statistics
-import threading
 import time
 
 import pytest
 
 from components.gateway_config import StaticServers, render_gateway_config
 from tests.fake_upstream import FakeUpstream
-from tests.gateway_harness import HaproxyProcess, free_port, lua_path, pod_ca_dir, require_haproxy, no_recorder
+from tests.gateway_harness import (HaproxyProcess, SilentServer, free_port, lua_path, no_recorder, pod_ca_dir,
+                                  require_haproxy)
 from tests.test_gateway import SALTS, body, post, secret_env, wait_until
 from topology.spec import CanarySpec, ShadowSpec
-
-
-class StalledCandidate:
-    """A candidate that accepts connections, reads what it is sent and never answers (until stopped)."""
-
-    def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.sock.settimeout(0.2)
-        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
-        self.conns: list[socket.socket] = []
-        self.requests = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                continue
-            c.settimeout(2)
-            try:
-                data = c.recv(65536)
-            except OSError:
-                data = b""
-            if data.startswith(b"POST"):
-                self.requests += 1
-            self.conns.append(c)  # held open, never answered
-
-    def open_connections(self) -> int:
-        alive = 0
-        for c in self.conns:
-            try:
-                c.setblocking(False)
-                alive += c.recv(1, socket.MSG_PEEK) != b""  # b"" = the peer closed
-            except BlockingIOError:
-                alive += 1
-            except OSError:
-                pass
-        return alive
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join(timeout=2)
-        for c in self.conns:
-            c.close()
-        self.sock.close()
 
 
 def rollout_spec(spec, *, shadow=None, canary=None):
@@ -140,7 +89,7 @@ SHADOW_ALL = ShadowSpec(percent=100.0, version="assist-next", max_inflight=2, re
 
 def test_a_stalled_candidate_never_delays_the_users_stream_and_mirrors_stay_capped(
         planned_stacks, tmp_path_factory, upstreams):
-    stalled = StalledCandidate()
+    stalled = SilentServer()
     off = _gateway(planned_stacks, tmp_path_factory, upstreams, None)
     on = _gateway(planned_stacks, tmp_path_factory, upstreams, stalled.address, shadow=SHADOW_ALL)
     try:

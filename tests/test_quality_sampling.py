@@ -16,10 +16,10 @@ import math
 import pytest
 
 from tests.fake_upstream import FakeUpstream
-from tests.gateway_harness import free_port, require_haproxy
+from tests.gateway_harness import SilentServer, free_port, require_haproxy
 from tests.moto_support import client, moto_endpoint  # noqa: F401 (fixture)
 from tests.quality_support import (
-    DelayingProxy, RecorderProcess, SampledGateway, StallingSink, sampled_spec, sink_records, total, wait_until,
+    DelayingProxy, RecorderProcess, SampledGateway, sampled_spec, sink_records, total, wait_until,
 )
 from tests.test_gateway import KEYS, MODAL, SALTS, body, post
 
@@ -197,7 +197,7 @@ def test_a_slow_stalled_or_dead_sink_never_reaches_the_user(planned_stacks, tmp_
     that accepts and never answers (uploads time out after 1 s); down: nothing listens."""
     spec = sampled_spec(planned_stacks["prod"][1], 1.0)
     slow = DelayingProxy(moto_endpoint, 0.3) if sink == "slow" else None
-    stall = StallingSink() if sink == "stalled" else None
+    stall = SilentServer() if sink == "stalled" else None
     url = slow.url if slow else stall.url if stall else f"http://127.0.0.1:{free_port()}"
     # a small queue, so the held uploads also fill it: accepted exchanges then drop at once, counted
     # (slow: an upload takes ~0.6 s, well inside its 3 s timeout; stalled: each times out after 1 s)
@@ -236,7 +236,7 @@ def test_a_slow_stalled_or_dead_sink_never_reaches_the_user(planned_stacks, tmp_
 @pytest.mark.parametrize("recorder", ["stalled", "dead"])
 def test_a_stalled_or_dead_recorder_never_reaches_the_user(planned_stacks, tmp_path, upstreams, recorder):
     spec = sampled_spec(planned_stacks["prod"][1], 1.0)
-    stall = StallingSink() if recorder == "stalled" else None  # accepts the post, never answers
+    stall = SilentServer() if recorder == "stalled" else None  # accepts the post, never answers
     address = stall.url.removeprefix("http://") if stall else f"127.0.0.1:{free_port()}"
     gw = SampledGateway(spec, tmp_path, upstreams, address)
     try:
