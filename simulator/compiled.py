@@ -717,12 +717,15 @@ def _tick_burst(now, ci, ckv, cin, cpfree, cready, claunch, clast, cbad, cslots,
     waiting = 0
     for q in range(n):
         j = live[q]
-        if left > minimum:
-            idle_from = max(clast[j], cready[j])
-            if ci[j] == 0 and now - idle_from >= window:
-                _bill_stop(j, idle_from + window, claunch, container_s, sv, p)
-                left -= 1
-                continue
+        if ci[j] == 0:
+            if left <= minimum:
+                clast[j] = now  # held by the minimum: billed on, idle from its release (EndpointSim._tick_burst)
+            else:
+                idle_from = max(clast[j], cready[j])
+                if now - idle_from >= window:
+                    _bill_stop(j, idle_from + window, claunch, container_s, sv, p)
+                    left -= 1
+                    continue
         live[w] = j
         w += 1
         x = ci[j] - slots

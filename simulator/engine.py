@@ -25,7 +25,8 @@ The model (measured figures come from the inputs, decisions from the spec):
   NODE_SCALE_DOWN_S.
 - Burst (Modal): containers launched when in-flight exceeds target_inputs × containers (+ buffer),
   up to max_containers; each serves after the (snapshot or not) cold start; an idle container stops
-  after the scaledown window unless the clock-following minimum holds it; billed launch to stop.
+  after the scaledown window unless the clock-following minimum holds it (then its idle time restarts when
+  the minimum lets it go); billed launch to stop.
 - Managed API: billed per request; its latency is the measured p99 TTFT (lognormal, σ from a 2× p99/p50).
 """
 
@@ -715,10 +716,15 @@ class EndpointSim:
         while len(self.live) < min(minimum, b.max_containers):
             self._launch_container(now)
         for j in list(self.live):
+            if self.c_inflight[j] != 0:
+                continue
             if len(self.live) <= minimum:
-                break
+                # held by the minimum: Modal keeps it (and bills it) now; once the minimum lets it go, its idle
+                # time counts from then, not from its last request (which billed the held hours as nothing)
+                self.c_last[j] = now
+                continue
             idle_from = max(self.c_last[j], self.c_ready[j])
-            if self.c_inflight[j] == 0 and now - idle_from >= b.scaledown_window_s:
+            if now - idle_from >= b.scaledown_window_s:
                 self._stop_container(j, idle_from + b.scaledown_window_s)
         waiting = sum(max(0, self.c_inflight[j] - self.beng.slots) for j in self.live)
         self.burst_waiting_peak = max(self.burst_waiting_peak, waiting)

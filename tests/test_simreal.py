@@ -8,7 +8,7 @@ import pytest
 from simulator.drills import spike
 from simulator.engine import Engine, EndpointSim, Overrides
 from simulator.simulate import simulate_endpoint
-from simulator.traffic import Chunk, load_trace
+from simulator.traffic import Chunk, Spike, load_trace
 from topology.plan.limits import MODAL_WEB_REQUEST_CAP_S, non_streamed_burst_rule
 from topology.plan.placement import Placement
 
@@ -239,3 +239,23 @@ def test_long_prompt_drill_replays_a_trace_with_its_own_prompts(planned_stacks, 
     assert r.values["replay: preemptions"][1] > 0
     assert r.values["replay: goodput"][1] < r.values["replay: admitted goodput"][1]
     assert "refused over the product limit" in r.finding and "preemptions" in r.finding
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_container_the_warm_minimum_held_bills_until_the_minimum_lets_it_go(planned_stacks, compiled):
+    """prod assist with no traffic for two hours and a warm minimum of 2 containers in hour 0 only. Both start warm
+    at 0 and stay idle: the minimum holds them (and Modal bills them) through 01:00; from then their idle time
+    counts and they stop one scaledown window (120 s) after the last 15 s autoscaler tick that saw them held,
+    01:01:45 = 3,705 s: 2 × 3,705 s = 2.058 container-hours, 4.117 GPU-hours on H100:2. The engine before
+    backdated the stop to the last request (none: ready at 0) + 120 s and billed 2 × 120 s (0.133 GPU-h)."""
+    if compiled:
+        pytest.importorskip("numba")
+    inputs, spec = planned_stacks["prod"]
+    b = spec.endpoint("assist").burst
+    assert (b.scaledown_window_s, b.gpus_per_container) == (120, 2)
+    assert spec.endpoint("assist").autoscaling.polling_interval_s == 15
+    warm = (2,) + (0,) * 167
+    r = simulate_endpoint(inputs, spec, "assist", start_h=0.0, end_h=2.0, spike=Spike(0.0, 0.0, 120.0),
+                          overrides=Overrides(burst_min_by_hour=warm), compiled=compiled)
+    assert r.requests == 0
+    assert r.gpu_hours["serverless"] == pytest.approx(2 * 3705 * 2 / 3600, abs=0.005)  # reported to 0.01 GPU-h
