@@ -184,6 +184,15 @@ class Traffic(_Inputs):
         description="Duration of that spike, minutes (default 10: the doctrine's drill; longer spikes are what the "
         "floor's autoscaler, not burst headroom, must carry).",
     )
+    spike_warm_hours_fraction: float = Field(
+        default=0.0, ge=0, le=1,
+        description="Share of the week's hours, busiest first (by the hour's peak rate), in which the burst tier is "
+        "kept warm for that spike: a clock-following min_containers sized so that the spike's excess over the floor "
+        "is carried by ready containers while the autoscaler's new ones restore, priced in the plan. Outside these "
+        "hours a spike's first serverless cold start is waited out at Modal by the requests sent to burst, which "
+        "miss the TTFT SLO. Default 0 (none: warm containers bill every hour they are held); 0.1 is the busiest "
+        "10% of hours, where the simulator's SLO-at-peak bar applies.",
+    )
     non_streamed_fraction: float = Field(
         default=0.25, ge=0, le=1,
         description="Share of requests sent without stream=true (they get nothing until done). No public figure "

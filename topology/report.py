@@ -107,10 +107,14 @@ def _endpoint_lines(e: EndpointSpec) -> list[str]:
              f"start jitter ≤{h.start_jitter_s} s")
     if e.burst:
         b = e.burst
-        warm = f"min {b.min_containers}" + (f", warm 1 in {len(b.min_containers_schedule)} windows" if b.min_containers_schedule else "")
+        top = max((w.min_containers for w in b.min_containers_schedule), default=0)
+        warm = f"min {b.min_containers}" + (
+            f", warm {'1' if top == 1 else f'up to {top}'} in {len(b.min_containers_schedule)} windows"
+            if b.min_containers_schedule else "")
         L.append(f"  burst: Modal {b.gpu} in {b.region}, {warm}, max {b.max_containers}, buffer {b.buffer_containers}, "
                  f"scaledown {b.scaledown_window_s} s, {b.max_inputs} inputs/container (target {b.target_inputs}), "
                  f"snapshots {'on' if b.enable_gpu_snapshot else 'off'}")
+        L.append(_spike_line(e))
     g = e.gateway
     L.append(f"  gateway: overflow above {g.overflow_inflight_per_replica} in flight per replica; first byte ≤{g.first_byte_timeout_s} s, "
              f"chunk gap ≤{g.inter_chunk_timeout_s} s; body ≤{g.max_request_body_bytes:,} B; max_tokens {g.max_tokens}; "
@@ -124,6 +128,36 @@ def _endpoint_lines(e: EndpointSpec) -> list[str]:
     for w in e.warnings:
         L.append(f"  ! {w}")
     return L
+
+
+def hour_ranges(hours: tuple[int, ...]) -> str:
+    """Hours of the week as day ranges: (20, 21, 44) → 'Mon 20:00–22:00, Tue 20:00–21:00'."""
+    days = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+    out: list[str] = []
+    hs = sorted(hours)
+    i = 0
+    while i < len(hs):
+        j = i
+        while j + 1 < len(hs) and hs[j + 1] == hs[j] + 1 and hs[j + 1] % 24 != 0:
+            j += 1
+        out.append(f"{days[hs[i] // 24 % 7]} {hs[i] % 24:02d}:00–{(hs[j] % 24) + 1:02d}:00")
+        i = j + 1
+    return ", ".join(out)
+
+
+def _spike_line(e: EndpointSpec) -> str:
+    """The spike the burst absorbs: its headroom, the hours it is kept warm for it and their price, and what a
+    spike in any other hour meets."""
+    b = e.burst
+    assert b is not None
+    head = f"  spike: burst headroom {b.max_containers} containers (the spike needs {b.spike_containers})"
+    cold = f"{e.serverless_cold_start_s:g} s"
+    if not b.spike_warm_hours_of_week:
+        return (head + f"; kept warm for it in no hour (traffic.spike_warm_hours_fraction 0): the requests a spike "
+                f"sends to burst wait out its first restores ({cold})")
+    return (head + f"; kept warm for it in {len(b.spike_warm_hours_of_week)} hours "
+            f"({hour_ranges(b.spike_warm_hours_of_week)}), +${b.spike_warm_usd_per_month:,.0f}/month; in any other "
+            f"hour the requests a spike sends to burst wait out its first restores ({cold})")
 
 
 def _rollout_lines(e: EndpointSpec) -> list[str]:
@@ -182,15 +216,19 @@ def _fixed_shares(e: EndpointSpec) -> dict[str, float]:
 
 def layer_rows(e: EndpointSpec) -> list[str]:
     """The layer table: each node of the load-duration curve with what the plan pays for it (the hours it
-    runs, its share of the serverless bill), then the fixed shares; the rows sum to the endpoint's cost."""
+    runs, its share of the serverless bill), the burst kept warm for the spike, then the fixed shares; the rows
+    sum to the endpoint's cost."""
     rows = []
     for layer in e.layers:
         label = f"node {layer.index:>2}  needed {layer.duty_fraction:>4.0%} of hours  {layer.tier.replace('_', ' ')}"
         rows.append(f"{label:<50} {usd(layer.monthly_usd):>10}")
+    spike = e.burst.spike_warm_usd_per_month if e.burst else 0.0
+    if spike:  # no node's: the burst kept warm for the spike in its hours
+        rows.append(f"{f'burst warm for the spike ({len(e.burst.spike_warm_hours_of_week)} h/week)':<50} {usd(spike):>10}")
     fixed = _fixed_shares(e)
     for k, v in fixed.items():
         rows.append(f"{k.replace('_', ' '):<50} {usd(v):>10}")
-    total = sum(layer.monthly_usd for layer in e.layers) + sum(fixed.values())
+    total = sum(layer.monthly_usd for layer in e.layers) + spike + sum(fixed.values())
     rows.append(f"{'total':<50} {usd(total):>10}")
     return rows
 
@@ -240,6 +278,9 @@ def markdown(spec: TopologySpec) -> str:
                 c = layer.costs_usd_per_month
                 L.append(f"| {layer.index} | {layer.duty_fraction:.0%} | {layer.tier} | {usd(layer.monthly_usd)} | "
                          f"{usd(c.get('reserved'))} / {usd(c.get('scheduled_on_demand'))} / {usd(c.get('serverless_burst'))} |")
+            if e.burst and e.burst.spike_warm_usd_per_month:
+                L.append(f"| | | burst warm for the spike ({len(e.burst.spike_warm_hours_of_week)} h/week) | "
+                         f"{usd(e.burst.spike_warm_usd_per_month)} | |")
             for k, v in _fixed_shares(e).items():
                 L.append(f"| | | {k} | {usd(v)} | |")
         if any(e.floor.replicas_by_hour):

@@ -318,6 +318,14 @@ class BurstSpec(_Spec):
         description="Containers the planned spike (traffic.spike_factor × the peak for spike_minutes) needs above "
         "the floor; max_containers covers it up to serverless.max_containers_cap.",
     )
+    spike_warm_hours_of_week: tuple[int, ...] = Field(
+        default=(),
+        description="Hours of the week (Monday 00:00 = 0) whose minimum holds containers warm for that spike "
+        "(traffic.spike_warm_hours_fraction, busiest first); a spike in any other hour waits out its first restore.",
+    )
+    spike_warm_usd_per_month: float = Field(
+        default=0.0, description="What holding those warm containers adds to the serverless bill, $/month.",
+    )
 
 
 class TenantSpec(_Spec):

@@ -57,3 +57,13 @@ def hour_windows(active: Sequence[bool], value: int, lead_s: float) -> tuple[Min
             min_containers=value,
         ))
     return tuple(out)
+
+
+def level_windows(levels: Sequence[int], lead_s: float) -> tuple[int, tuple[MinContainersWindow, ...]]:
+    """An hour-of-week minimum that varies by hour as (base, windows above it): each run of one level above the
+    base is a window, a rising one starting lead_s early (the windows may overlap there: readers take the
+    highest window touching a minute)."""
+    base = int(min(levels))
+    return base, tuple(MinContainersWindow(start_minute_of_week=w.start_minute_of_week,
+                                           end_minute_of_week=w.end_minute_of_week, min_containers=w.replicas)
+                       for w in floor_windows([int(x) for x in levels], base, lead_s))

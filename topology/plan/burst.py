@@ -8,17 +8,18 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from .. import costs
 from ..catalog import GpuKind
 from ..inputs import CostInputs, EndpointInputs
 from ..spec import BurstSpec, Derivation
 from ..timebase import HOURS_PER_WEEK
-from ..windows import hour_windows
+from ..windows import hour_windows, level_windows
 from .demand import Demand
 from .options import OptionEval
 from .placement import Placement
 from .section import Section
 from .serverless import buffer_containers
-from .limits import non_streamed_burst_rule, spike_headroom
+from .limits import SpikeWarm, non_streamed_burst_rule, spike_headroom, spike_warm_derivation, spike_warm_for
 from .timing import longest_request_s, serverless_cold_start_s
 from .weights import bucket_name
 
@@ -32,18 +33,33 @@ def _spike(inp: CostInputs, ep: EndpointInputs, demand: Demand, pl: Placement, s
     return spike_headroom(ep, demand.peak_rps, floor_rps, sls, usd_s, serverless_cold_start_s(ep))
 
 
+def _spike_warm(ep: EndpointInputs, demand: Demand, pl: Placement | None, sls: Placement, win: OptionEval):
+    with_floor = win.tier == "floor_plus_burst" and pl is not None and win.floor_by_hour is not None
+    if ep.traffic.spike_warm_hours_fraction <= 0:
+        z = np.zeros(HOURS_PER_WEEK, int)
+        return SpikeWarm(z, z, z.astype(bool), (0.0,) * 8)
+    return spike_warm_for(ep, demand.peak_rps, win.floor_by_hour if with_floor else None, pl if with_floor else None,
+                          sls, serverless_cold_start_s(ep))
+
+
 def burst_spec(
     inp: CostInputs, ep: EndpointInputs, demand: Demand, sls: Placement, win: OptionEval,
     catalog: Mapping[str, GpuKind], pl: Placement | None = None,
 ) -> BurstSpec:
     cold = serverless_cold_start_s(ep)
     warm = win.warm_min_by_hour if win.warm_min_by_hour is not None else np.zeros(HOURS_PER_WEEK, int)
-    always = bool(warm.min() >= 1)
-    schedule = () if always else hour_windows(warm > 0, 1, cold)
+    sw = _spike_warm(ep, demand, pl, sls, win)
+    if sw.protected.any():
+        # the option's warm minimum already holds the spike's (options.evaluate_floor priced it): one level a hour
+        min_c, schedule = level_windows(np.maximum(warm, sw.containers), cold)
+    else:
+        always = bool(warm.min() >= 1)
+        min_c, schedule = (1 if always else 0), (() if always else hour_windows(warm > 0, 1, cold))
     spike = _spike(inp, ep, demand, pl or sls, sls, win)
     ns = non_streamed_burst_rule(ep, sls, has_floor=win.tier == "floor_plus_burst")
     # headroom for the spike the endpoint must absorb: the cap is free until used (only running containers bill)
-    max_c = max(1, min(ep.serverless.max_containers_cap, max(win.burst_max_containers, spike.containers)))
+    max_c = max(1, min(ep.serverless.max_containers_cap, max(win.burst_max_containers, spike.containers)),
+                int(sw.containers.max(initial=0)))
     # the buffer as it ran under the planned peak's cap (at most that cap − 1 beyond the containers in use): the
     # spike headroom raises the cap, and must not turn a buffer the planned cap held back into billed containers
     # (the serverless cost model bills the same buffer: serverless.buffer_containers)
@@ -56,7 +72,7 @@ def burst_spec(
         gpu=kind.modal_gpu if sls.gpus_per_replica == 1 else f"{kind.modal_gpu}:{sls.gpus_per_replica}",
         gpu_kind=sls.gpu_kind, gpus_per_container=sls.gpus_per_replica,
         planning_requests_per_s=round(sls.planning_rps, 4), region=ep.serverless.region,
-        min_containers=1 if always else 0,
+        min_containers=min_c,
         max_containers=max_c, buffer_containers=buffer, scaledown_window_s=ep.serverless.scaledown_window_s,
         startup_timeout_s=int(min(3600, max(600, 3 * ep.cold_starts.serverless_no_snapshot_s))),
         timeout_s=longest_request_s(ep, sls), max_inputs=sls.usable_concurrency,
@@ -66,6 +82,8 @@ def burst_spec(
         weights_bucket=bucket_name(inp, ep.serverless.weights_region), min_containers_schedule=schedule,
         schedule_timezone=ep.traffic.timezone, non_streamed_rule=ns.rule, non_streamed_max_tokens=ns.max_tokens,
         spike_containers=spike.containers,
+        spike_warm_hours_of_week=tuple(int(h) for h in np.flatnonzero(sw.protected)),
+        spike_warm_usd_per_month=round(costs.monthly_from_weekly(win.spike_warm_weekly_usd), 2),
     )
 
 
@@ -88,4 +106,8 @@ def burst_section(
         f"{ep.serverless.max_containers_cap}",
         inputs=("traffic.hourly_mean_requests_per_s", "traffic.within_hour_peak_factor", "serverless.max_containers_cap"),
     ), spike.derivation, ns.derivation)
+    sw = _spike_warm(ep, demand, pl if win.tier == "floor_plus_burst" else None, sls, win)
+    if sw.protected.any():
+        derivs += (spike_warm_derivation(ep, sw, sls, serverless_cold_start_s(ep), burst.spike_warm_usd_per_month,
+                                         ""),)
     return Section(burst, derivs, warnings)

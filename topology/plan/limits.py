@@ -13,6 +13,7 @@ from ..inputs import EndpointInputs
 from ..spec import Derivation
 from ..token_shape import Z_P99, lognormal_params
 from .placement import Placement
+from .serverless import service_time_s
 
 # Modal answers a web request that runs past 150 s with a 303 redirect (shared/notes/facts.md, "Checked
 # against upstream"): OpenAI clients do not follow it, so a non-streamed burst request must finish within it.
@@ -95,6 +96,75 @@ def spike_headroom(ep: EndpointInputs, peak_rps: np.ndarray, floor_rps: np.ndarr
         inputs=("traffic.spike_factor", "traffic.spike_minutes", "serverless.scaledown_window_s"),
     )
     return SpikeHeadroom(containers, usd, d)
+
+
+@dataclass(frozen=True)
+class SpikeWarm:
+    containers: np.ndarray  # (hours,) warm containers held for the spike: 0 outside the protected hours
+    needed: np.ndarray  # (hours,) what each hour would need to carry the spike on ready containers
+    protected: np.ndarray  # (hours,) bool: the hours the plan keeps warm (the busiest, where anything is needed)
+    at_peak: tuple[float, ...]  # the figures at the busiest hour, for the derivation: p, Cf, a0, a1, I0, Iplat, need
+
+
+def spike_warm_by_hour(ep: EndpointInputs, peak_rps: np.ndarray, floor_by_hour: np.ndarray, pl: Placement | None,
+                       sls: Placement, cold_start_s: float, floor_inflight_per_replica: int) -> SpikeWarm:
+    """Warm burst containers that carry traffic.spike_factor × the hour's peak while the containers the spike
+    makes Modal launch restore (a cold start R), in the busiest traffic.spike_warm_hours_fraction of hours.
+
+    The gateway cannot see Modal's containers: below its in-flight cap it sends the excess over the floor to
+    burst, and a request landing on a restoring container waits R there. So ready containers must hold what is
+    in flight to burst until the launched ones are ready. The floor holds o in flight per replica (the pick's
+    overflow threshold), serving F·o / D_f req/s (D_f its service time at o); burst gets a = (rate − F·o/D_f)⁺.
+    Before the spike a₀ at the hour's peak p, during it a₁ at f·p: in flight to burst rises from I₀ = a₀·D(T)
+    at g = a₁ − a₀ per second until it levels at I_plat = a₁·D(M) (D(b) the container's service time at batch
+    b; under the spike each runs at its max_inputs M). Modal launches at target_inputs T per container, each
+    ready R later with M places: launches made when I was x give x·M/T places R later, enough for x + g·R once
+    x ≥ x* = g·R·T/(M − T). Below x* only warm containers hold it, so the warm places needed are
+    min(I_plat, max(I₀ + g·R, g·R·M/(M − T))) — in containers ⌈…/M⌉, at most serverless.max_containers_cap
+    (beyond it the gateway's burst cap sends the rest to the floor's queue, then 429)."""
+    t = ep.traffic
+    H = len(peak_rps)
+    F = np.asarray(floor_by_hour, dtype=float) if pl is not None else np.zeros(H)
+    o = max(1, int(floor_inflight_per_replica))
+    floor_rps = F * o / float(service_time_s(ep, pl, o)) if pl is not None else np.zeros(H)
+    M = sls.usable_concurrency
+    T = max(1, math.floor(M * sls.planning_utilisation))
+    d_t, d_m = float(service_time_s(ep, sls, T)), float(service_time_s(ep, sls, M))
+    a0 = np.maximum(0.0, peak_rps - floor_rps)
+    a1 = np.maximum(0.0, t.spike_factor * peak_rps - floor_rps)
+    g = a1 - a0
+    i0, iplat = a0 * d_t, a1 * d_m
+    chase = g * cold_start_s * M / (M - T) if M > T else np.full(H, np.inf)  # M = T: launches never catch up
+    need = np.minimum(iplat, np.maximum(i0 + g * cold_start_s, chase))
+    needed = np.minimum(ep.serverless.max_containers_cap, np.ceil(need / M - 1e-9)).astype(int)
+    n = math.ceil(t.spike_warm_hours_fraction * H - 1e-9)
+    protected = np.zeros(H, bool)
+    protected[np.argsort(-peak_rps, kind="stable")[:n]] = True
+    protected &= needed > 0
+    h = int(np.argmax(peak_rps))
+    return SpikeWarm(np.where(protected, needed, 0), needed, protected,
+                     (float(peak_rps[h]), float(floor_rps[h]), float(a0[h]), float(a1[h]), float(i0[h]),
+                      float(iplat[h]), float(need[h]), float(g[h])))
+
+
+def spike_warm_derivation(ep: EndpointInputs, sw: SpikeWarm, sls: Placement, cold_start_s: float,
+                          usd_per_month: float, hours_text: str) -> Derivation:
+    t = ep.traffic
+    p, cf, a0, a1, i0, iplat, need, g = sw.at_peak
+    M = sls.usable_concurrency
+    T = max(1, math.floor(M * sls.planning_utilisation))
+    uncapped = int(math.ceil(need / M - 1e-9))
+    return Derivation(
+        figure="spike_warm_containers", value=float(sw.containers.max(initial=0)), unit="containers",
+        formula=f"busiest hour: p {p:.2f} req/s, floor carries {cf:.2f} at its overflow threshold → burst "
+        f"{a0:.2f} → {a1:.2f} req/s under {t.spike_factor:g}×; in flight to burst {i0:,.0f} rising {g:.2f}/s to "
+        f"{iplat:,.0f}; warm places min({iplat:,.0f}, max({i0:,.0f} + {g:.2f} × {cold_start_s:g} s restore, "
+        f"{g:.2f} × {cold_start_s:g} × {M} / ({M} − {T}))) = {need:,.0f} → ⌈{need:,.0f} / {M}⌉ = {uncapped} "
+        f"containers, at most serverless.max_containers_cap {ep.serverless.max_containers_cap}; held as min_containers in {int(sw.protected.sum())} hour(s) "
+        f"({t.spike_warm_hours_fraction:g} of the week, busiest first{hours_text}): +${usd_per_month:,.0f}/month",
+        inputs=("traffic.spike_factor", "traffic.spike_warm_hours_fraction", "serverless.max_containers_cap",
+                "cold_starts.serverless_snapshot_restore_s"),
+    )
 
 
 def p99_mean_prompt_factor(mean: float, p99: float, n: int) -> float:
@@ -204,3 +274,13 @@ def kv_at_p99_prompt(ep: EndpointInputs, pl: Placement, admitted_per_replica: in
         inputs=("shape.input_tokens_p99", "shape.output_tokens_mean"),
     )
     return KvAtP99(fits, warn, d)
+
+
+def spike_warm_for(ep: EndpointInputs, peak_rps: np.ndarray, floor_by_hour: np.ndarray | None, pl: Placement | None,
+                   sls: Placement, cold_start_s: float) -> SpikeWarm:
+    """spike_warm_by_hour for an option: with a floor (pl), the floor holds the gateway's overflow threshold per
+    replica (the lower of the admission cap and the planned batch, as gateway_spec sets it); serverless only, none."""
+    if pl is None or floor_by_hour is None:
+        return spike_warm_by_hour(ep, peak_rps, np.zeros(len(peak_rps)), None, sls, cold_start_s, 1)
+    o = min(admission(ep, pl, 0.0).inflight_per_replica, max(1, math.floor(pl.usable_concurrency * pl.planning_utilisation)))
+    return spike_warm_by_hour(ep, peak_rps, floor_by_hour, pl, sls, cold_start_s, o)

@@ -34,6 +34,7 @@ from .schedule import (
     solve_floor_problems,
 )
 from .serverless import buffer_containers, expected_containers, gamma_alpha_for_peak, service_time_s
+from .limits import spike_warm_for
 from .timing import herd_limits, lead_time_s, serverless_cold_start_s, ttft_budget_s
 
 # α of the minute factors from the peak factor is a bisection; every option of an endpoint asks for the same one
@@ -59,6 +60,8 @@ class OptionEval:
     floor_by_hour: np.ndarray | None = None
     burst_max_containers: int = 0
     warm_min_by_hour: np.ndarray | None = None
+    warm_min_without_spike_by_hour: np.ndarray | None = None  # the same less the spike's (limits.spike_warm_for)
+    spike_warm_weekly_usd: float = 0.0  # what the spike's warm minimum adds to the serverless bill (the winner's)
     serverless_usd_by_hour: np.ndarray | None = None  # what the serverless tier bills in each hour of the week
     layers: list[CapacityLayer] = field(default_factory=list)
 
@@ -110,6 +113,18 @@ def serverless_usd_by_hour(
     return (ch.alive + ch.launches * cold / 3600.0) * pr.serverless_container_hour
 
 
+def with_spike_warm_price(ev: OptionEval, ep: EndpointInputs, demand: Demand, sls: Placement, pr: Prices) -> None:
+    """Set ev.spike_warm_weekly_usd: its serverless bill less the same without the spike's warm minimum (one more
+    run of the cost model, for a tier's winner only)."""
+    base_warm, warm = ev.warm_min_without_spike_by_hour, ev.warm_min_by_hour
+    if base_warm is None or warm is None or ev.serverless_usd_by_hour is None or np.array_equal(base_warm, warm):
+        return
+    floor = ev.floor_by_hour if ev.tier == "floor_plus_burst" else np.zeros(HOURS_PER_WEEK, int)
+    pl = ev.placement if ev.tier == "floor_plus_burst" and ev.placement is not None else sls
+    base = serverless_usd_by_hour(ev.tier, ep, demand, pl, sls, pr, floor, base_warm, ev.burst_max_containers)
+    ev.spike_warm_weekly_usd = float(ev.serverless_usd_by_hour.sum() - base.sum())
+
+
 def dedicated_weekly_usd(pl: Placement, pr: Prices, floor: np.ndarray, reserved_nodes: int,
                          lead_s: float) -> tuple[float, float]:
     """(reserved, on demand) weekly bill of a floor: whole nodes, each node the clock adds billed from lead_s
@@ -140,6 +155,12 @@ def evaluate_floor(
         warm_min = np.where(burst_active, 1, 0)
     if tier == "serverless_only" and not ep.scale_to_zero_allowed:
         warm_min = np.maximum(warm_min, 1)
+    warm_base = warm_min
+    if tier != "dedicated_only" and ep.traffic.spike_warm_hours_fraction > 0:
+        # warm for the spike in the protected hours (topology/plan/limits.py): the decision sees its price
+        warm_min = np.maximum(warm_min, spike_warm_for(
+            ep, demand.peak_rps, floor if tier == "floor_plus_burst" else None,
+            pl if tier == "floor_plus_burst" else None, sls, cold).containers)
     max_containers = int(containers_peak.max()) if containers_peak.size else 0
     serverless_by_hour = serverless_usd_by_hour(tier, ep, demand, pl, sls, pr, floor, warm_min, max_containers)
     serverless_usd = float(serverless_by_hour.sum())
@@ -147,7 +168,7 @@ def evaluate_floor(
     ev = OptionEval(
         tier=tier, feasible=True, reason="", placement=pl, reserved_layers=reserved_nodes * rpn,
         scheduled_layers=scheduled_nodes * rpn, floor_by_hour=floor.astype(int), burst_max_containers=max_containers,
-        warm_min_by_hour=warm_min, serverless_usd_by_hour=serverless_by_hour,
+        warm_min_by_hour=warm_min, warm_min_without_spike_by_hour=warm_base, serverless_usd_by_hour=serverless_by_hour,
     )
     ev.breakdown_weekly = {"reserved": reserved_usd, "on_demand": float(od_usd), "serverless": serverless_usd}
     ev.weekly_usd = reserved_usd + float(od_usd) + serverless_usd
@@ -351,6 +372,7 @@ def options_for(
             )
         else:
             ev.reason = f"{sls.label} containers, up to {ev.burst_max_containers}"
+            with_spike_warm_price(ev, ep, demand, sls, pr)
         out.append(ev)
     # dedicated only, floor + burst: cheapest placement
     for tier in ("dedicated_only", "floor_plus_burst"):
@@ -423,8 +445,11 @@ def options_for(
             rpn = best.placement.replicas_per_node
             ch = best_floor.choice
             nodes = np.maximum(np.ceil(best.floor_by_hour / rpn).astype(int), ch.reserved_nodes)
+            if burst:
+                with_spike_warm_price(best, ep, demand, best_floor.burst_pl, best_floor.pr)
+            # the spike's warm minimum is no node's: the report gives it a row of its own
             best.layers = layers_of(best_floor.ng, ch.running, ch.reserved_nodes, nodes, lead,
-                                    best.breakdown_weekly["serverless"])
+                                    best.breakdown_weekly["serverless"] - best.spike_warm_weekly_usd)
             reserved_nodes, scheduled_nodes = best.reserved_layers // rpn, best.scheduled_layers // rpn
             best.reason = (
                 f"{best.placement.label}, {rpn} replica(s)/node: {reserved_nodes} reserved node(s)"
