@@ -33,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--spike-factor", type=float, default=3.0, help="spike drill: traffic multiplier (default 3)")
     parser.add_argument("--spike-minutes", type=float, default=10.0, help="spike drill: duration (default 10)")
+    parser.add_argument("--spike-hour", type=int, default=None,
+                        help="spike drill: hour of the week it lands in, Monday 00:00 = 0 (default: the busiest)")
     parser.add_argument("--abandon-fraction", type=float, default=0.2, help="disconnect drill: share abandoning (default 0.2)")
     parser.add_argument("--detect-minutes", type=float, default=10.0, help="rollback drill: minutes to detect (default 10)")
 

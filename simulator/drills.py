@@ -232,11 +232,12 @@ def _not_applicable(drill: str, name: str, why: str) -> DrillResult:
 
 
 def spike(inputs: CostInputs, spec: TopologySpec, name: str, factor: float = 3.0, minutes: float = 10.0,
-          seed: int = 0, trace: Trace | None = None) -> DrillResult:
+          seed: int = 0, trace: Trace | None = None, hour: int | None = None) -> DrillResult:
+    """`hour`: the hour of the week the spike lands in (10 minutes after it starts); default the busiest."""
     ep, ep_in = spec.endpoint(name), _ep_in(inputs, name)
     if not ep.gated:
         return _not_applicable("spike", name, "a managed API absorbs spikes on the provider's side")
-    p = peak_hour(ep_in)
+    p = peak_hour(ep_in) if hour is None else int(hour)
     at = p * SECONDS_PER_HOUR + 600.0
     start_h, end_h = max(0.0, p - 0.5), p + 1.5
     focus = (at - 300.0, min(end_h * SECONDS_PER_HOUR, at + minutes * 60 + 1800.0))
@@ -284,6 +285,14 @@ def spike(inputs: CostInputs, spec: TopologySpec, name: str, factor: float = 3.0
                f"{int(vals['pod / node cold starts'][1] - vals['pod / node cold starts'][0])} extra replicas"
                f"{by_backlog}; "
                f"goodput back to the baseline's {rec:.1f} min after the spike ended")
+    if ep.burst is not None:
+        # the plan's warm minimum for the spike (traffic.spike_warm_hours_fraction): held this hour or not
+        if p % HOURS_PER_WEEK in ep.burst.spike_warm_hours_of_week:
+            finding += (f"; {_how(p)} is one of the {len(ep.burst.spike_warm_hours_of_week)} hours the plan keeps burst "
+                        f"warm for the spike (+${ep.burst.spike_warm_usd_per_month:,.0f}/month)")
+        else:
+            finding += (f"; {_how(p)} is not an hour the plan keeps burst warm for the spike "
+                        f"({len(ep.burst.spike_warm_hours_of_week)} are): a spike here waits out its first restores")
     cold_waits = vals["requests waiting on a cold container"][1] - vals["requests waiting on a cold container"][0]
     if worst_b < 0.99 and ep.burst is not None and cold_waits > 0:
         # what bounds the first minutes: burst containers restoring while the excess load arrives
@@ -567,6 +576,9 @@ def run_drill(drill: str, inputs: CostInputs, spec: TopologySpec, args: argparse
         raise InputError(f"--spike-minutes {args.spike_minutes:g}: allowed above 0 and at most 120")
     if not (0 < args.abandon_fraction <= 1):
         raise InputError(f"--abandon-fraction {args.abandon_fraction:g}: allowed above 0 and at most 1")
+    hour = getattr(args, "spike_hour", None)
+    if hour is not None and not (0 <= hour < HOURS_PER_WEEK):
+        raise InputError(f"--spike-hour {hour}: allowed 0 to {HOURS_PER_WEEK - 1} (hours of the week, Monday 00:00 = 0)")
     if not (0 <= args.detect_minutes <= 240):
         raise InputError(f"--detect-minutes {args.detect_minutes:g}: allowed 0 to 240")
     names = args.endpoint or [e.name for e in spec.endpoints]
@@ -575,7 +587,8 @@ def run_drill(drill: str, inputs: CostInputs, spec: TopologySpec, args: argparse
         if drill == "morning-cold-start":
             results.append(morning_cold_start(inputs, spec, n, seed=args.seed, trace=trace))
         elif drill == "spike":
-            results.append(spike(inputs, spec, n, args.spike_factor, args.spike_minutes, seed=args.seed, trace=trace))
+            results.append(spike(inputs, spec, n, args.spike_factor, args.spike_minutes, seed=args.seed, trace=trace,
+                                 hour=getattr(args, "spike_hour", None)))
         elif drill == "long-prompt":  # a fixed worst case; with --trace --raw-tokens also a replay of its prompts
             results.append(long_prompt(inputs, spec, n, seed=args.seed,
                                        trace=trace if getattr(args, "raw_tokens", False) else None))

@@ -31,6 +31,19 @@ def planned_stacks():
     return out
 
 
+@pytest.fixture(scope="session")
+def prod_unwarmed(planned_stacks):
+    """prod planned with no burst kept warm for the spike (every endpoint's traffic.spike_warm_hours_fraction 0):
+    what a spike meets in the hours the plan does not keep warm, at the busiest hour (inputs, spec)."""
+    from topology import plan
+
+    inputs, _ = planned_stacks["prod"]
+    eps = [e.model_copy(update={"traffic": e.traffic.model_copy(update={"spike_warm_hours_fraction": 0.0})})
+           for e in inputs.endpoints]
+    unwarmed = inputs.model_copy(update={"endpoints": eps})
+    return unwarmed, plan(unwarmed)
+
+
 @pytest.fixture(params=[stack_name(f) for f in STACKS])
 def stack(request, planned_stacks):
     """Parametrised over every stack file: (name, inputs, spec)."""

@@ -71,3 +71,41 @@ def test_queue_target_is_reachable_by_a_saturated_replicas_bounded_queue(stack):
         mu = b / (prefill_s + s.output_tokens_mean * gap_s)
         mean_queue = mu * ep.gateway.admission_queue_timeout_s / 2
         assert ep.autoscaling.target_waiting_per_replica <= max(1.0, mean_queue / 2), ep.name
+
+
+def test_assist_keeps_burst_warm_for_the_spike_in_its_busiest_hours_hand_worked(planned_stacks, prod_unwarmed):
+    """prod assist, Fri 20:00 (its busiest hour: 19.52 req/s mean × the 1.5 within-hour peak = 29.29 req/s).
+    Service times from the decode line (t_min 10.85 ms, k 0.967 ms per sequence, prefill 2,000 × 0.7 / 28,000
+    = 0.050 s, so 0.125 ms of neighbours' prefill per token gap), 400 tokens out:
+      floor at its overflow threshold 49: 0.050 + 400 × (10.851 + 49 × 0.9668 + 48 × 0.125) ms = 25.74 s, so
+      8 replicas × 49 carry 15.23 req/s; a container at target 49 also 25.74 s, at max_inputs 64:
+      0.050 + 400 × (10.851 + 64 × 0.9668 + 63 × 0.125) ms = 32.29 s.
+    To burst: 29.29 − 15.23 = 14.06 req/s before, 3 × 29.29 − 15.23 = 72.63 under the spike: in flight from
+    14.06 × 25.74 = 362 rising 58.57/s to 72.63 × 32.29 = 2,345. Launches (target 49, 64 places each) catch up
+    only past 58.57 × 25 × 49 / 15 = 4,783 in flight, beyond 2,345: every place must be warm, ⌈2,345 / 64⌉ = 37
+    containers, at most the cap 24. The 17 busiest hours (0.1 × 168, rounded up) hold it; the price is what
+    the plan's own serverless bill adds over the same plan without it, and it decides nothing here."""
+    inputs, spec = planned_stacks["prod"]
+    ep = spec.endpoint("assist")
+    b = ep.burst
+    assert next(e for e in inputs.endpoints if e.name == "assist").traffic.spike_warm_hours_fraction == 0.1
+    d = next(d for d in ep.derivations if d.figure == "spike_warm_containers")
+    assert d.value == 24
+    for figure in ("p 29.29 req/s", "carries 15.23", "14.06 → 72.63", "in flight to burst 362 rising 58.57/s to 2,345",
+                   "⌈2,345 / 64⌉ = 37"):
+        assert figure in d.formula, (figure, d.formula)
+    assert len(b.spike_warm_hours_of_week) == 17 and 116 in b.spike_warm_hours_of_week
+    # the hours are the busiest by the profile: none outside them is busier than the quietest inside
+    rate = np.asarray(next(e for e in inputs.endpoints if e.name == "assist").traffic.hourly_mean_requests_per_s)
+    inside = rate[list(b.spike_warm_hours_of_week)]
+    outside = np.delete(rate, list(b.spike_warm_hours_of_week))
+    assert outside.max() <= inside.min()
+    # priced: the plan's monthly cost is the plan without the warm minimum plus its stated price (same floor)
+    _, unwarmed = prod_unwarmed
+    u = unwarmed.endpoint("assist")
+    assert u.floor.replicas_by_hour == ep.floor.replicas_by_hour and u.tier == ep.tier == "floor_plus_burst"
+    assert b.spike_warm_usd_per_month > 0
+    assert ep.monthly_usd == pytest.approx(u.monthly_usd + b.spike_warm_usd_per_month, abs=1.0)
+    # the decision still stands, priced: dedicated_only costs more
+    ded = next(a for a in ep.alternatives if a.option == "dedicated_only")
+    assert ded.monthly_usd > ep.monthly_usd

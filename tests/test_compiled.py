@@ -45,6 +45,7 @@ def _both(inputs, spec, name, make_ov=lambda: None, **kw):
 @pytest.mark.parametrize("name,seed,start_h,end_h", [
     ("guard", 0, 9.0, 9.5),  # dedicated only: least-in-flight routing over the autoscaled floor
     ("assist", 1, 116.0, 116.5),  # floor + burst at Friday's peak
+    ("assist", 3, 116.75, 117.25),  # the spike's warm minimum (24) lets its containers go at 21:00
     ("autocomplete", 2, 0.0, 2.0),  # overnight: the floor's cron scale and the burst's warm minimum
 ])
 def test_prod_windows_are_identical(planned_stacks, name, seed, start_h, end_h):
@@ -70,12 +71,13 @@ def test_kv_preemption_and_refusals_are_identical(planned_stacks, root):
     assert r.preemptions > 0 and r.too_long_413 + r.too_long_400 > 0
 
 
-def test_admission_shedding_and_non_streamed_rules_are_identical(planned_stacks):
-    inputs, spec = planned_stacks["prod"]
+def test_admission_shedding_and_non_streamed_rules_are_identical(planned_stacks, prod_unwarmed):
+    inputs, spec = prod_unwarmed  # burst cold at Friday's peak (no warm minimum for the spike): it fills to its cap
     r, _ = _both(inputs, spec, "assist", lambda: Overrides(admission=True), seed=0, start_h=116.0, end_h=116.1,
                  rate_scale=3.0)
     assert r.non_streamed_burst > 0 and r.non_streamed_capped > 0
     assert r.shed > 0  # floor and burst full (burst at its in-flight cap): HAProxy's queue, then 429
+    inputs, spec = planned_stacks["prod"]
     spiked, _ = _both(inputs, spec, "guard", lambda: Overrides(admission=True), seed=3, start_h=9.0, end_h=9.4,
                       spike=Spike(6.0, 9.1 * 3600, 10.0))
     assert spiked.shed > 0

@@ -223,8 +223,9 @@ def prod_assist_settings(planned_stacks):
     return S.build_settings(S.BurstAppConfig.from_endpoint(spec.endpoint("assist")))
 
 
-def test_minimum_follows_the_windows(planned_stacks):
-    s = prod_assist_settings(planned_stacks)
+def test_minimum_follows_the_windows(prod_unwarmed):
+    """prod assist without the spike's warm minimum: one container warm in the burst's hours."""
+    s = S.build_settings(S.BurstAppConfig.from_endpoint(prod_unwarmed[1].endpoint("assist")))
     first = s.min_containers_schedule[0]  # Monday 06:59 (07:00 rise minus lead) to Tuesday 01:00
     assert S.desired_min_containers(s, first.start_minute_of_week) == first.min_containers
     assert S.desired_min_containers(s, first.end_minute_of_week - 1) == first.min_containers
@@ -235,14 +236,29 @@ def test_minimum_follows_the_windows(planned_stacks):
     assert S.desired_min_containers(s, first.start_minute_of_week - S.FOLLOW_CLOCK_PERIOD_MIN) == 0
 
 
-def test_window_wrapping_past_sunday(planned_stacks):
-    s = prod_assist_settings(planned_stacks)
+def test_window_wrapping_past_sunday(prod_unwarmed):
+    s = S.build_settings(S.BurstAppConfig.from_endpoint(prod_unwarmed[1].endpoint("assist")))
     wrap = [w for w in s.min_containers_schedule if w.end_minute_of_week < w.start_minute_of_week]
     assert wrap, "prod assist's last window wraps past Sunday midnight"
     w = wrap[0]
     for minute in (w.start_minute_of_week, S.MINUTES_PER_WEEK - 1, 0, w.end_minute_of_week - 1):
         assert S.desired_min_containers(s, minute, lookahead_min=1) == w.min_containers
     assert S.desired_min_containers(s, w.end_minute_of_week, lookahead_min=1) == 0
+
+
+def test_the_deployed_minimum_holds_the_spikes_warm_containers_in_its_hours(planned_stacks):
+    """prod assist keeps burst warm for its 3× spike in its 17 busiest hours (traffic.spike_warm_hours_fraction
+    0.1), Fri 19:00 and 20:00 among them, at the 24-container cap (the spike needs 37:
+    tests/test_admission_plan.py). What the deployed scheduled function sets (desired_min_containers, read from
+    the app's own settings): 24 from a cold start ahead of 19:00 (18:59 with the cron's period of lookahead)
+    until 21:00, then the one container the burst's hours keep warm; on Wed 14:00 (not one of those hours), 1."""
+    s = prod_assist_settings(planned_stacks)
+    fri = 4 * 1440
+    assert S.desired_min_containers(s, fri + 20 * 60 + 10, lookahead_min=1) == 24
+    assert S.desired_min_containers(s, fri + 18 * 60 + 59, lookahead_min=1) == 24
+    assert S.desired_min_containers(s, fri + 21 * 60, lookahead_min=1) == 1
+    assert S.desired_min_containers(s, 2 * 1440 + 14 * 60 + 10, lookahead_min=1) == 1
+    assert s.max_containers == 24
 
 
 def test_minute_of_week_uses_the_schedule_timezone():

@@ -113,21 +113,22 @@ def test_a_full_replica_hands_the_request_to_the_first_slot_to_free_on_any_repli
     assert ttft[0][14] == pytest.approx(0.05, abs=1e-3)
 
 
-def _assist_at_burst_cap(planned_stacks, burst_inflight: int):
-    """prod with assist's burst cap (admission_burst_inflight) replaced: 0 = no cap (no burst_full acl)."""
-    inputs, spec = planned_stacks["prod"]
+def _assist_at_burst_cap(stack, burst_inflight: int):
+    """prod (inputs, spec) with assist's burst cap (admission_burst_inflight) replaced: 0 = no cap (no burst_full acl)."""
+    inputs, spec = stack
     eps = tuple(e.model_copy(update={"gateway": e.gateway.model_copy(update={"admission_burst_inflight": burst_inflight})})
                 if e.name == "assist" else e for e in spec.endpoints)
     return inputs, spec.model_copy(update={"endpoints": eps})
 
 
-def test_burst_below_its_cap_waits_for_restoring_containers_and_is_not_shed(planned_stacks):
+def test_burst_below_its_cap_waits_for_restoring_containers_and_is_not_shed(prod_unwarmed):
     """The gateway cannot see Modal's containers: below its in-flight cap to burst it sends every request there,
     and one that lands on a restoring container waits at Modal for the 25 s restore, past the gateway's 2.192 s
     bounded wait, and is served, not shed. prod assist's first 6 minutes at Friday's peak (burst cold, in flight
     to burst ≤ 243 against its cap of 1,536): requests wait on starting containers, TTFT passes the bounded
-    wait, nothing is shed. (The engine before shed them at Modal when their slot wait passed the bounded wait.)"""
-    inputs, spec = planned_stacks["prod"]
+    wait, nothing is shed. (The engine before shed them at Modal when their slot wait passed the bounded wait.)
+    Planned with no burst kept warm for the spike: prod keeps Friday 20:00 warm (tests/test_drills.py)."""
+    inputs, spec = prod_unwarmed
     g = spec.endpoint("assist").gateway
     ov = Overrides(admission=True, focus=(116.0 * 3600, 116.1 * 3600))
     r = simulate_endpoint(inputs, spec, "assist", seed=0, start_h=116.0, end_h=116.1, overrides=ov)
@@ -136,25 +137,26 @@ def test_burst_below_its_cap_waits_for_restoring_containers_and_is_not_shed(plan
     assert r.shed == 0
 
 
-def test_floor_and_burst_full_wait_in_the_gateways_queue_then_429(planned_stacks):
+def test_floor_and_burst_full_wait_in_the_gateways_queue_then_429(prod_unwarmed):
     """At 3× Friday's peak, in flight to burst reaches its cap (24 containers × 64 inputs): from there a request
     the floor pick cannot place waits in HAProxy's queue for a floor slot and gets 429 past the bounded wait.
     With no burst cap (admission_burst_inflight 0: no burst_full acl) the gateway sends all of them to burst and
-    sheds nothing: every 429 is the burst cap's."""
+    sheds nothing: every 429 is the burst cap's. (Planned with no burst kept warm for the spike.)"""
     kw = dict(seed=0, start_h=116.0, end_h=116.1, rate_scale=3.0)
-    inputs, spec = planned_stacks["prod"]
+    inputs, spec = prod_unwarmed
     capped = simulate_endpoint(inputs, spec, "assist", overrides=Overrides(admission=True), **kw)
-    i2, s2 = _assist_at_burst_cap(planned_stacks, 0)
+    i2, s2 = _assist_at_burst_cap(prod_unwarmed, 0)
     uncapped = simulate_endpoint(i2, s2, "assist", overrides=Overrides(admission=True), **kw)
     assert capped.shed > 0 and uncapped.shed == 0
     assert uncapped.burst_queue_peak > capped.burst_queue_peak
 
 
-def test_spike_drill_states_the_shed_share_and_where_admitted_requests_miss(planned_stacks):
-    """prod assist, 3× for 10 minutes at the peak: nothing is shed (past the burst cap the floor's spare
-    connections take the rest within the bounded wait), so goodput of all requests is the admitted goodput;
-    it misses the 99% bar only in spike minute 1, on burst restores (tests/test_drills.py's xfail states it)."""
-    inputs, spec = planned_stacks["prod"]
+def test_spike_drill_states_the_shed_share_and_where_admitted_requests_miss(prod_unwarmed):
+    """prod assist, 3× for 10 minutes at the peak, planned with no burst kept warm for the spike: nothing is shed
+    (past the burst cap the floor's spare connections take the rest within the bounded wait), so goodput of all
+    requests is the admitted goodput; it misses the 99% bar only in spike minute 1, on burst restores (the plan
+    keeps that hour warm: tests/test_drills.py)."""
+    inputs, spec = prod_unwarmed
     r = spike(inputs, spec, "assist", factor=3.0, minutes=10.0)
     adm_base, adm_spike = r.values["admitted goodput (window)"]
     shed_base, shed_spike = r.values["shed with 429 (window)"]
@@ -200,12 +202,12 @@ def _with_rule(spec, rule: str):
     return spec.model_copy(update={"endpoints": tuple(ep2 if e.name == "assist" else e for e in spec.endpoints)})
 
 
-def test_non_streamed_burst_requests_past_modals_cap_fail_only_without_the_rule(planned_stacks):
+def test_non_streamed_burst_requests_past_modals_cap_fail_only_without_the_rule(prod_unwarmed):
     """prod assist at 3× its Friday-peak rate for 15 minutes, a quarter of requests non-streamed: thousands of
     them overflow to burst. Under the planner's max_tokens cap all but a few stay within Modal's 150 s (those few:
     see the xfail below); with no rule ('fits') many more pass it and get the 303 the client does not follow;
-    'floor_only' sends none to burst."""
-    inputs, spec = planned_stacks["prod"]
+    'floor_only' sends none to burst. (Planned with no burst kept warm for the spike.)"""
+    inputs, spec = prod_unwarmed
     assert spec.endpoint("assist").burst.timeout_s > 150  # the burst function itself would run them to 471 s
     kw = dict(seed=0, start_h=116.0, end_h=116.25, rate_scale=3.0, overrides=Overrides(admission=True))
     ruled = simulate_endpoint(inputs, spec, "assist", **kw)
@@ -221,8 +223,8 @@ def test_non_streamed_burst_requests_past_modals_cap_fail_only_without_the_rule(
     "SLO before decoding, not a wait at Modal for a restoring container: at 3x Friday's peak for 15 min, 2 of "
     "8,263 non-streamed burst requests admitted while containers restored (25 s) pass Modal's 150 s and get the "
     "303 (none with an instant restore)"))
-def test_non_streamed_burst_requests_under_the_rule_never_pass_modals_cap(planned_stacks):
-    inputs, spec = planned_stacks["prod"]
+def test_non_streamed_burst_requests_under_the_rule_never_pass_modals_cap(prod_unwarmed):
+    inputs, spec = prod_unwarmed
     kw = dict(seed=0, start_h=116.0, end_h=116.25, rate_scale=3.0, overrides=Overrides(admission=True))
     assert simulate_endpoint(inputs, spec, "assist", **kw).non_streamed_redirected == 0
 
