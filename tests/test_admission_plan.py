@@ -109,3 +109,22 @@ def test_assist_keeps_burst_warm_for_the_spike_in_its_busiest_hours_hand_worked(
     # the decision still stands, priced: dedicated_only costs more
     ded = next(a for a in ep.alternatives if a.option == "dedicated_only")
     assert ded.monthly_usd > ep.monthly_usd
+
+
+def test_level_windows_hand_worked():
+    """A minimum of 1 at Mon 05:00, 24 at Mon 20:00–22:00 then 1 until 23:00, 0 elsewhere, with a 25 s restore
+    (a 1-minute lead): base 0; 05:00 rises from 0 → 04:59–06:00 at 1; 20:00 rises → 19:59–22:00 at 24; 22:00
+    falls to 1 → 22:00–23:00 at 1, no lead (the 24 window covers the minute before)."""
+    from topology.spec import MinContainersWindow
+    from topology.windows import level_windows
+
+    levels = [0] * 168
+    levels[5] = 1
+    levels[20] = levels[21] = 24
+    levels[22] = 1
+    base, windows = level_windows(levels, 25.0)
+    assert base == 0
+    assert windows == (MinContainersWindow(start_minute_of_week=299, end_minute_of_week=360, min_containers=1),
+                       MinContainersWindow(start_minute_of_week=1199, end_minute_of_week=1320, min_containers=24),
+                       MinContainersWindow(start_minute_of_week=1320, end_minute_of_week=1380, min_containers=1))
+    assert level_windows([3] * 168, 25.0) == (3, ())  # constant: min_containers alone

@@ -261,6 +261,24 @@ def test_the_deployed_minimum_holds_the_spikes_warm_containers_in_its_hours(plan
     assert s.max_containers == 24
 
 
+def test_the_simulator_holds_the_minimum_the_deployed_function_sets_every_minute(planned_stacks):
+    """The deployed scheduled function and the simulator read the same spec: for every minute of the week the
+    simulator's burst minimum (simulator/engine.py) equals what desired_min_containers sets for that minute
+    (without the cron's lookahead), for prod assist's windows of 1 and of the spike's 24."""
+    import numpy as np
+
+    from simulator.engine import EndpointSim
+
+    inputs, spec = planned_stacks["prod"]
+    ep = spec.endpoint("assist")
+    sim = EndpointSim(inputs, next(e for e in inputs.endpoints if e.name == "assist"), ep, 0.0, 60.0,
+                      np.random.default_rng(0))
+    s = prod_assist_settings(planned_stacks)
+    deployed = [S.desired_min_containers(s, m, lookahead_min=1) for m in range(S.MINUTES_PER_WEEK)]
+    assert sim.b_min.tolist() == deployed
+    assert max(deployed) == 24 and deployed.count(24) >= 17 * 60
+
+
 def test_minute_of_week_uses_the_schedule_timezone():
     # Monday 2026-11-30 12:00 UTC is 07:00 in New York (EST, UTC-5); in July it is 08:00 (EDT).
     assert S.minute_of_week(dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.timezone.utc), "America/New_York") == 420
