@@ -108,6 +108,5 @@ def burst_section(
     ), spike.derivation, ns.derivation)
     sw = _spike_warm(ep, demand, pl if win.tier == "floor_plus_burst" else None, sls, win)
     if sw.protected.any():
-        derivs += (spike_warm_derivation(ep, sw, sls, serverless_cold_start_s(ep), burst.spike_warm_usd_per_month,
-                                         ""),)
+        derivs += (spike_warm_derivation(ep, sw, sls, serverless_cold_start_s(ep), burst.spike_warm_usd_per_month),)
     return Section(burst, derivs, warnings)

@@ -103,7 +103,7 @@ class SpikeWarm:
     containers: np.ndarray  # (hours,) warm containers held for the spike: 0 outside the protected hours
     needed: np.ndarray  # (hours,) what each hour would need to carry the spike on ready containers
     protected: np.ndarray  # (hours,) bool: the hours the plan keeps warm (the busiest, where anything is needed)
-    at_peak: tuple[float, ...]  # the figures at the busiest hour, for the derivation: p, Cf, a0, a1, I0, Iplat, need
+    at_peak: tuple[float, ...]  # at the busiest hour, for the derivation: p, floor req/s, a0, a1, I0, I_plat, need, g
 
 
 def spike_warm_by_hour(ep: EndpointInputs, peak_rps: np.ndarray, floor_by_hour: np.ndarray, pl: Placement | None,
@@ -148,7 +148,7 @@ def spike_warm_by_hour(ep: EndpointInputs, peak_rps: np.ndarray, floor_by_hour: 
 
 
 def spike_warm_derivation(ep: EndpointInputs, sw: SpikeWarm, sls: Placement, cold_start_s: float,
-                          usd_per_month: float, hours_text: str) -> Derivation:
+                          usd_per_month: float) -> Derivation:
     t = ep.traffic
     p, cf, a0, a1, i0, iplat, need, g = sw.at_peak
     M = sls.usable_concurrency
@@ -160,8 +160,9 @@ def spike_warm_derivation(ep: EndpointInputs, sw: SpikeWarm, sls: Placement, col
         f"{a0:.2f} → {a1:.2f} req/s under {t.spike_factor:g}×; in flight to burst {i0:,.0f} rising {g:.2f}/s to "
         f"{iplat:,.0f}; warm places min({iplat:,.0f}, max({i0:,.0f} + {g:.2f} × {cold_start_s:g} s restore, "
         f"{g:.2f} × {cold_start_s:g} × {M} / ({M} − {T}))) = {need:,.0f} → ⌈{need:,.0f} / {M}⌉ = {uncapped} "
-        f"containers, at most serverless.max_containers_cap {ep.serverless.max_containers_cap}; held as min_containers in {int(sw.protected.sum())} hour(s) "
-        f"({t.spike_warm_hours_fraction:g} of the week, busiest first{hours_text}): +${usd_per_month:,.0f}/month",
+        f"containers, at most serverless.max_containers_cap {ep.serverless.max_containers_cap}; held as "
+        f"min_containers in {int(sw.protected.sum())} hour(s) ({t.spike_warm_hours_fraction:g} of the week, busiest "
+        f"first): +${usd_per_month:,.0f}/month",
         inputs=("traffic.spike_factor", "traffic.spike_warm_hours_fraction", "serverless.max_containers_cap",
                 "cold_starts.serverless_snapshot_restore_s"),
     )
@@ -282,5 +283,6 @@ def spike_warm_for(ep: EndpointInputs, peak_rps: np.ndarray, floor_by_hour: np.n
     replica (the lower of the admission cap and the planned batch, as gateway_spec sets it); serverless only, none."""
     if pl is None or floor_by_hour is None:
         return spike_warm_by_hour(ep, peak_rps, np.zeros(len(peak_rps)), None, sls, cold_start_s, 1)
-    o = min(admission(ep, pl, 0.0).inflight_per_replica, max(1, math.floor(pl.usable_concurrency * pl.planning_utilisation)))
+    o = min(admission(ep, pl, 0.0).inflight_per_replica,
+            max(1, math.floor(pl.usable_concurrency * pl.planning_utilisation)))
     return spike_warm_by_hour(ep, peak_rps, floor_by_hour, pl, sls, cold_start_s, o)
