@@ -290,9 +290,12 @@ def spike(inputs: CostInputs, spec: TopologySpec, name: str, factor: float = 3.0
         if p % HOURS_PER_WEEK in ep.burst.spike_warm_hours_of_week:
             finding += (f"; {_how(p)} is one of the {len(ep.burst.spike_warm_hours_of_week)} hours the plan keeps burst "
                         f"warm for the spike (+${ep.burst.spike_warm_usd_per_month:,.0f}/month)")
-        else:
+        elif ep.burst.spike_warm_hours_of_week:
             finding += (f"; {_how(p)} is not an hour the plan keeps burst warm for the spike "
                         f"({len(ep.burst.spike_warm_hours_of_week)} are): a spike here waits out its first restores")
+        else:
+            finding += ("; the plan keeps burst warm for the spike in no hour (traffic.spike_warm_hours_fraction 0): "
+                        "a spike waits out its first restores")
     cold_waits = vals["requests waiting on a cold container"][1] - vals["requests waiting on a cold container"][0]
     if worst_b < 0.99 and ep.burst is not None and cold_waits > 0:
         # what bounds the first minutes: burst containers restoring while the excess load arrives

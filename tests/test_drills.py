@@ -102,8 +102,9 @@ def test_spike_drill_at_the_planned_spike_on_floor_plus_burst_misses_only_while_
     assert r.values["requests waiting on a cold container"][1] > r.values["requests waiting on a cold container"][0]
     slo_s = next(e for e in inputs.endpoints if e.name == "assist").slo.ttft_p99_ms / 1000.0
     assert r.values["max TTFT"][1] > cold_restore_floor(ep, slo_s)
-    # the bar fails without the warm minimum: 97.3% over the window
+    # the bar fails without the warm minimum: 97.3% over the window; the finding says no hour is warm
     assert r.values["admitted goodput (window)"][1] < 0.99
+    assert "the plan keeps burst warm for the spike in no hour" in r.finding
 
 
 def test_spike_drill_at_the_planned_spike_keeps_admitted_goodput_on_floor_plus_burst(planned_stacks):
