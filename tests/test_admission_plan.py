@@ -128,3 +128,30 @@ def test_level_windows_hand_worked():
                        MinContainersWindow(start_minute_of_week=1199, end_minute_of_week=1320, min_containers=24),
                        MinContainersWindow(start_minute_of_week=1320, end_minute_of_week=1380, min_containers=1))
     assert level_windows([3] * 168, 25.0) == (3, ())  # constant: min_containers alone
+
+
+def test_serverless_only_keeps_its_containers_warm_for_the_spike_and_pays_for_it(planned_stacks):
+    """dev assist (serverless only, no floor: everything the spike brings lands on burst) asked to keep burst warm
+    in its busiest 10% of hours: the 17 busiest hours of its profile, a minimum of at least one container there
+    in the deployed schedule (the derivation's figure in its busiest), and a price that is exactly what its monthly cost gains over the same plan without."""
+    from topology import plan
+
+    inputs, spec = planned_stacks["dev"]
+    assert spec.endpoint("assist").tier == "serverless_only" and spec.endpoint("assist").burst.spike_warm_hours_of_week == ()
+    eps = [e.model_copy(update={"traffic": e.traffic.model_copy(update={"spike_warm_hours_fraction": 0.1})})
+           if e.name == "assist" else e for e in inputs.endpoints]
+    warmed = plan(inputs.model_copy(update={"endpoints": eps})).endpoint("assist")
+    b = warmed.burst
+    assert warmed.tier == "serverless_only" and len(b.spike_warm_hours_of_week) == 17
+    rate = np.asarray(next(e for e in inputs.endpoints if e.name == "assist").traffic.hourly_mean_requests_per_s)
+    assert np.delete(rate, list(b.spike_warm_hours_of_week)).max() <= rate[list(b.spike_warm_hours_of_week)].min()
+    minimum = []
+    for h in b.spike_warm_hours_of_week:
+        minute = h * 60 + 30
+        held = [w.min_containers for w in b.min_containers_schedule
+                if (minute - w.start_minute_of_week) % 10080 < (w.end_minute_of_week - w.start_minute_of_week) % 10080]
+        minimum.append(max([b.min_containers, *held]))
+    d = next(d for d in warmed.derivations if d.figure == "spike_warm_containers")
+    assert min(minimum) >= 1 and max(minimum) == d.value
+    assert b.spike_warm_usd_per_month > 0
+    assert warmed.monthly_usd == pytest.approx(spec.endpoint("assist").monthly_usd + b.spike_warm_usd_per_month, abs=1.0)
