@@ -387,6 +387,9 @@ def _program_loop() -> asyncio.AbstractEventLoop:
     return _LOOP
 
 
+_PLAIN = (str, int, float, bool, type(None))  # values the walk of the exports keeps as they are
+
+
 async def _resolved(outputs: dict[str, Any], into: dict[str, Any]) -> None:
     """The stack outputs with every Output in them awaited, canonical, into `into`.
 
@@ -395,14 +398,18 @@ async def _resolved(outputs: dict[str, Any], into: dict[str, Any]) -> None:
     walked in turn, an input type (args class) rebuilt from its walked fields, anything else kept."""
 
     async def walk(value: Any) -> Any:
+        if isinstance(value, _PLAIN):
+            return value
         if isinstance(value, pulumi.Output):
             return await walk(await value.future(with_unknowns=True))
+        # plain leaves kept as they are without a coroutine each (most of the exports are the spec's plain figures)
         if isinstance(value, dict):
-            return {await walk(k): await walk(v) for k, v in value.items()}
+            return {(k if isinstance(k, _PLAIN) else await walk(k)): (v if isinstance(v, _PLAIN) else await walk(v))
+                    for k, v in value.items()}
         if isinstance(value, list):
-            return [await walk(v) for v in value]
+            return [v if isinstance(v, _PLAIN) else await walk(v) for v in value]
         if isinstance(value, tuple):
-            return tuple([await walk(v) for v in value])
+            return tuple([v if isinstance(v, _PLAIN) else await walk(v) for v in value])
         if _types.is_input_type(type(value)):
             fields = {k: await walk(v) for k, v in value.__dict__.items()}
             return type(value)(**fields) if fields else type(value)()
