@@ -121,6 +121,34 @@ def _needs_runtime(message: Any) -> bool:
     return any(sig in message.SerializeToString() for sig in _RUNTIME_ONLY_SIGS)
 
 
+# Wire forms only the runtime's deserializer reads right: any special value (a secret, and the runtime-only
+# ones above) and the unknown-value sentinel. A message without them holds plain values only.
+_SPECIAL_WIRE = (rpc._special_sig_key.encode(), rpc.UNKNOWN.encode())
+
+
+def _deserialize(message: struct_pb2.Struct, wire: bytes) -> dict[str, Any]:
+    """What `rpc.deserialize_properties(message)` gives; for plain values (`wire`, the message serialized, holding no
+    special form) without its per-value checks for secrets and unknowns, which then find none."""
+    if any(sig in wire for sig in _SPECIAL_WIRE):
+        return rpc.deserialize_properties(message)
+    return _plain(message)
+
+
+def _plain(value: Any) -> Any:
+    """A Struct or ListValue of plain values as dicts and lists, as the runtime projects them (a map entry whose
+    value is null is left out; a null in a list is kept)."""
+    if isinstance(value, struct_pb2.Struct):
+        out = {}
+        for k, v in value.items():
+            v = _plain(v)
+            if v is not None:
+                out[k] = v
+        return out
+    if isinstance(value, struct_pb2.ListValue):
+        return [_plain(v) for v in value]
+    return value
+
+
 def _struct(values: Mapping[str, Any]) -> struct_pb2.Struct:
     """What `rpc.serialize_properties` makes of plain values (dicts, lists, strings, numbers, booleans, None, a
     secret's wire dict), made without an event loop; top-level None values are left out as it leaves them out.
@@ -177,13 +205,14 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
     def RegisterResource(self, request):  # noqa: N802 (gRPC method name)
         if request.type == "pulumi:pulumi:Stack":
             return super().RegisterResource(request)
-        if _needs_runtime(request.object):
+        wire = request.object.SerializeToString()
+        if any(sig in wire for sig in _RUNTIME_ONLY_SIGS):
             response, inputs = self._in_runtime_thread(
                 lambda: (super(RecordingMonitor, self).RegisterResource(request),
                          _canonical(rpc.deserialize_properties(request.object, keep_unknowns=False))))
         else:
             urn = self.make_urn(request.parent, request.type, request.name)
-            state = rpc.deserialize_properties(request.object)
+            state = _deserialize(request.object, wire)
             inputs = _canonical(state)  # before the mock sees them: a mock may change what it is given
             id_, state = self.mocks.new_resource(pulumi_mocks.MockResourceArgs(
                 typ=request.type, name=request.name, inputs=state, provider=request.provider,
