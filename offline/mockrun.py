@@ -14,6 +14,7 @@ import gc
 import hashlib
 import inspect
 import json
+import logging
 import runpy
 import sys
 import warnings
@@ -352,6 +353,25 @@ def _without_source_positions() -> Iterator[None]:
         pulumi_runtime_resource._get_stack_trace = original
 
 
+@contextlib.contextmanager
+def _without_discarded_debug_log() -> Iterator[None]:
+    """The runtime logs a debug line per step of every registration (thousands a program); the mock engine hands
+    them to its logger at debug level, which drops them unless debug logging is on. While it is off, the
+    lines are not built into log requests at all (checked at the start of the run: turn debug logging on
+    first to see them)."""
+    engine = settings.get_engine()
+    logger = getattr(engine, "logger", None)
+    if not isinstance(engine, pulumi_mocks.MockEngine) or logger is None or logger.isEnabledFor(logging.DEBUG):
+        yield
+        return
+    original = pulumi.log.debug
+    pulumi.log.debug = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        pulumi.log.debug = original
+
+
 def run_function(
     fn: Callable[[], Any],
     *,
@@ -384,7 +404,7 @@ def run_function(
             stack_resource = settings.get_root_resource()
             return _resolved(dict(getattr(stack_resource, "outputs", {})), recording.outputs)
 
-        with _fewer_collections(), _without_source_positions():
+        with _fewer_collections(), _without_source_positions(), _without_discarded_debug_log():
             _run()
     finally:
         monitor.close()

@@ -142,3 +142,21 @@ def test_the_monitor_reads_a_request_as_the_runtimes_deserializer_does():
         message = struct_pb2.Struct()
         message.update(values)
         assert _deserialize(message, message.SerializeToString()) == rpc.deserialize_properties(message)
+
+
+def test_the_runtimes_debug_lines_reach_the_log_only_when_debug_logging_is_on(caplog):
+    """Under mocks the runtime's debug lines go to the root logger at debug level; the runner skips building
+    them while that level is off, and must still deliver them when it is on."""
+    import logging
+
+    before = pulumi.log.debug
+    with caplog.at_level(logging.DEBUG):
+        run_function(lambda: Thing("plain", {"n": 1}))
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert any("plain" in m for m in debug), debug[:5]
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        rec = run_function(lambda: Thing("plain", {"n": 1}))
+    assert [r.inputs for r in rec.resources if r.name == "plain"] == [{"n": 1}]
+    assert not [r for r in caplog.records if r.levelno == logging.DEBUG]
+    assert pulumi.log.debug is before  # restored after the run
