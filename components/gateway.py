@@ -263,9 +263,9 @@ def _env_owners(eps) -> dict[str, str]:
     owners: dict[str, str] = {}
     for e in eps:
         for t in e.gateway.tenants:
-            for key in (t.api_key_secret_key, t.cache_salt_secret_key):
-                if key:
-                    owners.setdefault(env_name(e.name, key), e.name)
+            owners.setdefault(env_name(e.name, t.api_key_secret_key), e.name)
+            if t.cache_salt_secret_key:
+                owners.setdefault(env_name(e.name, t.cache_salt_secret_key), e.name)
     return owners
 
 
