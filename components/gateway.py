@@ -147,11 +147,12 @@ class Gateway(pulumi.ComponentResource):
             lambda r: hashlib.sha256("".join(r.files[k] for k in sorted(r.files)).encode()).hexdigest()[:16])
 
         env = []
+        owners = _env_owners(eps)
         for var, key in sorted(secret_env.items()):
             if var in (MODAL_KEY_ENV, MODAL_SECRET_ENV):
                 secret = args.modal_auth_secret_name
             else:
-                endpoint = _endpoint_of(var, eps)
+                endpoint = _endpoint_of(var, owners)
                 secret = args.tenant_secret_names.get(endpoint, tenant_secret_name(endpoint))
             env.append({"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
 
@@ -257,10 +258,18 @@ def _secret_env(spec: TopologySpec, floor, canary, burst_names: list[str], quali
                                  gateway_replicas=2, quality_servers=quality).secret_env
 
 
-def _endpoint_of(var: str, eps) -> str:
+def _env_owners(eps) -> dict[str, str]:
+    """Each tenant secret's environment variable -> its endpoint (the first in order that names it)."""
+    owners: dict[str, str] = {}
     for e in eps:
         for t in e.gateway.tenants:
-            if var in (env_name(e.name, t.api_key_secret_key),
-                       t.cache_salt_secret_key and env_name(e.name, t.cache_salt_secret_key)):
-                return e.name
-    raise KeyError(f"environment variable {var} belongs to no endpoint's tenants")
+            owners.setdefault(env_name(e.name, t.api_key_secret_key), e.name)
+            if t.cache_salt_secret_key:
+                owners.setdefault(env_name(e.name, t.cache_salt_secret_key), e.name)
+    return owners
+
+
+def _endpoint_of(var: str, owners: dict[str, str]) -> str:
+    if var not in owners:
+        raise KeyError(f"environment variable {var} belongs to no endpoint's tenants")
+    return owners[var]

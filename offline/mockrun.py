@@ -14,6 +14,7 @@ import gc
 import hashlib
 import inspect
 import json
+import logging
 import runpy
 import sys
 import warnings
@@ -121,6 +122,34 @@ def _needs_runtime(message: Any) -> bool:
     return any(sig in message.SerializeToString() for sig in _RUNTIME_ONLY_SIGS)
 
 
+# Wire forms only the runtime's deserializer reads right: any special value (a secret, and the runtime-only
+# ones above) and the unknown-value sentinel. A message without them holds plain values only.
+_SPECIAL_WIRE = (rpc._special_sig_key.encode(), rpc.UNKNOWN.encode())
+
+
+def _deserialize(message: struct_pb2.Struct, wire: bytes) -> dict[str, Any]:
+    """What `rpc.deserialize_properties(message)` gives; for plain values (`wire`, the message serialized, holding no
+    special form) without its per-value checks for secrets and unknowns, which then find none."""
+    if any(sig in wire for sig in _SPECIAL_WIRE):
+        return rpc.deserialize_properties(message)
+    return _plain(message)
+
+
+def _plain(value: Any) -> Any:
+    """A Struct or ListValue of plain values as dicts and lists, as the runtime projects them (a map entry whose
+    value is null is left out; a null in a list is kept)."""
+    if isinstance(value, struct_pb2.Struct):
+        out = {}
+        for k, v in value.items():
+            v = _plain(v)
+            if v is not None:
+                out[k] = v
+        return out
+    if isinstance(value, struct_pb2.ListValue):
+        return [_plain(v) for v in value]
+    return value
+
+
 def _struct(values: Mapping[str, Any]) -> struct_pb2.Struct:
     """What `rpc.serialize_properties` makes of plain values (dicts, lists, strings, numbers, booleans, None, a
     secret's wire dict), made without an event loop; top-level None values are left out as it leaves them out.
@@ -177,13 +206,14 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
     def RegisterResource(self, request):  # noqa: N802 (gRPC method name)
         if request.type == "pulumi:pulumi:Stack":
             return super().RegisterResource(request)
-        if _needs_runtime(request.object):
+        wire = request.object.SerializeToString()
+        if any(sig in wire for sig in _RUNTIME_ONLY_SIGS):
             response, inputs = self._in_runtime_thread(
                 lambda: (super(RecordingMonitor, self).RegisterResource(request),
                          _canonical(rpc.deserialize_properties(request.object, keep_unknowns=False))))
         else:
             urn = self.make_urn(request.parent, request.type, request.name)
-            state = rpc.deserialize_properties(request.object)
+            state = _deserialize(request.object, wire)
             inputs = _canonical(state)  # before the mock sees them: a mock may change what it is given
             id_, state = self.mocks.new_resource(pulumi_mocks.MockResourceArgs(
                 typ=request.type, name=request.name, inputs=state, provider=request.provider,
@@ -323,6 +353,25 @@ def _without_source_positions() -> Iterator[None]:
         pulumi_runtime_resource._get_stack_trace = original
 
 
+@contextlib.contextmanager
+def _without_discarded_debug_log() -> Iterator[None]:
+    """The runtime logs a debug line per step of every registration (thousands a program); the mock engine hands
+    them to its logger at debug level, which drops them unless debug logging is on. While it is off, the
+    lines are not built into log requests at all (checked at the start of the run: turn debug logging on
+    first to see them)."""
+    engine = settings.get_engine()
+    logger = getattr(engine, "logger", None)
+    if not isinstance(engine, pulumi_mocks.MockEngine) or logger is None or logger.isEnabledFor(logging.DEBUG):
+        yield
+        return
+    original = pulumi.log.debug
+    pulumi.log.debug = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        pulumi.log.debug = original
+
+
 def run_function(
     fn: Callable[[], Any],
     *,
@@ -355,7 +404,7 @@ def run_function(
             stack_resource = settings.get_root_resource()
             return _resolved(dict(getattr(stack_resource, "outputs", {})), recording.outputs)
 
-        with _fewer_collections(), _without_source_positions():
+        with _fewer_collections(), _without_source_positions(), _without_discarded_debug_log():
             _run()
     finally:
         monitor.close()
@@ -387,6 +436,9 @@ def _program_loop() -> asyncio.AbstractEventLoop:
     return _LOOP
 
 
+_PLAIN = (str, int, float, bool, type(None))  # values the walk of the exports keeps as they are
+
+
 async def _resolved(outputs: dict[str, Any], into: dict[str, Any]) -> None:
     """The stack outputs with every Output in them awaited, canonical, into `into`.
 
@@ -395,14 +447,18 @@ async def _resolved(outputs: dict[str, Any], into: dict[str, Any]) -> None:
     walked in turn, an input type (args class) rebuilt from its walked fields, anything else kept."""
 
     async def walk(value: Any) -> Any:
+        if isinstance(value, _PLAIN):
+            return value
         if isinstance(value, pulumi.Output):
             return await walk(await value.future(with_unknowns=True))
+        # plain leaves kept as they are without a coroutine each (most of the exports are the spec's plain figures)
         if isinstance(value, dict):
-            return {await walk(k): await walk(v) for k, v in value.items()}
+            return {(k if isinstance(k, _PLAIN) else await walk(k)): (v if isinstance(v, _PLAIN) else await walk(v))
+                    for k, v in value.items()}
         if isinstance(value, list):
-            return [await walk(v) for v in value]
+            return [v if isinstance(v, _PLAIN) else await walk(v) for v in value]
         if isinstance(value, tuple):
-            return tuple([await walk(v) for v in value])
+            return tuple([v if isinstance(v, _PLAIN) else await walk(v) for v in value])
         if _types.is_input_type(type(value)):
             fields = {k: await walk(v) for k, v in value.__dict__.items()}
             return type(value)(**fields) if fields else type(value)()

@@ -89,3 +89,32 @@ def test_cli_prints_the_missing_windows_once_as_a_plain_warning_line(tmp_path, c
     notes = [line for line in err if "had no data" in line]
     assert len(notes) == 1 and notes[0].startswith("warning: endpoint ") and "3 window(s)" in notes[0]
     assert not any("UserWarning" in line or "resolve_traces" in line for line in err)  # no Python warning form
+
+
+def test_copies_naming_one_trace_read_it_once_and_each_is_warned_about(tmp_path, monkeypatch):
+    """Copies of an endpoint (per region or tenant) name the same trace: it is read once, every copy gets its
+    profile, and each copy's missing windows are still reported under its own name."""
+    import warnings
+
+    from topology import loading
+
+    p = tmp_path / "gappy.csv"
+    write_trace(p, zero={7, 8}, drop={100})
+    d = inputs_dict()
+    ep = d["endpoints"][0]
+    ep["traffic"] = {"rate_trace": {"path": str(p), "scale_to_mean_requests_per_s": 2.0}}
+    other = {**ep, "name": "copy", "traffic": {"rate_trace": {"path": str(p), "scale_to_mean_requests_per_s": 4.0}}}
+    d["endpoints"] = [ep, {**ep, "name": "copy-a"}, other]
+    inputs = CostInputs.model_validate(d)
+    reads = []
+    real = loading.rate_trace_profile
+    monkeypatch.setattr(loading, "rate_trace_profile", lambda *a: reads.append(a[1].scale_to_mean_requests_per_s) or real(*a))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resolved = resolve_traces(inputs, tmp_path)
+    assert reads == [2.0, 4.0]  # the second scale is another trace: read again
+    first, copy, scaled = (e.traffic.hourly_mean_requests_per_s for e in resolved.endpoints)
+    assert first == copy and first is not copy
+    assert scaled == pytest.approx([2 * x for x in first])
+    notes = [str(w.message) for w in caught if "had no data" in str(w.message)]
+    assert [n.split(":")[0] for n in notes] == [f"endpoint {e['name']}" for e in d["endpoints"]]

@@ -90,3 +90,29 @@ def test_endpoints_planned_together_get_the_options_each_gets_alone(stack):
             assert (a.floor_by_hour is None) == (b.floor_by_hour is None)
             if a.floor_by_hour is not None:
                 assert np.array_equal(a.floor_by_hour, b.floor_by_hour)
+
+
+def test_copies_of_an_endpoint_are_prepared_once_and_each_gets_its_own_options(monkeypatch):
+    """Endpoints alike in all but their name (copies per region or tenant) are staged once; each copy gets the
+    options the endpoint gets alone, in objects of its own (the platform share is added per endpoint)."""
+    from topology.plan import options as options_mod
+
+    inp = load_inputs(ROOT / "stacks" / "Pulumi.prod.yaml")
+    a, b = inp.endpoints[0], inp.endpoints[1]
+    eps = [a, b, a.model_copy(update={"name": "copy-a"}), a.model_copy(update={"name": "copy-a2"}),
+           b.model_copy(update={"name": "copy-b"})]
+    fleet = inp.model_copy(update={"endpoints": eps})
+    staged = []
+    real_stage = options_mod._stage_endpoint
+    monkeypatch.setattr(options_mod, "_stage_endpoint", lambda i, ep, c: staged.append(ep.name) or real_stage(i, ep, c))
+    together = prepare_endpoints(fleet, GPU_KINDS)
+    assert staged == [a.name, b.name]
+    monkeypatch.setattr(options_mod, "_stage_endpoint", real_stage)
+    for ep, t in zip(eps, together):
+        alone = prepare_endpoint(inp, a if ep.model_copy(update={"name": a.name}) == a else b, GPU_KINDS)
+        assert [(o.tier, o.feasible, o.reason, o.weekly_usd, o.breakdown_weekly, o.layers) for o in t.options] == \
+               [(o.tier, o.feasible, o.reason, o.weekly_usd, o.breakdown_weekly, o.layers) for o in alone.options]
+    first, copy = together[0].options, together[2].options
+    assert all(x is not y and x.breakdown_weekly is not y.breakdown_weekly for x, y in zip(first, copy))
+    first[0].breakdown_weekly["extra"] = 1.0
+    assert "extra" not in copy[0].breakdown_weekly

@@ -211,9 +211,11 @@ def rate_trace_profile(path: Path, trace: RateTrace, what: str = "traffic.rate_t
 
 
 def resolve_traces(inputs: CostInputs, base_dir: Path, source: str = "") -> CostInputs:
-    """Replace every endpoint's rate_trace by the 168-hour profile it implies."""
+    """Replace every endpoint's rate_trace by the 168-hour profile it implies (each file and trace read once:
+    copies of an endpoint name the same trace)."""
     endpoints = []
     changed = False
+    read: dict[tuple[Path, str], tuple[list[float], int]] = {}
     for i, ep in enumerate(inputs.endpoints):
         tr = ep.traffic.rate_trace
         if tr is None:
@@ -223,7 +225,10 @@ def resolve_traces(inputs: CostInputs, base_dir: Path, source: str = "") -> Cost
         if not path.is_absolute():
             path = base_dir / path
         what = f"{source}: endpoints.{i}.traffic.rate_trace.path" if source else f"endpoints.{i}.traffic.rate_trace.path"
-        profile, missing = rate_trace_profile(path, tr, what)
+        key = (path, tr.model_dump_json())
+        if key not in read:
+            read[key] = rate_trace_profile(path, tr, what)
+        profile, missing = read[key]
         if missing:
             warnings.warn(
                 f"endpoint {ep.name}: {what}={str(path)!r}: {missing} window(s) had no data (absent, or rate 0); "
@@ -231,7 +236,7 @@ def resolve_traces(inputs: CostInputs, base_dir: Path, source: str = "") -> Cost
                 "counts zeros as idle windows)",
                 InputNotice, stacklevel=2,
             )
-        traffic = ep.traffic.model_copy(update={"hourly_mean_requests_per_s": profile, "rate_trace": None})
+        traffic = ep.traffic.model_copy(update={"hourly_mean_requests_per_s": list(profile), "rate_trace": None})
         endpoints.append(ep.model_copy(update={"traffic": traffic}))
         changed = True
     return inputs.model_copy(update={"endpoints": endpoints}) if changed else inputs

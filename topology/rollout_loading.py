@@ -42,16 +42,20 @@ def read_eval_records(path: Path, field: str) -> tuple[EvalRecord, ...]:
 
 
 def resolve_eval_records(inputs: CostInputs, base_dir: Path) -> CostInputs:
-    """Fill `rollout.eval_records` of every endpoint with a rollout from its `eval_records_path` (relative: base_dir)."""
+    """Fill `rollout.eval_records` of every endpoint with a rollout from its `eval_records_path` (relative: base_dir);
+    each file read once (copies of an endpoint name the same file)."""
     endpoints, changed = [], False
+    read: dict[Path, tuple[EvalRecord, ...]] = {}
     for i, ep in enumerate(inputs.endpoints):
         r = ep.rollout
         if r is None or r.eval_records is not None:
             endpoints.append(ep)
             continue
         path = Path(r.eval_records_path)
-        records = read_eval_records(path if path.is_absolute() else base_dir / path,
-                                    f"endpoints[{i}].rollout.eval_records_path")
+        path = path if path.is_absolute() else base_dir / path
+        if path not in read:
+            read[path] = read_eval_records(path, f"endpoints[{i}].rollout.eval_records_path")
+        records = read[path]
         endpoints.append(ep.model_copy(update={"rollout": r.model_copy(update={"eval_records": records})}))
         changed = True
     return inputs.model_copy(update={"endpoints": endpoints}) if changed else inputs

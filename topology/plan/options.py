@@ -472,10 +472,23 @@ class Prepared:
 
 
 def prepare_endpoints(inp: CostInputs, catalog: Mapping[str, GpuKind]) -> list[Prepared]:
-    """Every endpoint's options, the floor candidates of all endpoints solved in one schedule DP."""
-    staged = [_stage_endpoint(inp, ep, catalog) for ep in inp.endpoints]
-    solve_floor_candidates([c for st in staged for c in st.floors])
-    return [_options_of(inp, ep, st) for ep, st in zip(inp.endpoints, staged)]
+    """Every endpoint's options, the floor candidates of all endpoints solved in one schedule DP.
+
+    Endpoints alike in everything but their name (copies per region or tenant) are prepared once: nothing
+    here reads the name except the errors, and the first copy in order raises the same error the others would."""
+    first: dict[str, int] = {}
+    rep = [first.setdefault(ep.model_dump_json(exclude={"name"}), i) for i, ep in enumerate(inp.endpoints)]
+    todo = sorted(set(rep))
+    staged = {i: _stage_endpoint(inp, inp.endpoints[i], catalog) for i in todo}
+    solve_floor_candidates([c for i in todo for c in staged[i].floors])
+    prepared = {i: _options_of(inp, inp.endpoints[i], staged[i]) for i in todo}
+    return [prepared[i] if i == j else _copy_prepared(prepared[j]) for i, j in enumerate(rep)]
+
+
+def _copy_prepared(p: Prepared) -> Prepared:
+    """A copy's own options (their dicts and lists; the arrays, never written after planning, are shared)."""
+    return dataclasses.replace(p, options=[
+        dataclasses.replace(o, breakdown_weekly=dict(o.breakdown_weekly), layers=list(o.layers)) for o in p.options])
 
 
 def prepare_endpoint(inp: CostInputs, ep: EndpointInputs, catalog: Mapping[str, GpuKind]) -> Prepared:
