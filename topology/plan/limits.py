@@ -28,11 +28,15 @@ class NonStreamedRule:
     derivation: Derivation
 
 
-def non_streamed_burst_rule(ep: EndpointInputs, sls: Placement, has_floor: bool) -> NonStreamedRule:
-    """How a non-streamed request sent to burst finishes within Modal's cap. It waits up to the TTFT budget
-    (queue + prefill + first token), then decodes at the container's token gap at full batch (the slowest it
+def non_streamed_burst_rule(ep: EndpointInputs, sls: Placement, has_floor: bool, cold_start_s: float) -> NonStreamedRule:
+    """How a non-streamed request sent to burst finishes within Modal's cap. Before its first token it waits
+    either up to the TTFT budget (queue + prefill + first token, on a ready container) or, landing on a container
+    that is still restoring (the gateway cannot see Modal's containers, so whenever the burst scales up under
+    load a request can, and Modal's clock runs while it waits), the restore cold_start_s and then the restored
+    container's first intake: it takes up to n waiting requests at once, so the last prefills after n − 1 mean
+    prompts, then its own p99 prompt and one token gap. The longer of the two is budgeted. Then it decodes at the container's token gap at full batch (the slowest it
     runs): the decode step usable_concurrency / decode_tokens_per_s plus the other sequences' prefill amortised
-    over their output (as the simulator's engine). The tokens that fit: ⌊(cap − margin − TTFT budget) / gap⌋. All of max_tokens fit → 'fits'; else when the tokens
+    over their output (as the simulator's engine). The tokens that fit: ⌊(cap − margin − that wait) / gap⌋. All of max_tokens fit → 'fits'; else when the tokens
     that fit cover the p99 output (the cap truncates < 1% of answers) → 'cap_max_tokens'; else with a floor →
     'floor_only' (the floor has no such cap); else (serverless only) 'cap_max_tokens' while the tokens that fit
     cover the mean output, and 'require_streaming' below that."""
@@ -44,7 +48,11 @@ def non_streamed_burst_rule(ep: EndpointInputs, sls: Placement, has_floor: bool)
     others_prefill_s = (n - 1) * s.input_tokens_mean * (1 - ep.prefix_cache_hit_fraction) / sls.prefill_tokens_per_s \
         / s.output_tokens_mean
     gap_s = step_s + others_prefill_s
-    budget_s = MODAL_WEB_REQUEST_CAP_S - WEB_CAP_MARGIN_S - ttft_s
+    uncached = 1 - ep.prefix_cache_hit_fraction
+    restored_s = (cold_start_s + (n - 1) * s.input_tokens_mean * uncached / sls.prefill_tokens_per_s
+                  + s.input_tokens_p99 * uncached / sls.prefill_tokens_per_s + gap_s)
+    first_s = max(ttft_s, restored_s)
+    budget_s = MODAL_WEB_REQUEST_CAP_S - WEB_CAP_MARGIN_S - first_s
     fit = max(0, math.floor(budget_s / gap_s))
     if fit >= s.max_tokens:
         rule, mt = "fits", None
@@ -58,12 +66,16 @@ def non_streamed_burst_rule(ep: EndpointInputs, sls: Placement, has_floor: bool)
         rule, mt = "require_streaming", None
     d = Derivation(
         figure="non_streamed_burst_max_tokens", value=float(fit), unit="tokens",
-        formula=f"⌊({MODAL_WEB_REQUEST_CAP_S} s cap − {WEB_CAP_MARGIN_S:g} s margin − {ttft_s:g} s TTFT budget) / "
+        formula=f"⌊({MODAL_WEB_REQUEST_CAP_S} s cap − {WEB_CAP_MARGIN_S:g} s margin − max({ttft_s:g} s TTFT budget, "
+        f"{cold_start_s:g} s restore + ({n - 1} × {s.input_tokens_mean:g} mean + {s.input_tokens_p99:g} p99 prompt) "
+        f"× (1 − {ep.prefix_cache_hit_fraction:g}) / {sls.prefill_tokens_per_s:g} tok/s + one gap = {restored_s:.2f} s "
+        f"on a restoring container)) / "
         f"({n} / {sls.decode_tokens_per_s:g} tok/s step + {n - 1} × {s.input_tokens_mean:g} × "
         f"(1 − {ep.prefix_cache_hit_fraction:g}) / {sls.prefill_tokens_per_s:g} / {s.output_tokens_mean:g} others' "
         f"prefill = {gap_s * 1000:.1f} ms/token)⌋ = {fit} vs max_tokens {s.max_tokens}, output p99 "
         f"{s.output_tokens_p99:g} → {rule}",
-        inputs=("slo.ttft_p99_ms", "engine.decode_tokens_per_s", "shape.max_tokens", "shape.output_tokens_p99"),
+        inputs=("slo.ttft_p99_ms", "engine.decode_tokens_per_s", "shape.max_tokens", "shape.output_tokens_p99",
+                "cold_starts.serverless_snapshot_restore_s"),
     )
     return NonStreamedRule(rule, mt, d)
 
