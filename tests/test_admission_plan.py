@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from simulator.traffic import lognormal_params
-from topology.plan.limits import p99_mean_prompt_factor
+from topology.plan.limits import p99_freed_together, p99_mean_prompt_factor
 
 
 def test_guard_admission_and_queue_target_hand_worked(planned_stacks):
@@ -16,16 +16,22 @@ def test_guard_admission_and_queue_target_hand_worked(planned_stacks):
     Prompts lognormal (mean 700, p99 3,000): σ = 0.7445, e^σ² − 1 = 0.7408. The mean of 6 neighbours:
     σ₆² = ln(1 + 0.7408/6) = 0.1164, p99 factor exp(−0.0582 + 2.3263 × 0.3412) = 2.086 → gap(7) = 7.164 + 7 ×
     0.620 + 6 × 2.80 × 2.086 = 46.5 ms ≤ 50 ms; of 7: σ₇² = 0.1006, factor 1.989 → gap(8) = 7.164 + 4.960 +
-    7 × 2.80 × 1.989 = 51.1 ms > 50 ms. Cap 7 (max_num_seqs 13, the gap at the *mean* prompt). Bounded wait:
-    0.300 − 3,000 × 0.4 / 12,500 − 0.0465 = 0.157 s. At 7 in flight a replica serves 1 / (0.0224 + 8 × (7.164
-    + 4.340) ms / 7) = 28.13 req/s. Little's law: waiting = admitted rate × mean wait ≤ 28.13 × 0.157 = 4.4
-    per replica; just past saturation the waits spread over [0, 0.157] s, a mean of 2.2 waiting: target
-    ⌊4.4 / 4⌋ = 1."""
+    7 × 2.80 × 1.989 = 51.1 ms > 50 ms. Cap 7 (max_num_seqs 13, the gap at the *mean* prompt).
+    Bounded wait, with the prefill queue a request admitted at its end meets: each of the 7 running sequences
+    ends at a given decode step with probability 1/8 (mean output 8), so the number ending together is
+    Binomial(7, 1/8): P(0) = 0.8750⁷ = 0.3927, P(1) = 7 × 0.125 × 0.8750⁶ = 0.3927, P(2) = 21 × 0.125² ×
+    0.8750⁵ = 0.1683, P(3) = 35 × 0.125³ × 0.8750⁴ = 0.0401: P(≤ 2) = 0.9537, P(≤ 3) = 0.9938 → 3 slots freed
+    at once at the p99; HAProxy hands all 3 to the queue, and the last new prompt prefills after 2 mean prompts,
+    2 × 700 × 0.4 / 12,500 = 44.8 ms. Wait: 0.300 − 0.0448 − 3,000 × 0.4 / 12,500 − 0.0465 = 0.1127 → 0.113 s
+    (0.157 s before, with no prefill queue: its worst spike minute missed the bar). At 7 in flight a replica
+    serves 1 / (0.0224 + 8 × (7.164 + 4.340) ms / 7) = 28.13 req/s. Little's law: waiting = admitted rate × mean
+    wait ≤ 28.13 × 0.113 = 3.2 per replica; just past saturation the waits spread over [0, 0.113] s, a mean of
+    1.6 waiting: target max(1, ⌊3.2 / 4⌋) = 1."""
     _, spec = planned_stacks["prod"]
     ep = spec.endpoint("guard")
     assert ep.capacity.usable_concurrency == 13
     assert ep.gateway.admission_inflight_per_floor_replica == 7
-    assert ep.gateway.admission_queue_timeout_s == pytest.approx(0.157, abs=0.001)
+    assert ep.gateway.admission_queue_timeout_s == pytest.approx(0.113, abs=0.001)
     assert ep.autoscaling.target_waiting_per_replica == 1
     # the gateway's pick never sends a replica past its maxconn: overflow (none here: dedicated) ≤ the cap
     assert ep.gateway.overflow_inflight_per_replica <= 7
@@ -34,11 +40,14 @@ def test_guard_admission_and_queue_target_hand_worked(planned_stacks):
 def test_assist_keeps_its_full_batch_under_admission(planned_stacks):
     """prod assist: gap(64) with 63 neighbours at their p99 mean prompt (σ = 0.7758, σ₆₃² = ln(1 + 0.8255/63)
     = 0.0130, factor 1.295): 10.85 + 64 × 0.967 + 63 × 0.125 × 1.295 = 83.0 ms ≤ 100 ms: the cap stays at 64.
-    Bounded wait 2.5 − 9,000 × 0.7 / 28,000 − 0.083 = 2.192 s; μ = 1.982 req/s → μ·w/4 = 1.09 → target 1."""
+    Sequences ending at one decode step: Binomial(64, 1/400), P(0) = 0.9975⁶⁴ = 0.8520, P(1) = 64 × 0.0025 ×
+    0.9975⁶³ = 0.1367, P(≤ 1) = 0.9888 < 0.99, P(2) = 2,016 × 0.0025² × 0.9975⁶² = 0.0108 → 2 at the p99: one
+    mean prompt ahead, 2,000 × 0.7 / 28,000 = 0.050 s. Bounded wait 2.5 − 0.050 − 9,000 × 0.7 / 28,000 − 0.083
+    = 2.142 s; μ = 1.982 req/s → μ·w/4 = 1.06 → target 1."""
     _, spec = planned_stacks["prod"]
     ep = spec.endpoint("assist")
     assert ep.gateway.admission_inflight_per_floor_replica == 64
-    assert ep.gateway.admission_queue_timeout_s == pytest.approx(2.192, abs=0.001)
+    assert ep.gateway.admission_queue_timeout_s == pytest.approx(2.142, abs=0.001)
     assert ep.autoscaling.target_waiting_per_replica == 1
 
 
@@ -52,6 +61,16 @@ def test_p99_of_the_neighbours_mean_prompt_matches_sampling(mean, p99, n):
     means = rng.lognormal(mu, sigma, size=(200_000, n)).mean(axis=1)
     sampled = float(np.quantile(means, 0.99)) / mean
     assert p99_mean_prompt_factor(mean, p99, n) == pytest.approx(sampled, rel=0.02)
+
+
+@pytest.mark.parametrize("batch,output_mean", [(7, 8.0), (43, 60.0), (64, 400.0), (13, 1.0)])
+def test_p99_of_the_slots_a_full_replica_frees_at_one_step_matches_sampling(batch, output_mean):
+    """The sequences of a full replica that end at the same decode step, sampled: each running sequence draws a
+    geometric output of mean ō (the number of steps until it ends) — the count ending at step one, over 200,000
+    replicas, has the p99 p99_freed_together names (every one of them when each output is a single token)."""
+    rng = np.random.default_rng(3)
+    ends_now = (rng.geometric(1.0 / output_mean, size=(200_000, batch)) == 1).sum(axis=1)
+    assert p99_freed_together(batch, output_mean) == max(1, int(np.quantile(ends_now, 0.99, method="higher")))
 
 
 def test_queue_target_is_reachable_by_a_saturated_replicas_bounded_queue(stack):

@@ -62,18 +62,29 @@ def test_dev_stack_burst_only_and_managed_api_are_identical(planned_stacks):
     assert api.cost_usd["api"] > 0
 
 
+def _assist_capped(spec):
+    """prod with assist's non-streamed requests capped on burst at the tokens its plan found fit under Modal's
+    150 s (the plan itself keeps them on the floor, floor_only: that fit is below the p99 output), so the windows
+    here exercise the cap on both engines."""
+    ep = spec.endpoint("assist")
+    fit = int(next(d.value for d in ep.derivations if d.figure == "non_streamed_burst_max_tokens"))
+    ep = ep.model_copy(update={"burst": ep.burst.model_copy(update={"non_streamed_rule": "cap_max_tokens",
+                                                                    "non_streamed_max_tokens": fit})})
+    return spec.model_copy(update={"endpoints": tuple(ep if e.name == "assist" else e for e in spec.endpoints)})
+
+
 def test_kv_preemption_and_refusals_are_identical(planned_stacks, root):
     """Mooncake's own prompts at 3× Friday's peak: 413/400 refusals, KV admission waits and preemptions."""
     inputs, spec = planned_stacks["prod"]
     trace = load_trace(root / "traces" / "mooncake_synthetic.jsonl")
-    r, _ = _both(inputs, spec, "assist", seed=0, trace=trace, start_h=116.0, end_h=116.1, raw_tokens=True,
+    r, _ = _both(inputs, _assist_capped(spec), "assist", seed=0, trace=trace, start_h=116.0, end_h=116.1, raw_tokens=True,
                  rate_scale=3.0)
     assert r.preemptions > 0 and r.too_long_413 + r.too_long_400 > 0
 
 
 def test_admission_shedding_and_non_streamed_rules_are_identical(planned_stacks, prod_unwarmed):
     inputs, spec = prod_unwarmed  # burst cold at Friday's peak (no warm minimum for the spike): it fills to its cap
-    r, _ = _both(inputs, spec, "assist", lambda: Overrides(admission=True), seed=0, start_h=116.0, end_h=116.1,
+    r, _ = _both(inputs, _assist_capped(spec), "assist", lambda: Overrides(admission=True), seed=0, start_h=116.0, end_h=116.1,
                  rate_scale=3.0)
     assert r.non_streamed_burst > 0 and r.non_streamed_capped > 0
     assert r.shed > 0  # floor and burst full (burst at its in-flight cap): HAProxy's queue, then 429

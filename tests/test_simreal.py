@@ -81,7 +81,7 @@ def _guard_sim(planned_stacks, replicas: int, engine: Engine | None = None) -> E
 def test_a_floor_replica_holds_the_gateways_admission_cap_hand_worked(planned_stacks):
     """prod guard: the gateway holds a replica at admission_inflight_per_floor_replica (7, HAProxy's per-server
     maxconn) though vLLM runs 13 (max_num_seqs). Thirteen requests at once on one replica, 2,000 tokens out
-    (seconds each): 7 start, the other 6 would wait seconds for a slot, past the 0.157 s bounded wait, so each
+    (seconds each): 7 start, the other 6 would wait seconds for a slot, past the 0.113 s bounded wait, so each
     gets 429. With the replica's 13 sequence slots (the engine before) all 13 started and none was shed."""
     inputs, spec = planned_stacks["prod"]
     g = spec.endpoint("guard").gateway
@@ -97,7 +97,7 @@ def test_a_full_replica_hands_the_request_to_the_first_slot_to_free_on_any_repli
     """HAProxy's backend queue gives a waiting request to the first server with a free connection, not to the
     one the pick tried. Two replicas held at 7 (a 10 ms token step at any batch, instant prefill): 14 requests
     alternate between them, replica 1's with 5 tokens out (done at 0.05 s), replica 0's with 1,000 (10 s).
-    A 15th at 0.01 s finds both full; replica 1's first slot frees at 0.05 s, within the 0.157 s bounded wait:
+    A 15th at 0.01 s finds both full; replica 1's first slot frees at 0.05 s, within the 0.113 s bounded wait:
     served with TTFT 0.04 s wait + one 10 ms step = 0.05 s. Waiting on replica 0 (the least-loaded pick, first
     in order) it would have waited 10 s and been shed."""
     eng = Engine(slots=7, prefill_tokens_per_s=1e9, t_min=0.01, k=0.0, interference=0.0,
@@ -123,7 +123,7 @@ def _assist_at_burst_cap(stack, burst_inflight: int):
 
 def test_burst_below_its_cap_waits_for_restoring_containers_and_is_not_shed(prod_unwarmed):
     """The gateway cannot see Modal's containers: below its in-flight cap to burst it sends every request there,
-    and one that lands on a restoring container waits at Modal for the 25 s restore, past the gateway's 2.192 s
+    and one that lands on a restoring container waits at Modal for the 25 s restore, past the gateway's 2.142 s
     bounded wait, and is served, not shed. prod assist's first 6 minutes at Friday's peak (burst cold, in flight
     to burst ≤ 243 against its cap of 1,536): requests wait on starting containers, TTFT passes the bounded
     wait, nothing is shed. (The engine before shed them at Modal when their slot wait passed the bounded wait.)
@@ -141,11 +141,14 @@ def test_floor_and_burst_full_wait_in_the_gateways_queue_then_429(prod_unwarmed)
     """At 3× Friday's peak, in flight to burst reaches its cap (24 containers × 64 inputs): from there a request
     the floor pick cannot place waits in HAProxy's queue for a floor slot and gets 429 past the bounded wait.
     With no burst cap (admission_burst_inflight 0: no burst_full acl) the gateway sends all of them to burst and
-    sheds nothing: every 429 is the burst cap's. (Planned with no burst kept warm for the spike.)"""
+    sheds nothing: every 429 is the burst cap's. (Planned with no burst kept warm for the spike; non-streamed
+    requests capped on burst at the plan's fit, so every request may go there: under the plan's floor_only
+    they wait for the floor whatever the burst cap.)"""
     kw = dict(seed=0, start_h=116.0, end_h=116.1, rate_scale=3.0)
     inputs, spec = prod_unwarmed
+    spec = _with_rule(spec, "cap_max_tokens", _planned_fit(spec))
     capped = simulate_endpoint(inputs, spec, "assist", overrides=Overrides(admission=True), **kw)
-    i2, s2 = _assist_at_burst_cap(prod_unwarmed, 0)
+    i2, s2 = _assist_at_burst_cap((inputs, spec), 0)
     uncapped = simulate_endpoint(i2, s2, "assist", overrides=Overrides(admission=True), **kw)
     assert capped.shed > 0 and uncapped.shed == 0
     assert uncapped.burst_queue_peak > capped.burst_queue_peak
@@ -177,56 +180,80 @@ def _placement(decode_tok_s: float, seqs: int) -> Placement:
 def test_non_streamed_burst_rule_hand_worked(planned_stacks):
     """prod assist's burst container at its 64 sequences: decode step 64 / 880 tok/s = 72.73 ms, plus the other
     63 sequences' prefill amortised over their output, 63 × 2,000 × (1 − 0.3) / 28,000 tok/s / 400 = 7.875 ms:
-    a token every 80.60 ms. Modal's 150 s cap less 5 s margin less the 2.5 s TTFT budget leaves 142.5 s →
-    ⌊142.5 / 0.080602⌋ = 1,767 tokens. max_tokens 2,048 does not fit, the p99 output 1,600 does: cap
-    non-streamed burst requests at 1,767."""
+    a token every 80.60 ms. Before its first token a request waits up to the 2.5 s TTFT budget on a ready
+    container, or — landing on one still restoring — the 25 s restore, then the restored container's first
+    intake: 63 mean prompts ahead and its own p99 prompt, (63 × 2,000 + 9,000) × 0.7 / 28,000 = 3.375 s, and one
+    gap: 28.456 s, the longer. Modal's 150 s cap less 5 s margin less 28.456 s leaves 116.544 s → ⌊116.544 /
+    0.080602⌋ = 1,445 tokens (1,767 when only the TTFT budget was left out, which let a request that waited on a
+    restore decode past 150 s). max_tokens 2,048 does not fit, nor the p99 output 1,600: with a floor, keep
+    non-streamed requests there (floor_only); serverless only, cap at 1,445 (≥ the 400-token mean)."""
     inputs, spec = planned_stacks["prod"]
     ep_in = next(e for e in inputs.endpoints if e.name == "assist")
-    rule = non_streamed_burst_rule(ep_in, _placement(880.0, 64), has_floor=True)
+    assert spec.endpoint("assist").serverless_cold_start_s == 25
+    rule = non_streamed_burst_rule(ep_in, _placement(880.0, 64), has_floor=True, cold_start_s=25.0)
     assert MODAL_WEB_REQUEST_CAP_S == 150
-    assert (rule.rule, rule.max_tokens) == ("cap_max_tokens", 1767)
+    assert (rule.rule, rule.max_tokens, rule.derivation.value) == ("floor_only", None, 1445)
+    so = non_streamed_burst_rule(ep_in, _placement(880.0, 64), has_floor=False, cold_start_s=25.0)
+    assert (so.rule, so.max_tokens) == ("cap_max_tokens", 1445)
     b = spec.endpoint("assist").burst
-    assert (b.non_streamed_rule, b.non_streamed_max_tokens, b.web_request_cap_s) == ("cap_max_tokens", 1767, 150)
-    # half the decode rate: 145.45 + 7.875 = 153.33 ms/token → 929 tokens < the p99 output: with a floor, keep
-    # them on the floor; serverless only: cap at 929 (≥ the 400-token mean); an eighth: 589.7 ms → 241 < 400,
-    # streaming required
-    assert non_streamed_burst_rule(ep_in, _placement(440.0, 64), has_floor=True).rule == "floor_only"
-    slow = non_streamed_burst_rule(ep_in, _placement(440.0, 64), has_floor=False)
-    assert (slow.rule, slow.max_tokens) == ("cap_max_tokens", 929)
-    assert non_streamed_burst_rule(ep_in, _placement(110.0, 64), has_floor=False).rule == "require_streaming"
+    assert (b.non_streamed_rule, b.non_streamed_max_tokens, b.web_request_cap_s) == ("floor_only", None, 150)
+    # an instant restore: 3.456 s of intake beats the 2.5 s budget → ⌊141.544 / 0.080602⌋ = 1,756 ≥ the p99: cap
+    instant = non_streamed_burst_rule(ep_in, _placement(880.0, 64), has_floor=True, cold_start_s=0.0)
+    assert (instant.rule, instant.max_tokens) == ("cap_max_tokens", 1756)
+    # half the decode rate: 145.45 + 7.875 = 153.33 ms/token, 25 + 3.375 + 0.153 = 28.528 s first →
+    # ⌊116.472 / 0.15333⌋ = 759 < the p99: serverless only, cap at 759 (≥ the mean); an eighth: 589.7 ms/token,
+    # 28.965 s first → 196 < 400, streaming required
+    assert non_streamed_burst_rule(ep_in, _placement(440.0, 64), has_floor=True, cold_start_s=25.0).rule == "floor_only"
+    slow = non_streamed_burst_rule(ep_in, _placement(440.0, 64), has_floor=False, cold_start_s=25.0)
+    assert (slow.rule, slow.max_tokens) == ("cap_max_tokens", 759)
+    assert non_streamed_burst_rule(ep_in, _placement(110.0, 64), has_floor=False, cold_start_s=25.0).rule == \
+        "require_streaming"
 
 
-def _with_rule(spec, rule: str):
+def _with_rule(spec, rule: str, max_tokens: int | None = None):
     ep = spec.endpoint("assist")
-    ep2 = ep.model_copy(update={"burst": ep.burst.model_copy(update={"non_streamed_rule": rule})})
+    ep2 = ep.model_copy(update={"burst": ep.burst.model_copy(update={"non_streamed_rule": rule,
+                                                                      "non_streamed_max_tokens": max_tokens})})
     return spec.model_copy(update={"endpoints": tuple(ep2 if e.name == "assist" else e for e in spec.endpoints)})
+
+
+def _planned_fit(spec) -> int:
+    """The tokens the plan found fit within Modal's cap (its derivation), whatever rule it then chose."""
+    return int(next(d.value for d in spec.endpoint("assist").derivations if d.figure == "non_streamed_burst_max_tokens"))
 
 
 def test_non_streamed_burst_requests_past_modals_cap_fail_only_without_the_rule(prod_unwarmed):
     """prod assist at 3× its Friday-peak rate for 15 minutes, a quarter of requests non-streamed: thousands of
-    them overflow to burst. Under the planner's max_tokens cap all but a few stay within Modal's 150 s (those few:
-    see the xfail below); with no rule ('fits') many more pass it and get the 303 the client does not follow;
-    'floor_only' sends none to burst. (Planned with no burst kept warm for the spike.)"""
+    them overflow to burst. Capped at the tokens the plan found fit (1,445) none passes Modal's 150 s, a few are
+    truncated; with no rule ('fits') many pass it and get the 303 the client does not follow; 'floor_only' (the
+    plan's choice: 1,445 < the p99 output) sends none to burst. (Planned with no burst kept warm for the spike.)"""
     inputs, spec = prod_unwarmed
     assert spec.endpoint("assist").burst.timeout_s > 150  # the burst function itself would run them to 471 s
     kw = dict(seed=0, start_h=116.0, end_h=116.25, rate_scale=3.0, overrides=Overrides(admission=True))
-    ruled = simulate_endpoint(inputs, spec, "assist", **kw)
-    assert ruled.non_streamed_burst > 1000 and ruled.non_streamed_capped > 0
+    capped = simulate_endpoint(inputs, _with_rule(spec, "cap_max_tokens", _planned_fit(spec)), "assist", **kw)
+    assert capped.non_streamed_burst > 1000 and capped.non_streamed_capped > 0
     unruled = simulate_endpoint(inputs, _with_rule(spec, "fits"), "assist", **kw)
-    assert unruled.non_streamed_capped == 0 and unruled.non_streamed_redirected > 10 * max(1, ruled.non_streamed_redirected)
-    floor_only = simulate_endpoint(inputs, _with_rule(spec, "floor_only"), "assist", **kw)
+    assert unruled.non_streamed_capped == 0 and unruled.non_streamed_redirected > 10 * max(1, capped.non_streamed_redirected)
+    floor_only = simulate_endpoint(inputs, spec, "assist", **kw)
+    assert spec.endpoint("assist").burst.non_streamed_rule == "floor_only"
     assert floor_only.non_streamed_burst == 0 and floor_only.non_streamed_redirected == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the planner's non-streamed max_tokens cap (topology/plan/limits.py non_streamed_burst_rule) budgets the TTFT "
-    "SLO before decoding, not a wait at Modal for a restoring container: at 3x Friday's peak for 15 min, 2 of "
-    "8,263 non-streamed burst requests admitted while containers restored (25 s) pass Modal's 150 s and get the "
-    "303 (none with an instant restore)"))
 def test_non_streamed_burst_requests_under_the_rule_never_pass_modals_cap(prod_unwarmed):
+    """The same 15 minutes at 3×: burst containers restore (25 s) while it fills, and the gateway, blind to them,
+    sends non-streamed requests there. A cap that budgets only the TTFT before decoding (1,767 tokens) lets 2
+    that waited on a restore pass Modal's 150 s and get the 303; the plan's cap budgets that wait and the
+    restored container's first intake (1,445): none passes, at the cost of truncating the answers past it
+    (the 1.4% of a 400-mean, 1,600-p99 output above 1,445: over 100 here)."""
     inputs, spec = prod_unwarmed
     kw = dict(seed=0, start_h=116.0, end_h=116.25, rate_scale=3.0, overrides=Overrides(admission=True))
-    assert simulate_endpoint(inputs, spec, "assist", **kw).non_streamed_redirected == 0
+    fit = _planned_fit(spec)
+    assert fit == 1445
+    new = simulate_endpoint(inputs, _with_rule(spec, "cap_max_tokens", fit), "assist", **kw)
+    assert new.non_streamed_burst > 1000 and new.non_streamed_redirected == 0
+    assert 0.005 * new.non_streamed_burst < new.non_streamed_capped < 0.03 * new.non_streamed_burst
+    old = simulate_endpoint(inputs, _with_rule(spec, "cap_max_tokens", 1767), "assist", **kw)
+    assert old.non_streamed_redirected > 0  # the old cap: the ones that waited on a restore pass 150 s
 
 
 def test_long_prompt_drill_replays_a_trace_with_its_own_prompts(planned_stacks, root):

@@ -153,7 +153,7 @@ def test_queue_trigger_returns_the_stable_floors_waiting_requests(live):
     # 3 + 5 waiting on the two stable pods; the canary's 40, the other model's 100 and staging's 50 are not ours
     assert wait_for_value(prom, query, 8.0) == 8.0
     # KEDA hands the sum to the HPA, which divides by the threshold (AverageValue): ⌈8 / 1⌉ = 8 replicas (the
-    # target under admission control: ⌊μ·w/4⌋ = ⌊1.982 × 2.192 / 4⌋ → 1, tests/test_admission_plan.py)
+    # target under admission control: ⌊μ·w/4⌋ = ⌊1.982 × 2.142 / 4⌋ → 1, tests/test_admission_plan.py)
     assert threshold == 1 and math.ceil(8.0 / threshold) == 8
     # the query follows the gauge as the engine's queue moves
     engine, _ = engines["assist-vllm-0"]

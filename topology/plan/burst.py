@@ -56,7 +56,8 @@ def burst_spec(
         always = bool(warm.min() >= 1)
         min_c, schedule = (1 if always else 0), (() if always else hour_windows(warm > 0, 1, cold))
     spike = _spike(inp, ep, demand, pl or sls, sls, win)
-    ns = non_streamed_burst_rule(ep, sls, has_floor=win.tier == "floor_plus_burst")
+    ns = non_streamed_burst_rule(ep, sls, has_floor=win.tier == "floor_plus_burst",
+                                 cold_start_s=serverless_cold_start_s(ep))
     # headroom for the spike the endpoint must absorb: the cap is free until used (only running containers bill)
     max_c = max(1, min(ep.serverless.max_containers_cap, max(win.burst_max_containers, spike.containers)),
                 int(sw.containers.max(initial=0)))
@@ -94,7 +95,8 @@ def burst_section(
     """`pl` is the floor's placement (the serverless one when serverless_only), for the derivation's text."""
     burst = burst_spec(inp, ep, demand, sls, win, catalog, pl)
     spike = _spike(inp, ep, demand, pl, sls, win)
-    ns = non_streamed_burst_rule(ep, sls, has_floor=win.tier == "floor_plus_burst")
+    ns = non_streamed_burst_rule(ep, sls, has_floor=win.tier == "floor_plus_burst",
+                                 cold_start_s=serverless_cold_start_s(ep))
     warnings: tuple[str, ...] = ()
     if spike.containers > ep.serverless.max_containers_cap:
         warnings = (f"{ep.name}: a {ep.traffic.spike_factor:g}× spike needs {spike.containers} burst containers > "

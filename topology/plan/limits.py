@@ -28,11 +28,15 @@ class NonStreamedRule:
     derivation: Derivation
 
 
-def non_streamed_burst_rule(ep: EndpointInputs, sls: Placement, has_floor: bool) -> NonStreamedRule:
-    """How a non-streamed request sent to burst finishes within Modal's cap. It waits up to the TTFT budget
-    (queue + prefill + first token), then decodes at the container's token gap at full batch (the slowest it
+def non_streamed_burst_rule(ep: EndpointInputs, sls: Placement, has_floor: bool, cold_start_s: float) -> NonStreamedRule:
+    """How a non-streamed request sent to burst finishes within Modal's cap. Before its first token it waits
+    either up to the TTFT budget (queue + prefill + first token, on a ready container) or, landing on a container
+    that is still restoring (the gateway cannot see Modal's containers, so whenever the burst scales up under
+    load a request can, and Modal's clock runs while it waits), the restore cold_start_s and then the restored
+    container's first intake: it takes up to n waiting requests at once, so the last prefills after n − 1 mean
+    prompts, then its own p99 prompt and one token gap. The longer of the two is budgeted. Then it decodes at the container's token gap at full batch (the slowest it
     runs): the decode step usable_concurrency / decode_tokens_per_s plus the other sequences' prefill amortised
-    over their output (as the simulator's engine). The tokens that fit: ⌊(cap − margin − TTFT budget) / gap⌋. All of max_tokens fit → 'fits'; else when the tokens
+    over their output (as the simulator's engine). The tokens that fit: ⌊(cap − margin − that wait) / gap⌋. All of max_tokens fit → 'fits'; else when the tokens
     that fit cover the p99 output (the cap truncates < 1% of answers) → 'cap_max_tokens'; else with a floor →
     'floor_only' (the floor has no such cap); else (serverless only) 'cap_max_tokens' while the tokens that fit
     cover the mean output, and 'require_streaming' below that."""
@@ -44,7 +48,11 @@ def non_streamed_burst_rule(ep: EndpointInputs, sls: Placement, has_floor: bool)
     others_prefill_s = (n - 1) * s.input_tokens_mean * (1 - ep.prefix_cache_hit_fraction) / sls.prefill_tokens_per_s \
         / s.output_tokens_mean
     gap_s = step_s + others_prefill_s
-    budget_s = MODAL_WEB_REQUEST_CAP_S - WEB_CAP_MARGIN_S - ttft_s
+    uncached = 1 - ep.prefix_cache_hit_fraction
+    restored_s = (cold_start_s + (n - 1) * s.input_tokens_mean * uncached / sls.prefill_tokens_per_s
+                  + s.input_tokens_p99 * uncached / sls.prefill_tokens_per_s + gap_s)
+    first_s = max(ttft_s, restored_s)
+    budget_s = MODAL_WEB_REQUEST_CAP_S - WEB_CAP_MARGIN_S - first_s
     fit = max(0, math.floor(budget_s / gap_s))
     if fit >= s.max_tokens:
         rule, mt = "fits", None
@@ -58,12 +66,16 @@ def non_streamed_burst_rule(ep: EndpointInputs, sls: Placement, has_floor: bool)
         rule, mt = "require_streaming", None
     d = Derivation(
         figure="non_streamed_burst_max_tokens", value=float(fit), unit="tokens",
-        formula=f"⌊({MODAL_WEB_REQUEST_CAP_S} s cap − {WEB_CAP_MARGIN_S:g} s margin − {ttft_s:g} s TTFT budget) / "
+        formula=f"⌊({MODAL_WEB_REQUEST_CAP_S} s cap − {WEB_CAP_MARGIN_S:g} s margin − max({ttft_s:g} s TTFT budget, "
+        f"{cold_start_s:g} s restore + ({n - 1} × {s.input_tokens_mean:g} mean + {s.input_tokens_p99:g} p99 prompt) "
+        f"× (1 − {ep.prefix_cache_hit_fraction:g}) / {sls.prefill_tokens_per_s:g} tok/s + one gap = {restored_s:.2f} s "
+        f"on a restoring container)) / "
         f"({n} / {sls.decode_tokens_per_s:g} tok/s step + {n - 1} × {s.input_tokens_mean:g} × "
         f"(1 − {ep.prefix_cache_hit_fraction:g}) / {sls.prefill_tokens_per_s:g} / {s.output_tokens_mean:g} others' "
         f"prefill = {gap_s * 1000:.1f} ms/token)⌋ = {fit} vs max_tokens {s.max_tokens}, output p99 "
         f"{s.output_tokens_p99:g} → {rule}",
-        inputs=("slo.ttft_p99_ms", "engine.decode_tokens_per_s", "shape.max_tokens", "shape.output_tokens_p99"),
+        inputs=("slo.ttft_p99_ms", "engine.decode_tokens_per_s", "shape.max_tokens", "shape.output_tokens_p99",
+                "cold_starts.serverless_snapshot_restore_s"),
     )
     return NonStreamedRule(rule, mt, d)
 
@@ -196,6 +208,19 @@ def saturated_rps_at(ep: EndpointInputs, pl: Placement, batch: int) -> float:
     return 1.0 / (prefill_s + s.output_tokens_mean * step_s / batch)
 
 
+def p99_freed_together(batch: int, output_tokens_mean: float) -> int:
+    """The p99 of how many of a full replica's `batch` sequences end at the same decode step: vLLM ends a sequence
+    at a step's boundary, and with geometric outputs of mean ō each running sequence ends at a given step with
+    probability 1/ō, so the count is Binomial(batch, 1/ō). The smallest k with P(K ≤ k) ≥ 0.99 (at least 1)."""
+    p = min(1.0, 1.0 / max(output_tokens_mean, 1.0))
+    cdf = 0.0
+    for k in range(batch + 1):
+        cdf += math.comb(batch, k) * p ** k * (1.0 - p) ** (batch - k)
+        if cdf >= 0.99 - 1e-12:
+            return max(1, k)
+    return max(1, batch)
+
+
 @dataclass(frozen=True)
 class Admission:
     queue_timeout_s: float
@@ -213,8 +238,13 @@ def admission(ep: EndpointInputs, pl: Placement, cold_start_s: float) -> Admissi
     and whenever its neighbours' prompts run above the mean the gap passes the SLO. The gateway holds each
     replica at the largest batch whose gap meets the SLO with the neighbours' mean prompt at its p99
     (p99_mean_prompt_factor), never above max_num_seqs. The bounded wait: what is left of the TTFT budget after
-    a p99 prompt's prefill and the first token's gap at that batch (a request admitted later could not meet
-    its TTFT SLO anyway). Retry-After: the burst's cold start (capacity added now serves then), at least 1 s."""
+    the prefill queue a request admitted at the end of its wait meets, a p99 prompt's prefill and the first
+    token's gap at that batch (a request admitted later could not meet its TTFT SLO anyway). The prefill queue:
+    HAProxy hands every slot a replica frees to the oldest queued requests at once (2.6 src/queue.c
+    process_srv_queue dequeues while the server serves fewer than its maxconn), and a full replica frees the
+    slots of the sequences that end at one decode step together — at the p99 k of them (p99_freed_together) —
+    so the last of the k new prompts prefills after the k − 1 others, each a mean uncached prompt at the
+    measured prefill rate. Retry-After: the burst's cold start (capacity added now serves then), at least 1 s."""
     s = ep.shape
     ttft_s = ep.slo.ttft_p99_ms / 1000.0
     itl_s = ep.slo.inter_token_p99_ms / 1000.0
@@ -226,7 +256,10 @@ def admission(ep: EndpointInputs, pl: Placement, cold_start_s: float) -> Admissi
     factor = p99_mean_prompt_factor(s.input_tokens_mean, s.input_tokens_p99, cap - 1)
     gap_s = token_gap_s(ep, pl, cap, factor)
     prefill_s = s.input_tokens_p99 * (1 - ep.prefix_cache_hit_fraction) / pl.prefill_tokens_per_s
-    wait = max(0.0, ttft_s - prefill_s - gap_s)
+    freed = p99_freed_together(cap, s.output_tokens_mean)
+    mean_prefill_s = s.input_tokens_mean * (1 - ep.prefix_cache_hit_fraction) / pl.prefill_tokens_per_s
+    ahead_s = (freed - 1) * mean_prefill_s
+    wait = max(0.0, ttft_s - ahead_s - prefill_s - gap_s)
     retry = max(1, math.ceil(cold_start_s))
     rps = saturated_rps_at(ep, pl, cap)
     d_cap = Derivation(
@@ -239,10 +272,14 @@ def admission(ep: EndpointInputs, pl: Placement, cold_start_s: float) -> Admissi
     )
     d_wait = Derivation(
         figure="admission_queue_timeout_s", value=round(wait, 3), unit="s",
-        formula=f"{ttft_s:g} s TTFT − {s.input_tokens_p99:g} × (1 − {ep.prefix_cache_hit_fraction:g}) / "
-        f"{pl.prefill_tokens_per_s:g} tok/s prefill − {gap_s * 1000:.1f} ms first-token gap at {cap} in flight "
-        f"= {wait:.3f} s; then 429, Retry-After {retry} s",
-        inputs=("slo.ttft_p99_ms", "shape.input_tokens_p99", "prefix_cache_hit_fraction"),
+        formula=f"{ttft_s:g} s TTFT − ({freed} − 1) new prompts ahead in the prefill queue (p99 of the {cap} "
+        f"sequences ending at one decode step, Binomial({cap}, 1/{s.output_tokens_mean:g}); HAProxy hands their "
+        f"slots to the queue at once) × {s.input_tokens_mean:g} × (1 − {ep.prefix_cache_hit_fraction:g}) / "
+        f"{pl.prefill_tokens_per_s:g} tok/s = {ahead_s * 1000:.1f} ms − {s.input_tokens_p99:g} × "
+        f"(1 − {ep.prefix_cache_hit_fraction:g}) / {pl.prefill_tokens_per_s:g} tok/s prefill − {gap_s * 1000:.1f} ms "
+        f"first-token gap at {cap} in flight = {wait:.3f} s; then 429, Retry-After {retry} s",
+        inputs=("slo.ttft_p99_ms", "shape.input_tokens_mean", "shape.input_tokens_p99", "shape.output_tokens_mean",
+                "prefix_cache_hit_fraction"),
     )
     return Admission(round(wait, 3), retry, cap, rps, (d_cap, d_wait))
 
