@@ -85,9 +85,8 @@ def gamma_quadrature(alpha: float | None, n: int = QUADRATURE_NODES) -> tuple[np
     return g, w
 
 
-def _norm_tails(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(1 − Φ(z), Φ(z)), Abramowitz–Stegun 7.1.26 (|error| < 1.5e-7), each tail from the polynomial itself where it
-    is the small one (1 − the other would lose its digits far out); in place on temporaries (the hot loop)."""
+def _norm_sf(z: np.ndarray) -> np.ndarray:
+    """1 − Φ(z), Abramowitz–Stegun 7.1.26 (|error| < 1.5e-7); in place on temporaries (the planner's hot loop)."""
     x = np.abs(z) * (1 / math.sqrt(2.0))
     t = 0.3275911 * x
     t += 1.0
@@ -101,29 +100,12 @@ def _norm_tails(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     np.exp(x, out=x)
     poly *= x
     poly *= 0.5  # half erfc(|z|/√2) = the upper tail at |z|
-    other = 1.0 - poly
-    neg = z < 0
-    sf = np.where(neg, other, poly)
-    cdf = np.where(neg, poly, other)
-    return sf, cdf
+    np.subtract(1.0, poly, out=poly, where=z < 0)  # the lower tail below 0 (in place: np.where costs more)
+    return poly
 
 
 def poisson_below_and_at(levels: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """P(N < L) and P(N = L − 1) for N ~ Poisson(mean): levels (H, P, 1) integers ≥ 1, means (H, 1, G)."""
-    below, _, at = poisson_tails(levels, mean)
-    return below, at
-
-
-UPPER_DIRECT_BELOW = 1e-4  # P(N ≥ L) under this is summed directly (1 − P(N < L) keeps < 12 digits of it)
-UPPER_SERIES_TERMS = 48  # terms of that sum, then a geometric closure (P(N ≥ L) < 1e-4 at L ≤ 64: m/L < 0.63)
-
-
-def poisson_tails(levels: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """P(N < L), P(N ≥ L) and P(N = L − 1) for N ~ Poisson(mean): levels (H, P, 1) integers ≥ 1, means (H, 1, G).
-
-    P(N ≥ L) is worked out directly, not as 1 − P(N < L): far above the mean it is far below the double
-    resolution of 1 (P(N ≥ 60) at mean 5 is 1e-36), and the stop rate of a level reached there depends on it
-    relative to W·P(N = L − 1) (how long in flight stays at or above the level once it is reached)."""
     L = np.asarray(levels, dtype=float)
     m = np.maximum(np.asarray(mean, dtype=float), 1e-300)
     shape = np.broadcast_shapes(L.shape, m.shape)
@@ -140,21 +122,13 @@ def poisson_tails(levels: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, np.
     small_rc = small.reshape(shape[:2] + (-1,)).any(axis=2)
     big_rc = (~small).reshape(shape[:2] + (-1,)).any(axis=2)
     below = np.empty(shape)
-    above = np.empty(shape)
     rows, cols = _run(np.flatnonzero(big_rc.any(axis=1))), _run(np.flatnonzero(big_rc.any(axis=0)))
     if _size(rows, shape[0]):
         # P(N ≤ L − 1) = P(Gamma(L, 1) > m): Wilson–Hilferty
         # (each factor on its own axis first: cbrt(m / L) = cbrt(m) / cbrt(L); only z is full size)
         L_b, m_b = _block(Lb, rows, cols), _block(mb, rows, cols)
         z = (np.cbrt(m_b) / np.cbrt(L_b) - (1 - 1 / (9 * L_b))) * np.sqrt(9 * L_b)
-        sf, cdf = _norm_tails(z)
-        far = sf > 1.0 - UPPER_DIRECT_BELOW
-        if far.any():
-            # Wilson–Hilferty's tail is good in absolute terms only (P(N ≥ 100) at mean 30: 2.5e-23 for 7.3e-24)
-            at_b = np.broadcast_to(_block(np.broadcast_to(at, shape), rows, cols), z.shape)
-            cdf[far] = _upper_series(np.broadcast_to(L_b, z.shape)[far], np.broadcast_to(m_b, z.shape)[far],
-                                     at_b[far])
-        below[_cell(rows, cols)], above[_cell(rows, cols)] = sf, cdf
+        below[_cell(rows, cols)] = _norm_sf(z)
     # exact cumulative sums: one table per mean, as long as the largest small level in the row, read by index
     # (rows grouped by that length rounded up to a power of two, so a quiet hour does not pay a busy one's table)
     need = np.where(small, Lb, 0).reshape(shape[0], -1).max(axis=1, initial=0)
@@ -168,34 +142,65 @@ def poisson_tails(levels: np.ndarray, mean: np.ndarray) -> tuple[np.ndarray, np.
         cdf = np.cumsum(np.exp(j * np.log(m_r)[..., None] - m_r[..., None] - log_fact[:n_exact]), axis=-1)
         idx = np.clip(L_r - 1, 0, n_exact - 1).astype(int)
         exact = np.take_along_axis(cdf, idx[..., None], axis=-1)[..., 0]
-        upper = 1.0 - exact
-        far = exact > 1.0 - UPPER_DIRECT_BELOW
-        if far.any():
-            at_b = np.broadcast_to(_block(np.broadcast_to(at, shape), rows, cols), exact.shape)
-            L_f = np.broadcast_to(L_r, exact.shape)[far]
-            upper[far] = _upper_series(L_f, np.broadcast_to(m_r, exact.shape)[far], at_b[far])
         small_b = _block(small, rows, cols)
-        for out, val in ((below, exact), (above, upper)):
-            if small_b.all():
-                out[_cell(rows, cols)] = val
-            else:
-                block = out[_cell(rows, cols)]
-                np.copyto(block, val, where=small_b)
-                out[_cell(rows, cols)] = block
-    return np.clip(below, 0.0, 1.0), np.clip(above, 0.0, 1.0), np.broadcast_to(at, shape)
+        if small_b.all():
+            below[_cell(rows, cols)] = exact
+        else:
+            block = below[_cell(rows, cols)]
+            np.copyto(block, exact, where=small_b)
+            below[_cell(rows, cols)] = block
+    return np.clip(below, 0.0, 1.0), np.broadcast_to(at, shape)
+
+
+UPPER_DIRECT_BELOW = 1e-4  # P(N ≥ L) under this is summed directly (1 − P(N < L) keeps < 12 digits of it)
+UPPER_SERIES_TERMS = 48  # at most this many terms of that sum, then a geometric closure (1.7e-9 relative at worst)
+UPPER_SERIES_STOP = 1e-17  # the sum stops once a term is below this share of it (the closure adds the rest)
+
+
+def poisson_tails(levels: np.ndarray, mean: np.ndarray, upper_from: int = 0
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """P(N < L), P(N ≥ L) and P(N = L − 1) for N ~ Poisson(mean): levels (H, P, 1) integers ≥ 1, means (H, 1, G).
+    upper_from: the first level column whose P(N ≥ L) is wanted (the columns before it are left 0).
+
+    P(N ≥ L) is summed directly where it is small, not taken as 1 − P(N < L): far above the mean it is far below
+    the double resolution of 1 (P(N ≥ 60) at mean 5 is 1e-36), and the stop rate of a level reached there depends
+    on it relative to W·P(N = L − 1) (how long in flight stays at or above the level once it is reached). Below
+    1e-4 the Wilson–Hilferty levels' own tail is no better: good in absolute terms only (P(N ≥ 100) at mean 30:
+    2.5e-23 for 7.3e-24), so the sum serves both."""
+    below, at = poisson_below_and_at(levels, mean)
+    shape = below.shape
+    above = np.zeros(shape)
+    b = below[:, upper_from:]
+    up = np.subtract(1.0, b, out=above[:, upper_from:])
+    far = b > 1.0 - UPPER_DIRECT_BELOW
+    if far.any():
+        L = np.broadcast_to(np.asarray(levels, dtype=float), shape)[:, upper_from:]
+        m = np.broadcast_to(np.maximum(np.asarray(mean, dtype=float), 1e-300), shape)[:, upper_from:]
+        up[far] = _upper_series(L[far], m[far], at[:, upper_from:][far])
+    return below, np.clip(above, 0.0, 1.0, out=above), at
 
 
 def _upper_series(L: np.ndarray, m: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """P(N ≥ L) = P(N = L − 1)·Σ_{n ≥ 1} Π_{i < n} m/(L + i), for m < L: UPPER_SERIES_TERMS terms, the rest bounded
-    by a geometric series at the last ratio (the ratios only fall). Every term positive: no digit is lost."""
-    t = at.copy()
+    """P(N ≥ L) = P(N = L − 1)·Σ_{n ≥ 1} Π_{i < n} m/(L + i), for m < L, every term positive (no digit lost): summed
+    until a term falls below UPPER_SERIES_STOP of the sum (checked every 8 terms) or for UPPER_SERIES_TERMS, the
+    rest bounded by a geometric series at the last ratio (the ratios only fall). 1-D arrays."""
+    out = np.zeros_like(at)
+    idx = np.flatnonzero(at > 0)  # P(N = L − 1) below the least double: the tail is too
+    t, L, m = at[idx], L[idx], m[idx]
     s = np.zeros_like(t)
-    for i in range(UPPER_SERIES_TERMS):
-        t *= m / (L + i)
-        s += t
-    r = m / (L + UPPER_SERIES_TERMS)
-    s += t * r / np.maximum(1.0 - r, 1e-300)
-    return s
+    n = 0
+    while idx.size:
+        for _ in range(8):
+            t *= m / (L + n)
+            s += t
+            n += 1
+        done = (t <= UPPER_SERIES_STOP * s) | (n >= UPPER_SERIES_TERMS)
+        if done.any():
+            r = m[done] / (L[done] + n)
+            out[idx[done]] = s[done] + t[done] * r / np.maximum(1.0 - r, 1e-300)
+            keep = ~done
+            idx, t, L, m, s = idx[keep], t[keep], L[keep], m[keep], s[keep]
+    return out
 
 
 def _run(idx: np.ndarray) -> np.ndarray | slice:
@@ -484,7 +489,8 @@ def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray
         from . import serverless_compiled
         top = int(math.ceil((float(Q.max(initial=0.0)) + float(max(up.max(), k.max()))) / B))
         return serverless_compiled.switching(rate, mean, Q, up, k, B, W, wg, log_fact_upto(top + 2), EXACT_LEVELS,
-                                             float(SECONDS_PER_MINUTE), UPPER_DIRECT_BELOW, UPPER_SERIES_TERMS)
+                                             float(SECONDS_PER_MINUTE), UPPER_DIRECT_BELOW, UPPER_SERIES_TERMS,
+                                             UPPER_SERIES_STOP)
     return _switching_numpy(rate, mean, Q, up, k, B, W, wg)
 
 
@@ -510,7 +516,7 @@ def _switching_numpy(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.n
     # both level sets in one call (one table of Poisson sums per hour and g): start levels, then stop levels
     P = len(k)
     levels = np.ceil((Q[:, None] + np.concatenate([up, k])[None, :]) / B)[:, :, None]
-    F, above, at = poisson_tails(levels, mean)
+    F, above, at = poisson_tails(levels, mean, upper_from=P)  # the upper tail of the stop levels only
     F_up, at_up, F_dn, at_dn, above_dn = F[:, :P], at[:, :P], F[:, P:], at[:, P:], above[:, P:]
     h_on = rate * at_up / np.maximum(F_up, 1e-300)  # hazard of reaching up_k from below
     d = rate * at_dn  # down-crossings of k per second (= up-crossings)

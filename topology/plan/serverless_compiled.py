@@ -46,7 +46,8 @@ def _kernel():
 
 def switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
               W: float, wg: np.ndarray, log_fact: np.ndarray, exact_levels: int, seconds_per_minute: float,
-              upper_direct_below: float, upper_series_terms: int) -> tuple[np.ndarray, np.ndarray]:
+              upper_direct_below: float, upper_series_terms: int, upper_series_stop: float
+              ) -> tuple[np.ndarray, np.ndarray]:
     """serverless._switching's (p_on, p_off), (H, P): rate and mean (H, 1, G), Q (H,), up and k (P,)."""
     H, G = rate.shape[0], rate.shape[-1]
     r2 = np.ascontiguousarray(np.broadcast_to(rate, (H, 1, G))[:, 0, :], dtype=np.float64)
@@ -57,7 +58,7 @@ def switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray,
               np.ascontiguousarray(k, dtype=np.float64), float(B), float(W),
               np.ascontiguousarray(wg, dtype=np.float64), np.ascontiguousarray(log_fact, dtype=np.float64),
               int(exact_levels), float(seconds_per_minute), float(upper_direct_below), int(upper_series_terms),
-              p_on, p_off)
+              float(upper_series_stop), p_on, p_off)
     return p_on, p_off
 
 
@@ -67,14 +68,22 @@ _EXP_IS_ZERO = -746.0
 _EXPM1_IS_MINUS_ONE = 40.0
 
 
-def _upper_series(L, m, at, terms):
-    """serverless._upper_series for one level: P(N ≥ L) from P(N = L − 1) by the series, in the same order."""
+def _upper_series(L, m, at, terms, stop):
+    """serverless._upper_series for one level: P(N ≥ L) from P(N = L − 1) by the series, the same terms in the
+    same order (the stop checked every 8 terms)."""
+    if not at > 0:
+        return 0.0
     t = at
     s = 0.0
-    for i in range(terms):
-        t *= m / (L + i)
-        s += t
-    r = m / (L + terms)
+    n = 0
+    while True:
+        for _ in range(8):
+            t *= m / (L + n)
+            s += t
+            n += 1
+        if t <= stop * s or n >= terms:
+            break
+    r = m / (L + n)
     return s + t * r / max(1.0 - r, 1e-300)
 
 
@@ -82,7 +91,7 @@ _upper_series_py = _upper_series
 
 
 def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, spm, upper_direct_below,
-                      upper_series_terms, p_on, p_off):
+                      upper_series_terms, upper_series_stop, p_on, p_off):
     """Fills p_on, p_off (H, P). Per hour h and node g: each level's P(N < L), P(N ≥ L) and P(N = L − 1) as in
     serverless.poisson_tails (exact sums up to exact_levels, Wilson–Hilferty above, the upper tail summed
     directly where it is small), then the hazards and the minute's switching probabilities as in
@@ -137,7 +146,6 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                     j = max(int(L) - 1, 0)
                     at[i] = term[j]
                     F = cdf[j]
-                    U = 1.0 - F
                 else:
                     e = (L - 1) * log_m - m - log_fact[int(L - 1)]
                     at[i] = math.exp(e) if e > _EXP_IS_ZERO else 0.0
@@ -147,7 +155,9 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                     if z < 0 and x * x > _EXPM1_IS_MINUS_ONE:
                         # 1 − (poly < 1)·e^(−x²)/2 rounds to 1 (as expm1 to −1 above); the upper tail is summed
                         below[i] = 1.0
-                        above[i] = min(max(_upper_series(L, m, at[i], upper_series_terms), 0.0), 1.0)
+                        if i >= P:  # the upper tail of the stop levels only (as numpy's upper_from)
+                            above[i] = min(max(_upper_series(L, m, at[i], upper_series_terms, upper_series_stop),
+                                               0.0), 1.0)
                         continue
                     t = 1.0 / (0.3275911 * x + 1.0)
                     poly = t * 1.061405429
@@ -155,15 +165,16 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                     poly = (poly + 1.421413741) * t
                     poly = (poly + -0.284496736) * t
                     poly = (poly + 0.254829592) * t
-                    Fp = poly * math.exp(-(x * x)) * 0.5 if x * x < -_EXP_IS_ZERO else 0.0
+                    F = poly * math.exp(-(x * x)) * 0.5 if x * x < -_EXP_IS_ZERO else 0.0
                     if z < 0:
-                        F, U = 1.0 - Fp, Fp
-                    else:
-                        F, U = Fp, 1.0 - Fp
-                if F > 1.0 - upper_direct_below:
-                    U = _upper_series(L, m, at[i], upper_series_terms)
+                        F = 1.0 - F
                 below[i] = min(max(F, 0.0), 1.0)
-                above[i] = min(max(U, 0.0), 1.0)
+                if i >= P:  # the upper tail of the stop levels only (numpy's upper_from), summed where small
+                    if below[i] > 1.0 - upper_direct_below:
+                        above[i] = min(max(_upper_series(L, m, at[i], upper_series_terms, upper_series_stop), 0.0),
+                                       1.0)
+                    else:
+                        above[i] = 1.0 - below[i]
             r = rate[h, g]
             w = wg[g]
             for p in range(P):
