@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def _both(rate, mean, Q, up, k, B, W, wg):
     top = int(np.ceil((Q.max() + max(up.max(), k.max())) / B))
     got = serverless_compiled.switching(rate, mean, Q, up, k, B, W, wg, sv.log_fact_upto(top + 2), sv.EXACT_LEVELS,
-                                        float(sv.SECONDS_PER_MINUTE))
+                                        float(sv.SECONDS_PER_MINUTE), sv.UPPER_DIRECT_BELOW, sv.UPPER_SERIES_TERMS,
+                                        sv.UPPER_SERIES_STOP)
     return got, sv._switching_numpy(rate, mean, Q, up, k, B, W, wg)
 
 

@@ -152,6 +152,57 @@ def poisson_below_and_at(levels: np.ndarray, mean: np.ndarray) -> tuple[np.ndarr
     return np.clip(below, 0.0, 1.0), np.broadcast_to(at, shape)
 
 
+UPPER_DIRECT_BELOW = 1e-4  # P(N ≥ L) under this is summed directly (1 − P(N < L) keeps < 12 digits of it)
+UPPER_SERIES_TERMS = 48  # at most this many terms of that sum, then a geometric closure (1.7e-9 relative at worst)
+UPPER_SERIES_STOP = 1e-17  # the sum stops once a term is below this share of it (the closure adds the rest)
+
+
+def poisson_tails(levels: np.ndarray, mean: np.ndarray, upper_from: int = 0
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """P(N < L), P(N ≥ L) and P(N = L − 1) for N ~ Poisson(mean): levels (H, P, 1) integers ≥ 1, means (H, 1, G).
+    upper_from: the first level column whose P(N ≥ L) is wanted (the columns before it are left 0).
+
+    P(N ≥ L) is summed directly where it is small, not taken as 1 − P(N < L): far above the mean it is far below
+    the double resolution of 1 (P(N ≥ 60) at mean 5 is 1e-36), and the stop rate of a level reached there depends
+    on it relative to W·P(N = L − 1) (how long in flight stays at or above the level once it is reached). Below
+    1e-4 the Wilson–Hilferty levels' own tail is no better: good in absolute terms only (P(N ≥ 100) at mean 30:
+    2.5e-23 for 7.3e-24), so the sum serves both."""
+    below, at = poisson_below_and_at(levels, mean)
+    shape = below.shape
+    above = np.zeros(shape)
+    b = below[:, upper_from:]
+    up = np.subtract(1.0, b, out=above[:, upper_from:])
+    far = b > 1.0 - UPPER_DIRECT_BELOW
+    if far.any():
+        L = np.broadcast_to(np.asarray(levels, dtype=float), shape)[:, upper_from:]
+        m = np.broadcast_to(np.maximum(np.asarray(mean, dtype=float), 1e-300), shape)[:, upper_from:]
+        up[far] = _upper_series(L[far], m[far], at[:, upper_from:][far])
+    return below, np.clip(above, 0.0, 1.0, out=above), at
+
+
+def _upper_series(L: np.ndarray, m: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """P(N ≥ L) = P(N = L − 1)·Σ_{n ≥ 1} Π_{i < n} m/(L + i), for m < L, every term positive (no digit lost): summed
+    until a term falls below UPPER_SERIES_STOP of the sum (checked every 8 terms) or for UPPER_SERIES_TERMS, the
+    rest bounded by a geometric series at the last ratio (the ratios only fall). 1-D arrays."""
+    out = np.zeros_like(at)
+    idx = np.flatnonzero(at > 0)  # P(N = L − 1) below the least double: the tail is too
+    t, L, m = at[idx], L[idx], m[idx]
+    s = np.zeros_like(t)
+    n = 0
+    while idx.size:
+        for _ in range(8):
+            t *= m / (L + n)
+            s += t
+            n += 1
+        done = (t <= UPPER_SERIES_STOP * s) | (n >= UPPER_SERIES_TERMS)
+        if done.any():
+            r = m[done] / (L[done] + n)
+            out[idx[done]] = s[done] + t[done] * r / np.maximum(1.0 - r, 1e-300)
+            keep = ~done
+            idx, t, L, m, s = idx[keep], t[keep], L[keep], m[keep], s[keep]
+    return out
+
+
 def _run(idx: np.ndarray) -> np.ndarray | slice:
     """An index array as a slice when it is a run of consecutive indices (slices read and write views, not
     copies)."""
@@ -386,8 +437,8 @@ def _startup_burst(rate_g: np.ndarray, Q: float, startup: tuple[float, float] | 
         return np.zeros(len(up))
     cold_start_s, first_service_s = startup
     mean0 = rate_g * (cold_start_s + first_service_s)  # (1, G) clusters in flight when the first request completes
-    below, _ = poisson_below_and_at(np.ceil(up / B)[None, :, None], mean0[None])
-    return ((1.0 - below[0]) * wg[None, :]).sum(axis=1)
+    _, above, _ = poisson_tails(np.ceil(up / B)[None, :, None], mean0[None])
+    return (above[0] * wg[None, :]).sum(axis=1)
 
 
 def _affine_prefix(a: np.ndarray, c: np.ndarray, x0: np.ndarray | None = None) -> np.ndarray:
@@ -438,7 +489,8 @@ def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray
         from . import serverless_compiled
         top = int(math.ceil((float(Q.max(initial=0.0)) + float(max(up.max(), k.max()))) / B))
         return serverless_compiled.switching(rate, mean, Q, up, k, B, W, wg, log_fact_upto(top + 2), EXACT_LEVELS,
-                                             float(SECONDS_PER_MINUTE))
+                                             float(SECONDS_PER_MINUTE), UPPER_DIRECT_BELOW, UPPER_SERIES_TERMS,
+                                             UPPER_SERIES_STOP)
     return _switching_numpy(rate, mean, Q, up, k, B, W, wg)
 
 
@@ -464,15 +516,17 @@ def _switching_numpy(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.n
     # both level sets in one call (one table of Poisson sums per hour and g): start levels, then stop levels
     P = len(k)
     levels = np.ceil((Q[:, None] + np.concatenate([up, k])[None, :]) / B)[:, :, None]
-    F, at = poisson_below_and_at(levels, mean)
-    F_up, at_up, F_dn, at_dn = F[:, :P], at[:, :P], F[:, P:], at[:, P:]
+    F, above, at = poisson_tails(levels, mean, upper_from=P)  # the upper tail of the stop levels only
+    F_up, at_up, F_dn, at_dn, above_dn = F[:, :P], at[:, :P], F[:, P:], at[:, P:], above[:, P:]
     h_on = rate * at_up / np.maximum(F_up, 1e-300)  # hazard of reaching up_k from below
     d = rate * at_dn  # down-crossings of k per second (= up-crossings)
     hW = W * d / np.maximum(F_dn, 1e-300)
     q = np.exp(-hW)  # a sojourn below k outlasts W (exponential sojourns)
-    # 1 / expected on-period, q·d / (1 − F·q), with 1 − F·q = (1 − F) + F·(1 − q) kept accurate when both are
-    # tiny (a level the hour never reaches again: its container stops W after the last request, rate 1/W)
-    slack = np.maximum(1.0 - F_dn, 0.0) + F_dn * -np.expm1(-hW)
+    # 1 / expected on-period, q·d / (1 − F·q), with 1 − F·q = P(N ≥ k) + F·(1 − q) kept accurate when both are
+    # tiny (far above the mean: the on-period is W plus the excursion at or above k, P(N ≥ k) / d, which with the
+    # tail taken as 1 − F was lost; a level the hour never reaches again: its container stops W after the last
+    # request, rate 1/W)
+    slack = above_dn + F_dn * -np.expm1(-hW)
     r_off = q * d / np.maximum(slack, 1e-300)
     np.copyto(r_off, 1.0 / max(W, 1e-9), where=~(slack > 0))
     # per-minute switching probabilities, averaged over the minute factor g (independent per minute)

@@ -33,15 +33,20 @@ def _kernel():
         except ImportError:
             _KERNEL = False
         else:
+            global _upper_series
             try:
+                # the kernel calls _upper_series: compiled first (numba resolves the global when it compiles)
+                _upper_series = numba.njit(cache=True, nogil=True)(_upper_series_py)
                 _KERNEL = numba.njit(cache=True, nogil=True)(_switching_kernel)
             except RuntimeError:  # "cannot cache function …: no locator available"
+                _upper_series = numba.njit(nogil=True)(_upper_series_py)
                 _KERNEL = numba.njit(nogil=True)(_switching_kernel)
     return _KERNEL or None
 
 
 def switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
-              W: float, wg: np.ndarray, log_fact: np.ndarray, exact_levels: int, seconds_per_minute: float
+              W: float, wg: np.ndarray, log_fact: np.ndarray, exact_levels: int, seconds_per_minute: float,
+              upper_direct_below: float, upper_series_terms: int, upper_series_stop: float
               ) -> tuple[np.ndarray, np.ndarray]:
     """serverless._switching's (p_on, p_off), (H, P): rate and mean (H, 1, G), Q (H,), up and k (P,)."""
     H, G = rate.shape[0], rate.shape[-1]
@@ -52,7 +57,8 @@ def switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray,
     _kernel()(r2, m2, np.ascontiguousarray(Q, dtype=np.float64), np.ascontiguousarray(up, dtype=np.float64),
               np.ascontiguousarray(k, dtype=np.float64), float(B), float(W),
               np.ascontiguousarray(wg, dtype=np.float64), np.ascontiguousarray(log_fact, dtype=np.float64),
-              int(exact_levels), float(seconds_per_minute), p_on, p_off)
+              int(exact_levels), float(seconds_per_minute), float(upper_direct_below), int(upper_series_terms),
+              float(upper_series_stop), p_on, p_off)
     return p_on, p_off
 
 
@@ -62,10 +68,34 @@ _EXP_IS_ZERO = -746.0
 _EXPM1_IS_MINUS_ONE = 40.0
 
 
-def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, spm, p_on, p_off):
-    """Fills p_on, p_off (H, P). Per hour h and node g: each level's P(N < L) and P(N = L − 1) as in
-    serverless.poisson_below_and_at (exact sums up to exact_levels, Wilson–Hilferty above), then the hazards
-    and the minute's switching probabilities as in serverless._switching, summed over g with weights wg."""
+def _upper_series(L, m, at, terms, stop):
+    """serverless._upper_series for one level: P(N ≥ L) from P(N = L − 1) by the series, the same terms in the
+    same order (the stop checked every 8 terms)."""
+    if not at > 0:
+        return 0.0
+    t = at
+    s = 0.0
+    n = 0
+    while True:
+        for _ in range(8):
+            t *= m / (L + n)
+            s += t
+            n += 1
+        if t <= stop * s or n >= terms:
+            break
+    r = m / (L + n)
+    return s + t * r / max(1.0 - r, 1e-300)
+
+
+_upper_series_py = _upper_series
+
+
+def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, spm, upper_direct_below,
+                      upper_series_terms, upper_series_stop, p_on, p_off):
+    """Fills p_on, p_off (H, P). Per hour h and node g: each level's P(N < L), P(N ≥ L) and P(N = L − 1) as in
+    serverless.poisson_tails (exact sums up to exact_levels, Wilson–Hilferty above, the upper tail summed
+    directly where it is small), then the hazards and the minute's switching probabilities as in
+    serverless._switching, summed over g with weights wg."""
     H, G = rate.shape
     P = k.shape[0]
     inv_sqrt2 = 1 / math.sqrt(2.0)
@@ -76,6 +106,7 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
     term = np.empty(exact_levels)
     cdf = np.empty(exact_levels)
     below = np.empty(2 * P)
+    above = np.empty(2 * P)
     at = np.empty(2 * P)
     for h in range(H):
         n_exact = 0
@@ -122,8 +153,11 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                     z = (cbrt_m / cbrt_L[i] - shift_L[i]) * sqrt_9L[i]
                     x = abs(z) * inv_sqrt2
                     if z < 0 and x * x > _EXPM1_IS_MINUS_ONE:
-                        # 1 − (poly < 1)·e^(−x²)/2 rounds to 1 (as expm1 to −1 above)
+                        # 1 − (poly < 1)·e^(−x²)/2 rounds to 1 (as expm1 to −1 above); the upper tail is summed
                         below[i] = 1.0
+                        if i >= P:  # the upper tail of the stop levels only (as numpy's upper_from)
+                            above[i] = min(max(_upper_series(L, m, at[i], upper_series_terms, upper_series_stop),
+                                               0.0), 1.0)
                         continue
                     t = 1.0 / (0.3275911 * x + 1.0)
                     poly = t * 1.061405429
@@ -135,6 +169,12 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                     if z < 0:
                         F = 1.0 - F
                 below[i] = min(max(F, 0.0), 1.0)
+                if i >= P:  # the upper tail of the stop levels only (numpy's upper_from), summed where small
+                    if below[i] > 1.0 - upper_direct_below:
+                        above[i] = min(max(_upper_series(L, m, at[i], upper_series_terms, upper_series_stop), 0.0),
+                                       1.0)
+                    else:
+                        above[i] = 1.0 - below[i]
             r = rate[h, g]
             w = wg[g]
             for p in range(P):
@@ -150,7 +190,7 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                 else:
                     em = math.expm1(-hW)
                     q = 1.0 + em if hW < 0.5 else math.exp(-hW)
-                slack = max(1.0 - F_dn, 0.0) + F_dn * -em
+                slack = above[P + p] + F_dn * -em
                 if slack > 0:
                     r_off = q * d / max(slack, 1e-300)
                 else:
