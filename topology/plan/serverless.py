@@ -112,25 +112,28 @@ def poisson_below_and_at(levels: np.ndarray, mean: np.ndarray) -> tuple[np.ndarr
     top = int(L.max(initial=1))
     log_fact = log_fact_upto(top + 1)
     log_m = np.log(m)  # on the unbroadcast means: the full (levels × nodes) arrays are the planner's cost
-    at = np.exp((L - 1) * log_m - m - log_fact[(L - 1).astype(int)])
     # Wilson–Hilferty for the levels above EXACT_LEVELS, exact sums at or below. Each is worked out on the block
     # of hours (rows) × levels (columns) that has such a level, not on the whole array; a value depends only on
     # its own level and mean, so the blocks give what the whole array would
     Lb = np.broadcast_to(L, shape[:2] + L.shape[2:])
     mb = np.broadcast_to(m, shape[:1] + m.shape[1:])
+    lmb = np.broadcast_to(log_m, mb.shape)
     small = Lb <= EXACT_LEVELS
     small_rc = small.reshape(shape[:2] + (-1,)).any(axis=2)
     big_rc = (~small).reshape(shape[:2] + (-1,)).any(axis=2)
     below = np.empty(shape)
+    at = np.empty(shape)
     rows, cols = _run(np.flatnonzero(big_rc.any(axis=1))), _run(np.flatnonzero(big_rc.any(axis=0)))
     if _size(rows, shape[0]):
+        L_b, m_b = _block(Lb, rows, cols), _block(mb, rows, cols)
+        at[_cell(rows, cols)] = np.exp((L_b - 1) * _block(lmb, rows, cols) - m_b - log_fact[(L_b - 1).astype(int)])
         # P(N ≤ L − 1) = P(Gamma(L, 1) > m): Wilson–Hilferty
         # (each factor on its own axis first: cbrt(m / L) = cbrt(m) / cbrt(L); only z is full size)
-        L_b, m_b = _block(Lb, rows, cols), _block(mb, rows, cols)
         z = (np.cbrt(m_b) / np.cbrt(L_b) - (1 - 1 / (9 * L_b))) * np.sqrt(9 * L_b)
         below[_cell(rows, cols)] = _norm_sf(z)
-    # exact cumulative sums: one table per mean, as long as the largest small level in the row, read by index
-    # (rows grouped by that length rounded up to a power of two, so a quiet hour does not pay a busy one's table)
+    # exact sums: one table of P(N = j) and its cumulative sum per mean, as long as the largest small level in the
+    # row, both read at L − 1 (the same terms P(N = L − 1) as the formula above gives); rows grouped by that
+    # length rounded up to a power of two, so a quiet hour does not pay a busy one's table
     need = np.where(small, Lb, 0).reshape(shape[0], -1).max(axis=1, initial=0)
     bucket = np.where(need > 0, 2 ** np.ceil(np.log2(np.maximum(need, 1))), 0).astype(int)
     for n_exact in np.unique(bucket[bucket > 0]).tolist():
@@ -139,17 +142,21 @@ def poisson_below_and_at(levels: np.ndarray, mean: np.ndarray) -> tuple[np.ndarr
         n_exact = min(n_exact, int(need[rows_i].max()))
         L_r, m_r = _block(Lb, rows, cols), _block(mb, rows, cols)
         j = np.arange(n_exact)
-        cdf = np.cumsum(np.exp(j * np.log(m_r)[..., None] - m_r[..., None] - log_fact[:n_exact]), axis=-1)
-        idx = np.clip(L_r - 1, 0, n_exact - 1).astype(int)
-        exact = np.take_along_axis(cdf, idx[..., None], axis=-1)[..., 0]
+        terms = np.exp(j * _block(lmb, rows, cols)[..., None] - m_r[..., None] - log_fact[:n_exact])
+        cdf = np.cumsum(terms, axis=-1)
+        # flat index of (row, node, L − 1) in the tables (one gather each instead of take_along_axis)
+        idx = np.clip(L_r - 1, 0, n_exact - 1).astype(np.intp)
+        idx = idx + (np.arange(cdf.size // n_exact) * n_exact).reshape(cdf.shape[:-1])
         small_b = _block(small, rows, cols)
         if small_b.all():
-            below[_cell(rows, cols)] = exact
+            below[_cell(rows, cols)] = cdf.take(idx)
+            at[_cell(rows, cols)] = terms.take(idx)
         else:
-            block = below[_cell(rows, cols)]
-            np.copyto(block, exact, where=small_b)
-            below[_cell(rows, cols)] = block
-    return np.clip(below, 0.0, 1.0), np.broadcast_to(at, shape)
+            for out, tab in ((below, cdf), (at, terms)):
+                block = out[_cell(rows, cols)]
+                np.copyto(block, tab.take(idx), where=small_b)
+                out[_cell(rows, cols)] = block
+    return np.clip(below, 0.0, 1.0, out=below), at
 
 
 UPPER_DIRECT_BELOW = 1e-4  # P(N ≥ L) under this is summed directly (1 − P(N < L) keeps < 12 digits of it)
@@ -512,31 +519,68 @@ def _use_compiled() -> bool:
 def _switching_numpy(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
                      W: float, wg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-minute probabilities (H, P) that each level switches on (from off) and off (from on), for hours
-    with traffic: rate and mean (H, 1, G) are clusters per second and in flight at each minute factor g."""
+    with traffic: rate and mean (H, 1, G) are clusters per second and in flight at each minute factor g.
+
+    Worked out on blocks of hours of about SWITCHING_BLOCK values (hours × levels × nodes): each hour's row
+    depends on that hour alone, and arrays that size stay in the processor's cache and are allocated from the
+    heap, where whole-week arrays (megabytes each, some twenty of them) cost a page fault per 4 KB and a pass
+    through memory per step — twice the time, for the same figures bit for bit."""
+    H, n = rate.shape[0], max(1, SWITCHING_BLOCK // (2 * len(k) * rate.shape[-1]))
+    if H > n:
+        parts = [_switching_block(rate[i:i + n], mean[i:i + n], Q[i:i + n], up, k, B, W, wg) for i in range(0, H, n)]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    return _switching_block(rate, mean, Q, up, k, B, W, wg)
+
+
+SWITCHING_BLOCK = 65_536  # values per block of _switching_numpy (512 KB a array: L2-sized)
+
+
+def _switching_block(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
+                     W: float, wg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """_switching_numpy for one block of hours."""
     # both level sets in one call (one table of Poisson sums per hour and g): start levels, then stop levels
     P = len(k)
     levels = np.ceil((Q[:, None] + np.concatenate([up, k])[None, :]) / B)[:, :, None]
     F, above, at = poisson_tails(levels, mean, upper_from=P)  # the upper tail of the stop levels only
     F_up, at_up, F_dn, at_dn, above_dn = F[:, :P], at[:, :P], F[:, P:], at[:, P:], above[:, P:]
-    h_on = rate * at_up / np.maximum(F_up, 1e-300)  # hazard of reaching up_k from below
-    d = rate * at_dn  # down-crossings of k per second (= up-crossings)
-    hW = W * d / np.maximum(F_dn, 1e-300)
-    q = np.exp(-hW)  # a sojourn below k outlasts W (exponential sojourns)
+    # The arithmetic below runs on (hours, levels, nodes) arrays, the planner's largest: each step writes into an
+    # array whose value is no longer needed (F, at and above are this call's own), in the same order of operations
+    # as the formulas in the comments, so the figures are the same to the last bit
+    # h_on = rate · at_up / max(F_up, 1e-300): hazard of reaching up_k from below
+    h_on = rate * at_up
+    h_on /= np.maximum(F_up, 1e-300, out=F_up)
+    d = np.multiply(rate, at_dn, out=at_dn)  # down-crossings of k per second (= up-crossings)
+    # −hW = −W·d / max(F_dn, 1e-300) (negation is exact); q = e^(−hW): a sojourn below k outlasts W
+    neg_hW = d * -W
+    q = np.maximum(F_dn, 1e-300)
+    neg_hW /= q
+    np.exp(neg_hW, out=q)
     # 1 / expected on-period, q·d / (1 − F·q), with 1 − F·q = P(N ≥ k) + F·(1 − q) kept accurate when both are
     # tiny (far above the mean: the on-period is W plus the excursion at or above k, P(N ≥ k) / d, which with the
     # tail taken as 1 − F was lost; a level the hour never reaches again: its container stops W after the last
     # request, rate 1/W)
-    slack = above_dn + F_dn * -np.expm1(-hW)
-    r_off = q * d / np.maximum(slack, 1e-300)
-    np.copyto(r_off, 1.0 / max(W, 1e-9), where=~(slack > 0))
+    # slack = above_dn + F_dn·(−expm1(−hW)) = above_dn − F_dn·expm1(−hW)
+    slack = np.expm1(neg_hW, out=neg_hW)
+    slack *= F_dn
+    np.subtract(above_dn, slack, out=slack)
+    never = ~(slack > 0)
+    r_off = np.multiply(q, d, out=q)
+    r_off /= np.maximum(slack, 1e-300, out=slack)
+    np.copyto(r_off, 1.0 / max(W, 1e-9), where=never)
     # per-minute switching probabilities, averaged over the minute factor g (independent per minute)
-    w = wg[None, None, :]
     # (a two-state chain in continuous time inside the minute: rates h_on and r_off)
-    both = h_on + r_off
-    settle = -np.expm1(-both * SECONDS_PER_MINUTE) / np.maximum(both, 1e-300)
-    p_on = (w * h_on * settle).sum(axis=2)  # (H, P)
-    p_off = (w * r_off * settle).sum(axis=2)
-    return p_on, p_off
+    # settle = −expm1(−both·60) / max(both, 1e-300), both = h_on + r_off
+    both = np.add(h_on, r_off, out=d)
+    settle = np.multiply(both, -float(SECONDS_PER_MINUTE), out=slack)
+    np.expm1(settle, out=settle)
+    settle /= np.maximum(both, 1e-300, out=both)
+    np.negative(settle, out=settle)
+    w = wg[None, None, :]
+    h_on *= w
+    h_on *= settle
+    r_off *= w
+    r_off *= settle
+    return h_on.sum(axis=2), r_off.sum(axis=2)  # (H, P)
 
 
 def service_time_s(ep: EndpointInputs, pl: Placement, batch: np.ndarray | float) -> np.ndarray:
