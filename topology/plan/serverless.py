@@ -193,20 +193,24 @@ def _upper_series(L: np.ndarray, m: np.ndarray, at: np.ndarray) -> np.ndarray:
     rest bounded by a geometric series at the last ratio (the ratios only fall). 1-D arrays."""
     out = np.zeros_like(at)
     idx = np.flatnonzero(at > 0)  # P(N = L − 1) below the least double: the tail is too
-    t, L, m = at[idx], L[idx], m[idx]
+    t, m = at[idx], m[idx]
+    D = L[idx]  # L + n, kept as it grows (integers: exact)
     s = np.zeros_like(t)
+    r = np.empty_like(t)
     n = 0
     while idx.size:
         for _ in range(8):
-            t *= m / (L + n)
+            t *= np.divide(m, D, out=r)
             s += t
+            D += 1.0
             n += 1
         done = (t <= UPPER_SERIES_STOP * s) | (n >= UPPER_SERIES_TERMS)
         if done.any():
-            r = m[done] / (L[done] + n)
-            out[idx[done]] = s[done] + t[done] * r / np.maximum(1.0 - r, 1e-300)
+            r_d = m[done] / D[done]
+            out[idx[done]] = s[done] + t[done] * r_d / np.maximum(1.0 - r_d, 1e-300)
             keep = ~done
-            idx, t, L, m, s = idx[keep], t[keep], L[keep], m[keep], s[keep]
+            idx, t, D, m, s = idx[keep], t[keep], D[keep], m[keep], s[keep]
+            r = r[:idx.size]
     return out
 
 
