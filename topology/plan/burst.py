@@ -19,7 +19,7 @@ from .options import OptionEval
 from .placement import Placement
 from .section import Section
 from .serverless import buffer_containers
-from .limits import SpikeWarm, non_streamed_burst_rule, spike_headroom, spike_warm_derivation, spike_warm_for
+from .limits import SpikeWarm, non_streamed_burst_rule, spike_headroom, spike_warm_derivation
 from .timing import longest_request_s, serverless_cold_start_s
 from .weights import bucket_name
 
@@ -33,13 +33,12 @@ def _spike(inp: CostInputs, ep: EndpointInputs, demand: Demand, pl: Placement, s
     return spike_headroom(ep, demand.peak_rps, floor_rps, sls, usd_s, serverless_cold_start_s(ep))
 
 
-def _spike_warm(ep: EndpointInputs, demand: Demand, pl: Placement | None, sls: Placement, win: OptionEval):
-    with_floor = win.tier == "floor_plus_burst" and pl is not None and win.floor_by_hour is not None
-    if ep.traffic.spike_warm_hours_fraction <= 0:
-        z = np.zeros(HOURS_PER_WEEK, int)
-        return SpikeWarm(z, z, z.astype(bool), (0.0,) * 8)
-    return spike_warm_for(ep, demand.peak_rps, win.floor_by_hour if with_floor else None, pl if with_floor else None,
-                          sls, serverless_cold_start_s(ep))
+def _spike_warm(win: OptionEval) -> SpikeWarm:
+    """The spike's warm containers the winning option was costed with (options.evaluate_floor), none if not asked."""
+    if win.spike_warm is not None:
+        return win.spike_warm
+    z = np.zeros(HOURS_PER_WEEK, int)
+    return SpikeWarm(z, z, z.astype(bool), (0.0,) * 8)
 
 
 def burst_spec(
@@ -48,10 +47,10 @@ def burst_spec(
 ) -> BurstSpec:
     cold = serverless_cold_start_s(ep)
     warm = win.warm_min_by_hour if win.warm_min_by_hour is not None else np.zeros(HOURS_PER_WEEK, int)
-    sw = _spike_warm(ep, demand, pl, sls, win)
+    sw = _spike_warm(win)
     if sw.protected.any():
         # the option's warm minimum already holds the spike's (options.evaluate_floor priced it): one level a hour
-        min_c, schedule = level_windows(np.maximum(warm, sw.containers), cold)
+        min_c, schedule = level_windows(warm, cold)
     else:
         always = bool(warm.min() >= 1)
         min_c, schedule = (1 if always else 0), (() if always else hour_windows(warm > 0, 1, cold))
@@ -108,7 +107,7 @@ def burst_section(
         f"{ep.serverless.max_containers_cap}",
         inputs=("traffic.hourly_mean_requests_per_s", "traffic.within_hour_peak_factor", "serverless.max_containers_cap"),
     ), spike.derivation, ns.derivation)
-    sw = _spike_warm(ep, demand, pl if win.tier == "floor_plus_burst" else None, sls, win)
+    sw = _spike_warm(win)
     if sw.protected.any():
         derivs += (spike_warm_derivation(ep, sw, sls, serverless_cold_start_s(ep), burst.spike_warm_usd_per_month),)
     return Section(burst, derivs, warnings)

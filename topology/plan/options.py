@@ -34,7 +34,7 @@ from .schedule import (
     solve_floor_problems,
 )
 from .serverless import buffer_containers, expected_containers, gamma_alpha_for_peak, service_time_s
-from .limits import spike_warm_for
+from .limits import SpikeWarm, spike_warm_for
 from .timing import herd_limits, lead_time_s, serverless_cold_start_s, ttft_budget_s
 
 # α of the minute factors from the peak factor is a bisection; every option of an endpoint asks for the same one
@@ -61,6 +61,7 @@ class OptionEval:
     burst_max_containers: int = 0
     warm_min_by_hour: np.ndarray | None = None
     warm_min_without_spike_by_hour: np.ndarray | None = None  # the same less the spike's (limits.spike_warm_for)
+    spike_warm: SpikeWarm | None = None  # the spike's warm containers this option holds (None: none asked for)
     spike_warm_weekly_usd: float = 0.0  # what the spike's warm minimum adds to the serverless bill (the winner's)
     serverless_usd_by_hour: np.ndarray | None = None  # what the serverless tier bills in each hour of the week
     layers: list[CapacityLayer] = field(default_factory=list)
@@ -155,12 +156,12 @@ def evaluate_floor(
         warm_min = np.where(burst_active, 1, 0)
     if tier == "serverless_only" and not ep.scale_to_zero_allowed:
         warm_min = np.maximum(warm_min, 1)
-    warm_base = warm_min
+    warm_base, spike_warm = warm_min, None
     if tier != "dedicated_only" and ep.traffic.spike_warm_hours_fraction > 0:
         # warm for the spike in the protected hours (topology/plan/limits.py): the decision sees its price
-        warm_min = np.maximum(warm_min, spike_warm_for(
-            ep, demand.peak_rps, floor if tier == "floor_plus_burst" else None,
-            pl if tier == "floor_plus_burst" else None, sls, cold).containers)
+        spike_warm = spike_warm_for(ep, demand.peak_rps, floor if tier == "floor_plus_burst" else None,
+                                    pl if tier == "floor_plus_burst" else None, sls, cold)
+        warm_min = np.maximum(warm_min, spike_warm.containers)
     max_containers = int(containers_peak.max()) if containers_peak.size else 0
     serverless_by_hour = serverless_usd_by_hour(tier, ep, demand, pl, sls, pr, floor, warm_min, max_containers)
     serverless_usd = float(serverless_by_hour.sum())
@@ -168,7 +169,8 @@ def evaluate_floor(
     ev = OptionEval(
         tier=tier, feasible=True, reason="", placement=pl, reserved_layers=reserved_nodes * rpn,
         scheduled_layers=scheduled_nodes * rpn, floor_by_hour=floor.astype(int), burst_max_containers=max_containers,
-        warm_min_by_hour=warm_min, warm_min_without_spike_by_hour=warm_base, serverless_usd_by_hour=serverless_by_hour,
+        warm_min_by_hour=warm_min, warm_min_without_spike_by_hour=warm_base, spike_warm=spike_warm,
+        serverless_usd_by_hour=serverless_by_hour,
     )
     ev.breakdown_weekly = {"reserved": reserved_usd, "on_demand": float(od_usd), "serverless": serverless_usd}
     ev.weekly_usd = reserved_usd + float(od_usd) + serverless_usd
