@@ -3,7 +3,6 @@ floor_plus_burst — container size, caps, warm minimums by the clock, timeouts 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -76,7 +75,7 @@ def burst_spec(
         max_containers=max_c, buffer_containers=buffer, scaledown_window_s=ep.serverless.scaledown_window_s,
         startup_timeout_s=int(min(3600, max(600, 3 * ep.cold_starts.serverless_no_snapshot_s))),
         timeout_s=longest_request_s(ep, sls), max_inputs=sls.usable_concurrency,
-        target_inputs=max(1, math.floor(sls.usable_concurrency * sls.planning_utilisation)),
+        target_inputs=sls.planned_inflight,
         enable_memory_snapshot=ep.serverless.gpu_snapshots, enable_gpu_snapshot=ep.serverless.gpu_snapshots,
         volume_name=f"{inp.project}-{inp.environment}-{ep.name}-weights", weights_region=ep.serverless.weights_region,
         weights_bucket=bucket_name(inp, ep.serverless.weights_region), min_containers_schedule=schedule,

@@ -8,7 +8,7 @@ import math
 from ..gateway_timing import heartbeat_interval_s
 from ..inputs import EndpointInputs
 from ..spec import BurstSpec, GatewaySpec, TenantSpec
-from .limits import admission
+from .limits import admission, floor_overflow
 from .placement import Placement
 from .timing import longest_request_s, serverless_cold_start_s
 
@@ -29,10 +29,8 @@ def gateway_spec(ep: EndpointInputs, pl: Placement, burst: BurstSpec | None) -> 
         for t in ep.tenants
     )
     adm = admission(ep, pl, cold if burst is not None else 0.0)
-    # past the admission cap a replica queues in HAProxy: the overflow to burst must come first
-    overflow = min(adm.inflight_per_replica, max(1, math.floor(pl.usable_concurrency * pl.planning_utilisation)))
     return GatewaySpec(
-        overflow_inflight_per_replica=overflow,
+        overflow_inflight_per_replica=floor_overflow(adm, pl),
         first_byte_timeout_s=first_byte, max_request_s=longest_request_s(ep, pl), inter_chunk_timeout_s=inter_chunk,
         sse_heartbeat_s=heartbeat_interval_s(),
         max_request_body_bytes=s.product_max_context_tokens * OVERHEAD_BYTES_PER_TOKEN + BODY_SLACK_BYTES,

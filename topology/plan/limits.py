@@ -140,7 +140,7 @@ def spike_warm_by_hour(ep: EndpointInputs, peak_rps: np.ndarray, floor_by_hour: 
     o = max(1, int(floor_inflight_per_replica))
     floor_rps = F * o / float(service_time_s(ep, pl, o)) if pl is not None else np.zeros(H)
     M = sls.usable_concurrency
-    T = max(1, math.floor(M * sls.planning_utilisation))
+    T = sls.planned_inflight
     d_t, d_m = float(service_time_s(ep, sls, T)), float(service_time_s(ep, sls, M))
     a0 = np.maximum(0.0, peak_rps - floor_rps)
     a1 = np.maximum(0.0, t.spike_factor * peak_rps - floor_rps)
@@ -164,7 +164,7 @@ def spike_warm_derivation(ep: EndpointInputs, sw: SpikeWarm, sls: Placement, col
     t = ep.traffic
     p, cf, a0, a1, i0, iplat, need, g = sw.at_peak
     M = sls.usable_concurrency
-    T = max(1, math.floor(M * sls.planning_utilisation))
+    T = sls.planned_inflight
     uncapped = int(math.ceil(need / M - 1e-9))
     return Derivation(
         figure="spike_warm_containers", value=float(sw.containers.max(initial=0)), unit="containers",
@@ -219,6 +219,12 @@ def p99_freed_together(batch: int, output_tokens_mean: float) -> int:
         if cdf >= 0.99 - 1e-12:
             return max(1, k)
     return max(1, batch)
+
+
+def floor_overflow(adm: "Admission", pl: Placement) -> int:
+    """The gateway's overflow threshold per floor replica: the planned batch, never above the admission cap (past
+    the cap a replica queues in HAProxy, so the overflow to burst must come first)."""
+    return min(adm.inflight_per_replica, pl.planned_inflight)
 
 
 @dataclass(frozen=True)
@@ -320,6 +326,5 @@ def spike_warm_for(ep: EndpointInputs, peak_rps: np.ndarray, floor_by_hour: np.n
     replica (the lower of the admission cap and the planned batch, as gateway_spec sets it); serverless only, none."""
     if pl is None or floor_by_hour is None:
         return spike_warm_by_hour(ep, peak_rps, np.zeros(len(peak_rps)), None, sls, cold_start_s, 1)
-    o = min(admission(ep, pl, 0.0).inflight_per_replica,
-            max(1, math.floor(pl.usable_concurrency * pl.planning_utilisation)))
-    return spike_warm_by_hour(ep, peak_rps, floor_by_hour, pl, sls, cold_start_s, o)
+    return spike_warm_by_hour(ep, peak_rps, floor_by_hour, pl, sls, cold_start_s,
+                              floor_overflow(admission(ep, pl, 0.0), pl))

@@ -86,7 +86,7 @@ def serverless_usd_by_hour(
         return np.zeros(HOURS_PER_WEEK)
     cold = serverless_cold_start_s(ep)
     cap = max(1, min(ep.serverless.max_containers_cap, max_containers))  # the BurstSpec's planned max_containers
-    target = max(1, math.floor(sls.usable_concurrency * sls.planning_utilisation))  # its target_inputs
+    target = sls.planned_inflight  # its target_inputs
     alpha = _alpha_of_peak(ep.traffic.within_hour_peak_factor)
     window = ep.serverless.scaledown_window_s
     if tier == "serverless_only":
@@ -102,7 +102,9 @@ def serverless_usd_by_hour(
             batch = 1.0 + demand.mean_rps * service / np.maximum(ch.alive, 1.0)
     else:
         # the gateway sends to burst what the floor's replicas × overflow threshold places cannot hold
-        overflow = max(1, math.floor(pl.usable_concurrency * pl.planning_utilisation))  # the GatewaySpec's
+        # the GatewaySpec's threshold is this, lowered to the admission cap where that is smaller
+        # (limits.floor_overflow); the cost model keeps the planned batch
+        overflow = pl.planned_inflight
         service = service_time_s(ep, pl, overflow)
         s1 = float(service_time_s(ep, pl, 2) - service_time_s(ep, pl, 1))  # the decode line, per request
         line = (float(service_time_s(ep, pl, 1)) - s1, s1, floor, overflow)

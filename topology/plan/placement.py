@@ -53,6 +53,12 @@ class Placement:
     local_nvme_gb: int
 
     @property
+    def planned_inflight(self) -> int:
+        """Requests in flight a replica or container is planned at: the serverless target_inputs, the floor's
+        batch under the gateway's overflow threshold (at least 1)."""
+        return max(1, math.floor(self.usable_concurrency * self.planning_utilisation))
+
+    @property
     def label(self) -> str:
         return f"{self.gpu_kind} {self.mig_profile}" if self.mig_profile else (
             f"{self.gpu_kind}×{self.gpus_per_replica}" if self.gpus_per_replica > 1 else self.gpu_kind
