@@ -132,7 +132,6 @@ def _endpoint_lines(e: EndpointSpec) -> list[str]:
 
 def hour_ranges(hours: tuple[int, ...]) -> str:
     """Hours of the week as day ranges: (20, 21, 44) → 'Mon 20:00–22:00, Tue 20:00–21:00'."""
-    days = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
     out: list[str] = []
     hs = sorted(hours)
     i = 0
@@ -140,7 +139,7 @@ def hour_ranges(hours: tuple[int, ...]) -> str:
         j = i
         while j + 1 < len(hs) and hs[j + 1] == hs[j] + 1 and hs[j + 1] % 24 != 0:
             j += 1
-        out.append(f"{days[hs[i] // 24 % 7]} {hs[i] % 24:02d}:00–{(hs[j] % 24) + 1:02d}:00")
+        out.append(f"{DAYS[hs[i] // 24 % 7]} {hs[i] % 24:02d}:00–{(hs[j] % 24) + 1:02d}:00")
         i = j + 1
     return ", ".join(out)
 
@@ -214,6 +213,11 @@ def _fixed_shares(e: EndpointSpec) -> dict[str, float]:
     return {k: v for k, v in (win.breakdown_usd.items() if win else ()) if k.endswith("_fixed") and v}
 
 
+def _spike_warm_label(e: EndpointSpec) -> str:
+    assert e.burst is not None
+    return f"burst warm for the spike ({len(e.burst.spike_warm_hours_of_week)} h/week)"
+
+
 def layer_rows(e: EndpointSpec) -> list[str]:
     """The layer table: each node of the load-duration curve with what the plan pays for it (the hours it
     runs, its share of the serverless bill), the burst kept warm for the spike, then the fixed shares; the rows
@@ -224,7 +228,7 @@ def layer_rows(e: EndpointSpec) -> list[str]:
         rows.append(f"{label:<50} {usd(layer.monthly_usd):>10}")
     spike = e.burst.spike_warm_usd_per_month if e.burst else 0.0
     if spike:  # no node's: the burst kept warm for the spike in its hours
-        rows.append(f"{f'burst warm for the spike ({len(e.burst.spike_warm_hours_of_week)} h/week)':<50} {usd(spike):>10}")
+        rows.append(f"{_spike_warm_label(e):<50} {usd(spike):>10}")
     fixed = _fixed_shares(e)
     for k, v in fixed.items():
         rows.append(f"{k.replace('_', ' '):<50} {usd(v):>10}")
@@ -279,8 +283,7 @@ def markdown(spec: TopologySpec) -> str:
                 L.append(f"| {layer.index} | {layer.duty_fraction:.0%} | {layer.tier} | {usd(layer.monthly_usd)} | "
                          f"{usd(c.get('reserved'))} / {usd(c.get('scheduled_on_demand'))} / {usd(c.get('serverless_burst'))} |")
             if e.burst and e.burst.spike_warm_usd_per_month:
-                L.append(f"| | | burst warm for the spike ({len(e.burst.spike_warm_hours_of_week)} h/week) | "
-                         f"{usd(e.burst.spike_warm_usd_per_month)} | |")
+                L.append(f"| | | {_spike_warm_label(e)} | {usd(e.burst.spike_warm_usd_per_month)} | |")
             for k, v in _fixed_shares(e).items():
                 L.append(f"| | | {k} | {usd(v)} | |")
         if any(e.floor.replicas_by_hour):
