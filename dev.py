@@ -2,7 +2,7 @@
 """Project runner: sets up what it needs, then runs the job.
 
     python3 dev.py demo    # plan report, simulated week and offline render of the bundled prod stack (offline)
-    python3 dev.py test    # the whole test suite (installs Debian's haproxy and prometheus for the tests when it can)
+    python3 dev.py test    # the whole test suite (builds HAProxy 3.0 from Debian's source, installs prometheus, when it can)
 
 Both create ./.venv (Python 3.11+) and install the project with its test dependencies on first use, and
 again whenever pyproject.toml changes.
@@ -26,7 +26,7 @@ STACK = "stacks/Pulumi.prod.yaml"
 
 def run(cmd: list[str], **kw) -> None:
     print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, cwd=ROOT, check=True, **kw)
+    subprocess.run(cmd, check=True, **{"cwd": ROOT, **kw})
 
 
 def ensure_venv() -> None:
@@ -40,6 +40,13 @@ def ensure_venv() -> None:
     run([str(PY), "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
     run([str(PY), "-m", "pip", "install", "--quiet", "-e", ".[dev]"])
     STAMP.write_text(want)
+
+
+def debian_installed(packages: tuple[str, ...]) -> bool:
+    if not shutil.which("dpkg-query"):
+        return False
+    out = subprocess.run(["dpkg-query", "-W", "-f", "${Status}\\n", *packages], capture_output=True, text=True)
+    return out.returncode == 0 and all(ln.endswith(" installed") for ln in out.stdout.splitlines())
 
 
 def ensure_debian_package(present: bool, packages: tuple[str, ...], services: tuple[str, ...], why: str) -> None:
@@ -58,11 +65,58 @@ def ensure_debian_package(present: bool, packages: tuple[str, ...], services: tu
               f"(install Debian's {' '.join(packages)} to run them)", flush=True)
 
 
+# The gateway runs HAProxy 3.0 (components/gateway_config.py HAPROXY_IMAGE). Debian bookworm carries only 2.6,
+# so the tests build 3.0 from Debian trixie's source package (the upstream tarball Debian ships, checked against
+# the hash below, which is also the one trixie's signed Sources index lists), with the image's build options
+# (docker-library/haproxy 3.0/Dockerfile). About 70 s on 2 cores, once: the binary stays in .cache/.
+HAPROXY_SOURCE = "haproxy"  # trixie main: 3.0.11-1+deb13u4
+HAPROXY_TARBALL = "haproxy_3.0.11.orig.tar.gz"
+HAPROXY_TARBALL_SHA256 = "a133e2d550c5fd9a849b5c7ab17bb945bcdad209ca140d41f45ebf31943ae783"
+HAPROXY_BUILD = ROOT / ".cache" / "haproxy-3.0.11"
+HAPROXY_BUILD_DEPS = ("make", "gcc", "libc6-dev", "liblua5.4-dev", "libpcre2-dev", "libssl-dev", "ca-certificates")
+HAPROXY_MAKE_OPTS = ("TARGET=linux-glibc", "USE_GETADDRINFO=1", "USE_LUA=1", "LUA_INC=/usr/include/lua5.4",
+                     "LUA_LIB_NAME=lua5.4", "USE_OPENSSL=1", "USE_PCRE2=1", "USE_PCRE2_JIT=1", "USE_PROMEX=1",
+                     "USE_PTHREAD_EMULATION=1")
+
+
 def ensure_haproxy() -> None:
-    """The gateway tests run a real HAProxy on 127.0.0.1 (the package's service listens on :80);
+    """The gateway tests run a real HAProxy 3.0 on 127.0.0.1 (tests/gateway_harness.py finds it in .cache/);
     ca-certificates: the tests verify TLS against the same CAs the gateway image carries."""
-    present = bool(shutil.which("haproxy")) and Path("/usr/share/ca-certificates/mozilla").is_dir()
-    ensure_debian_package(present, ("haproxy", "ca-certificates"), ("haproxy",), "gateway tests")
+    binary = HAPROXY_BUILD / "haproxy"
+    if binary.exists():
+        return
+    ensure_debian_package(debian_installed(HAPROXY_BUILD_DEPS), HAPROXY_BUILD_DEPS, (), "gateway tests")
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        print("not root: the gateway tests will run only if HAProxy 3.0 is on PATH", flush=True)
+        return
+    work = ROOT / ".cache" / "haproxy-src"
+    lists = work / "lists"
+    (lists / "partial").mkdir(parents=True, exist_ok=True)
+    sources = work / "sources.list"
+    sources.write_text("deb-src http://deb.debian.org/debian trixie main\n")
+    apt = ["-o", f"Dir::Etc::SourceList={sources}", "-o", "Dir::Etc::SourceParts=/dev/null",
+           "-o", f"Dir::State::Lists={lists}"]
+    tarball = work / HAPROXY_TARBALL
+    if not tarball.exists():
+        run(["apt-get", *apt, "update", "-qq"])
+        # only the upstream tarball is built; the mirror this was written against serves it but answers 404 for
+        # the .dsc and Debian's patch tarball, so apt's exit status is not the test: the pinned hash below is
+        print("+ apt-get source --download-only", HAPROXY_SOURCE, flush=True)
+        subprocess.run(["apt-get", *apt, "source", "--download-only", "-qq", HAPROXY_SOURCE], cwd=work,
+                       stderr=subprocess.DEVNULL)
+        if not tarball.exists():
+            sys.exit(f"apt-get source {HAPROXY_SOURCE} (Debian trixie) did not fetch {HAPROXY_TARBALL}; the gateway "
+                     "tests need HAProxy 3.0")
+    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    if digest != HAPROXY_TARBALL_SHA256:
+        sys.exit(f"{tarball}: sha256 {digest}, expected {HAPROXY_TARBALL_SHA256}; remove it and retry")
+    src = work / "haproxy-3.0.11"
+    if not src.exists():
+        run(["tar", "xzf", str(tarball), "-C", str(work)])
+    run(["make", "-s", f"-j{os.cpu_count() or 2}", *HAPROXY_MAKE_OPTS], cwd=src, stdout=subprocess.DEVNULL)
+    HAPROXY_BUILD.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src / "haproxy", binary)
+    shutil.rmtree(src)
 
 
 def ensure_prometheus() -> None:

@@ -15,7 +15,8 @@ What runs (all on 127.0.0.1, bounded in count and time):
 - loads: one stream at a time; 200 streams started together; 200 in flight steady (a new stream
   starts when one ends), with short and with long (200-chunk) streams;
 - `--compare DIR`: a fourth path, `before`, the gateway rendered by another checkout of this project (e.g.
-  `git worktree add /tmp/before main`), run side by side and interleaved with the others;
+  `git worktree add /tmp/before main`), run side by side and interleaved with the others; with
+  `--compare-haproxy PATH` that path runs under another haproxy binary (e.g. Debian's 2.6 at /usr/sbin/haproxy);
 - `--without watch` (or `gate`, `pick`, `quality`, `shadow`, `lua`; several joined by `+`; the option
   repeats): a further path, this gateway with that feature's lines deleted from the rendered config (`watch`:
   the Lua filter never registers on the response, so no first-byte / inter-chunk limits and no heartbeats;
@@ -177,6 +178,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="2 rounds, first two loads only (a smoke run)")
     ap.add_argument("--stack", default=str(ROOT / "stacks" / "Pulumi.prod.yaml"))
     ap.add_argument("--compare", metavar="DIR", help="another checkout of this project: its gateway runs as `before`")
+    ap.add_argument("--compare-haproxy", metavar="PATH", help="the haproxy binary the `before` path runs under")
     ap.add_argument("--without", action="append", default=[], metavar="FEATURES",
                     help="a further gateway path without these features (watch, gate, pick, quality, shadow, lua; join with +)")
     a = ap.parse_args()
@@ -209,7 +211,8 @@ def main() -> int:
                         rendered = without(rendered, path.split(" ", 1)[1])
                     env = {var: f"bench-{key}" for var, key in rendered.secret_env.items()}
                     env[env_name("assist", "acme-api-key")] = KEY
-                    gws[path] = (HaproxyProcess(rendered, gw_dir, env, list(ports.values()), prefix=cpu_prefix(PROXY_CORE)),
+                    gws[path] = (HaproxyProcess(rendered, gw_dir, env, list(ports.values()), prefix=cpu_prefix(PROXY_CORE),
+                                                binary=a.compare_haproxy if path == "before" else None),
                                  ports["assist"])
                 min_dir = work / f"min-{len(results)}"
                 min_dir.mkdir()

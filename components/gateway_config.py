@@ -52,13 +52,13 @@ class HaproxyImage:
     haproxy they validate and run the config with has the same major.minor, and build a CA
     directory from `trust_store_package` holding exactly what the pod's `ca_dir` holds.
 
-    Checked in docker-library/haproxy (2.6/Dockerfile at b2272ec, "Update 2.6 to 2.6.22", 2025-04-22):
-    FROM debian:bookworm-slim; `apt-get install ca-certificates` (added by 71cd019 on 2023-12-21,
-    for @system-ca; the haproxy:2.6.12 image, built on bullseye-slim before that, purged it with the
-    build dependencies and has no CA at all); `useradd --uid 99`, `groupadd --gid 99`;
-    `USER haproxy` (a name, so the kubelet needs runAsUser to prove non-root). The `-bookworm` suffix
-    keeps the tag on the Debian release the host's haproxy 2.6 and ca-certificates come from
-    (the plain 2.6 tags moved to trixie with commit 2ff3f8b).
+    Checked in docker-library/haproxy (3.0/Dockerfile at ec437dd, "Update 3.0 to 3.0.25", 2026-07-03):
+    FROM debian:trixie-slim; `apt-get install ca-certificates` (for @system-ca); `groupadd --gid 99`,
+    `useradd --uid 99`; `USER haproxy` (a name, so the kubelet needs runAsUser to prove non-root); built with
+    Lua 5.4, OpenSSL, PCRE2 JIT and the Prometheus exporter (USE_PROMEX), options dev.py builds the tests'
+    HAProxy with. The `-trixie` suffix pins the Debian release under it. 3.0 (LTS to 2029-Q2) rather than 2.6:
+    its response forwarder still calls the Lua filter when an upstream cuts a stream, so the client can be
+    sent an error event (#18 item 6; 2.6 took an error branch first).
     """
 
     tag: str
@@ -75,7 +75,7 @@ class HaproxyImage:
         return f"{m.group(1)}.{m.group(2)}"
 
 
-HAPROXY_IMAGE = HaproxyImage(tag="haproxy:2.6.22-bookworm", uid=99, gid=99, trust_store_package="ca-certificates")
+HAPROXY_IMAGE = HaproxyImage(tag="haproxy:3.0.25-trixie", uid=99, gid=99, trust_store_package="ca-certificates")
 
 GATEWAY_BASE_PORT = 8080  # endpoint i listens on 8080 + i (spec order)
 SHADOW_BASE_PORT = 9080  # endpoint i's shadow mirrors enter on 127.0.0.1:9080 + i (inside the pod only)
@@ -298,7 +298,7 @@ def render_gateway_config(
     quality_servers: the quality recorder (required when an endpoint's rollout samples quality); quality_bind:
     the loopback frontend sampled exchanges are posted to, which forwards them to it.
     ca_path: the trust store TLS to Modal is verified against: the image's CA directory (explicit,
-    because haproxy 2.6's `@system-ca` is OpenSSL's compiled-in directory and ignores SSL_CERT_DIR,
+    because haproxy's `@system-ca` is OpenSSL's compiled-in directory and ignores SSL_CERT_DIR,
     so tests could not point it elsewhere); tests pass a directory holding exactly the pod's CAs.
     """
     if gateway_replicas < 1:
@@ -629,6 +629,10 @@ def _endpoint_sections(
             "    option redispatch 1",
             f"    http-request set-var(txn.route) str({role})",
             f"    http-response set-header X-Served-By {role}",
+            # a stream whose length the framing carries: its end without end-of-message is a cut (the llm
+            # filter then sends an error event); a close-delimited one ends by closing
+            "    http-response set-var(txn.res_len) bool(1) if { var(txn.stream) -m int eq 1 } "
+            "{ res.hdr(transfer-encoding) -m found } || { var(txn.stream) -m int eq 1 } { res.hdr(content-length) -m found }",
         ]
 
     bl: list[str] = []

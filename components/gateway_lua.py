@@ -347,7 +347,6 @@ local function quality_post(c, ep, version, route, txn_meta, status, body_req, b
   if quality_posts >= c.max_posts then quality_count("dropped", ep, "posts_full") return end
   local hdrs = {
     ["content-type"] = { "application/octet-stream" },
-    ["content-length"] = { tostring(#body_req + #body_resp) },  -- else 2.6's client sends the body chunked
     ["x-quality-endpoint"] = { ep }, ["x-quality-version"] = { version }, ["x-quality-route"] = { route },
     ["x-quality-tenant"] = { txn_meta.tenant }, ["x-quality-request-id"] = { txn_meta.rid },
     ["x-quality-path"] = { txn_meta.path }, ["x-quality-status"] = { tostring(status) },
@@ -479,7 +478,8 @@ core.register_action("llm_shadow", { "http-req" }, function(txn, name, dst, cap,
     end
   end
   hdrs["x-gateway-shadow"] = { txn:get_var("txn.stream") == 1 and "stream" or "1" }
-  hdrs["content-length"] = { tostring(#body) }  -- else 2.6's client sends the body chunked
+  -- no Content-Length: 3.0's Lua client streams the body chunked and drops it (hlua_httpclient_send); the
+  -- engines' servers (uvicorn) and the recorder (aiohttp) read chunked bodies
   local url = "http://shadow" .. (txn.f:path() or "/")
   local timeout = tonumber(timeout_ms)
   local sample = quality_mirror_sample(txn)  -- nil unless this mirror was chosen for the evaluation sink
@@ -647,6 +647,17 @@ function Llm:http_payload(txn, msg)
 end
 -- per-gap limits and heartbeats of a streamed response; returns the bytes to forward
 watch_gaps = function(self, txn, msg, n)
+  -- the upstream ended the stream without its end of message (a crash: FIN or reset mid-body). 3.0 still
+  -- calls this filter then (2.6's forwarder took its error branch first); the client gets an error event
+  -- instead of a cut it cannot tell from an answer's end. One call per chunk on the fast path: may_recv is
+  -- false only when the input is closed, the buffer full, or the message complete.
+  if not msg:may_recv() and not msg:eom() and not msg:is_full() and txn:get_var("txn.res_len") then
+    self.ended = true
+    msg:append('event: error\ndata: {"error":{"message":"the upstream closed the stream before it ended",' ..
+      '"type":"upstream_error","code":502}}\n\n')
+    msg:set_eom()
+    return msg:input()
+  end
   local t = now_ms()
   if n > 0 then self.last = t end
   local limit, since, what

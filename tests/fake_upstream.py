@@ -82,9 +82,24 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._send_json(404, {"error": "not found"})
 
+    def _read_chunked(self) -> bytes:
+        """A chunked request body (RFC 9112 §7.1), as the engines' HTTP servers (uvicorn/h11) accept it."""
+        out = b""
+        while True:
+            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return out
+            out += self.rfile.read(size)
+            self.rfile.readline()
+
     def do_POST(self):
-        length = int(self.headers.get("Content-Length", "0"))
-        raw = self.rfile.read(length) if length else b""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            raw = self._read_chunked()  # HAProxy 3.0's Lua HTTP client (the shadow mirror) sends bodies chunked
+        else:
+            length = int(self.headers.get("Content-Length", "0"))
+            raw = self.rfile.read(length) if length else b""
         try:
             body = json.loads(raw) if raw else None
         except ValueError:

@@ -14,7 +14,15 @@ from pathlib import Path
 from components.gateway_config import CONFIG_FILE, HAPROXY_IMAGE, LUA_FILE, HaproxyImage, RenderedGateway
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
 def haproxy_binary() -> str | None:
+    """The HAProxy the gateway tests run: `dev.py test` builds the image's release line (3.0) from Debian's
+    source into .cache/ (Debian bookworm packages only 2.6); else one on PATH."""
+    built = sorted(ROOT.glob(".cache/haproxy-*/haproxy"))
+    if built:
+        return str(built[-1])
     return shutil.which("haproxy")
 
 
@@ -24,7 +32,7 @@ def require_haproxy() -> str:
 
     path = haproxy_binary()
     if path is None:
-        msg = "haproxy not installed (apt-get install -y haproxy); the gateway tests run a real HAProxy"
+        msg = "HAProxy 3.0 not built (python3 dev.py test builds it); the gateway tests run a real HAProxy"
         if os.environ.get("CI"):
             pytest.fail(msg)
         pytest.skip(msg)
@@ -44,8 +52,9 @@ def pod_ca_dir(dest: Path, image: HaproxyImage = HAPROXY_IMAGE) -> Path:
     """A CA directory holding what the pod's `image.ca_dir` holds, for `ca_path` in tests.
 
     Empty when the image has no trust store. Otherwise the certificates of the same Debian package
-    on this (bookworm) host, laid out as its update-ca-certificates does: one .pem per CA and the
-    ca-certificates.crt bundle (haproxy loads the .pem/.crt files of a directory, not hash links).
+    on this host, laid out as its update-ca-certificates does: one .pem per CA and the
+    ca-certificates.crt bundle (haproxy loads the .pem/.crt files of a directory, not hash links). The
+    host is bookworm and the image trixie: the package is the same, its CA list a release older.
     """
     dest.mkdir(parents=True, exist_ok=True)
     if image.trust_store_package is None:
@@ -102,14 +111,15 @@ class HaproxyProcess:
     """One haproxy process running a rendered config from `workdir`; `stop()` always reaps it."""
 
     def __init__(self, rendered: RenderedGateway, workdir: Path, env: dict[str, str], wait_ports: list[int],
-                 prefix: tuple[str, ...] = ()):
-        """prefix: a command to run haproxy under (the benchmark's `taskset -c 0 chrt -f 50`)."""
+                 prefix: tuple[str, ...] = (), binary: str | None = None):
+        """prefix: a command to run haproxy under (the benchmark's `taskset -c 0 chrt -f 50`); binary: another
+        haproxy than the tests' (the benchmark's `--compare-haproxy`)."""
         self.workdir = workdir
         for name, text in rendered.files.items():
             (workdir / name).write_text(text)
         self.log_path = workdir / "haproxy.log"
         self._log = open(self.log_path, "w")
-        binary = haproxy_binary() or "haproxy"
+        binary = binary or haproxy_binary() or "haproxy"
         check = subprocess.run([binary, "-c", "-q", "-f", str(workdir / CONFIG_FILE)],
                                env={**os.environ, **env}, capture_output=True, text=True, timeout=30)
         if check.returncode != 0:

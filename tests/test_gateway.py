@@ -330,10 +330,25 @@ def test_request_that_kills_a_replica_before_it_answers_is_not_retried(gw):
 
 
 @pytest.mark.parametrize("crash", ["close-after-first-chunk", "reset-after-first-chunk"])
-def test_failure_after_first_byte_is_never_retried(gw, crash):
-    status, _, content, rid = post(gw["ports"]["assist"], body(stream=True), headers={"X-Fake-Fail": crash})
-    assert status == 200
-    assert '"index": 0' in content.decode() and "[DONE]" not in content.decode()
+def test_failure_after_first_byte_is_never_retried_and_ends_with_an_error_event(gw, crash):
+    # issue #18 item 6: a stream cut by an upstream crash ends with an SSE error event (and a complete
+    # chunked body), so a client can tell it from a finished answer
+    rid = str(uuid.uuid4())
+    conn = http.client.HTTPConnection("127.0.0.1", gw["ports"]["assist"], timeout=10)
+    try:
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body(stream=True)).encode(),
+                     headers={"Content-Type": "application/json", "X-Request-Id": rid, "X-Fake-Fail": crash,
+                              "Authorization": f"Bearer {KEYS['acme']}"})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        text = resp.read().decode()  # the whole chunked body, its last chunk included (no IncompleteRead)
+    finally:
+        conn.close()
+    assert '"index": 0' in text and "[DONE]" not in text
+    events = [e for e in text.split("\n\n") if e.strip()]
+    assert events[-1].startswith("event: error\n")
+    err = json.loads(events[-1].split("data: ", 1)[1])["error"]
+    assert err["code"] == 502 and err["type"] == "upstream_error"
     time.sleep(0.3)  # a retry, if any, would have reached an upstream by now
     assert len(records(gw, rid)) == 1
 

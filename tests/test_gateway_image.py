@@ -1,9 +1,8 @@
 """The gateway pod's image against what it really is (issue #12 items 1-3).
 
-Facts from docker-library/haproxy (2.6/Dockerfile, "Update 2.6 to 2.6.22", commit b2272ec): the image
-creates its user with `useradd --uid 99` / `groupadd --gid 99` and switches to it by name
-(`USER haproxy`); it installs Debian's ca-certificates for @system-ca (commit 71cd019, 2023-12-21;
-the haproxy:2.6.12 image had no CA). The kubelet refuses `runAsNonRoot` for an image whose user is a
+Facts from docker-library/haproxy (3.0/Dockerfile, "Update 3.0 to 3.0.25", commit 84fe98d; read at ec437dd): the
+image creates its user with `useradd --uid 99` / `groupadd --gid 99` and switches to it by name
+(`USER haproxy`); it installs Debian's ca-certificates for @system-ca. The kubelet refuses `runAsNonRoot` for an image whose user is a
 name unless the pod states a numeric `runAsUser` ("image has non-numeric user").
 """
 
@@ -23,7 +22,7 @@ from tests.gateway_harness import (HaproxyProcess, no_recorder, free_port, local
 from tests.test_gateway import body, post
 from tests.test_gateway_component import declare
 
-IMAGE_UID = IMAGE_GID = 99  # docker-library/haproxy 2.6/Dockerfile: useradd --uid 99, groupadd --gid 99
+IMAGE_UID = IMAGE_GID = 99  # docker-library/haproxy 3.0/Dockerfile: useradd --uid 99, groupadd --gid 99
 
 
 def test_pod_runs_as_the_images_numeric_user(planned_stacks):
