@@ -1,9 +1,10 @@
 """The Lua half of the gateway: body gate, body stamping, floor pick, shadow mirror, stream-gap watchdog.
 
 Kept as a Python string so the renderer ships it next to haproxy.cfg (one source, no second copy).
-Written for HAProxy 2.6 (Lua 5.3): actions cannot rewrite an HTTP body there, so the rewrite is a
-request *filter*; per-gap stream timeouts are a response filter with `filter.wake_time`, because
-2.6 has no `http-response set-timeout` and vLLM sends its headers before the first token anyway.
+Runs on HAProxy 3.0 (Lua 5.4; written for 2.6, whose constraints still hold): actions cannot rewrite an HTTP
+body, so the rewrite is a request *filter*; per-gap stream timeouts are a response filter with
+`filter.wake_time`, because a native server timeout set when the response headers arrive (3.0's
+`http-response set-timeout`) would also bound the prefill: vLLM sends its headers before the first token.
 """
 
 GATEWAY_LUA = r'''
@@ -319,7 +320,7 @@ end
 --   <capture bytes> <captures cap> <posts cap> <post timeout ms>
 -- served: the version the stable track (floor, burst) serves; candidate: the canary's or shadow's version.
 -- The per-request draws are native (`rand` in the config sets txn.q_user / txn.q_mirror), so this action
--- runs only for the sampled share: a Lua action costs a transaction object per call in HAProxy 2.6.
+-- runs only for the sampled share: a Lua action costs a transaction object per call (hlua_txn_new, 2.6 and 3.0).
 local quality_cfg = {}
 local quality_posts = 0
 local quality_counts = { sampled = {}, dropped = {} }  -- "endpoint\tversion" / "endpoint\treason" -> count
@@ -511,7 +512,7 @@ local function key_hash(key)
   return h
 end
 -- In-flight (served + queued) of slot i, nil when it is not up. Each fetch gets a freshly built
--- "backend/server" string: 2.6 writes a NUL into the string it parses, so one cannot be reused.
+-- "backend/server" string: 2.6 wrote a NUL into the string it parses, so one cannot be reused.
 -- srv_is_up reaches Lua as the integer 0 or 1 (hlua_smp2lua pushes SMP_T_BOOL as an integer), and 0
 -- is true in Lua: compare with 1, or a replica marked down by its health check would still be picked.
 local function load_of(f, sep, i)
@@ -552,7 +553,7 @@ end)
 -- first_byte_ms from the request (covers queueing, prefill, a burst cold start); afterwards
 -- inter_chunk_ms between chunks. On expiry it ends the stream with an SSE error event; HAProxy then
 -- drops the unfinished upstream connection, which aborts the generation.
--- Cost: every callback builds a fresh transaction object in HAProxy 2.6 (fetch, converter, channel and
+-- Cost: every callback builds a fresh transaction object (hlua_filter_callback, 2.6 and 3.0: fetch, converter, channel and
 -- message tables), so the filter has no start_analyze and registers as a data filter (payload callbacks)
 -- from http_headers, only on the side that needs one: the request only when there is something to stamp,
 -- the response only when it streams or is sampled for quality. A non-streamed request without a stamp

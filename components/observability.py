@@ -57,8 +57,8 @@ VLLM_METRICS = frozenset(
 )
 
 # The gateway's metrics (HAProxy's built-in exporter, gauges per backend or server labelled `proxy`): in-flight
-# sessions, and requests queued in a backend or on one of its servers (read against HAProxy 2.6.22's exporter in
-# tests/test_trigger_queries_live.py).
+# sessions, and requests queued in a backend or on one of its servers (read against HAProxy 2.6.22's exporter, and
+# 3.0.11's in tests/test_trigger_queries_live.py).
 GATEWAY_METRICS = frozenset({"haproxy_backend_current_sessions", "haproxy_backend_current_queue",
                              "haproxy_server_current_queue"})
 
