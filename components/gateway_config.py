@@ -649,11 +649,13 @@ def _endpoint_sections(
         bl += [f"backend {be_floor}",
                # the replica chosen in the frontend; leastconn only when none had room (dedicated_only)
                "    balance leastconn",
+               # rules before use-server: HAProxy runs http-request rules first whatever their place, and
+               # warns when the text says otherwise
+               *common("floor"),
                *[f"    use-server floor{i} if {{ var(txn.floor_server) -m str floor{i} }}"
                  for i in range(1, slots + 1)],
                "    option httpchk GET /health",
                "    http-check expect status 200",
-               *common("floor"),
                *overloaded,
                *_server_lines("floor", floor_servers[e.name], floor_opts), ""]
     if has_candidate:
@@ -661,6 +663,7 @@ def _endpoint_sections(
         picked = g.canary is not None and g.canary.overflow_to_incumbent
         c_cap = canary_threshold if g.canary is not None else shadow_cap
         bl += [f"backend {be_canary}",
+               *common("canary"),
                *([# the candidate replica chosen in the frontend (below its full mark)
                   "    balance leastconn",
                   *[f"    use-server canary{i} if {{ var(txn.canary_server) -m str canary{i} }}"
@@ -670,7 +673,6 @@ def _endpoint_sections(
                   "    hash-type consistent"]),
                "    option httpchk GET /health",
                "    http-check expect status 200",
-               *common("canary"),
                *_server_lines("canary", canary_servers[e.name],
                               f"check inter {health_check_interval_ms} fall 2 rise 2 maxconn {c_cap} maxqueue {c_cap}"),
                ""]

@@ -70,6 +70,16 @@ def _haproxy_check(binary, tmp_path, rendered):
                           capture_output=True, text=True, timeout=30)
 
 
+def test_rendered_config_draws_no_rule_order_warning(planned_stacks, tmp_path):
+    # HAProxy runs a backend's http-request rules before its use-server rules whatever their order in the
+    # text, and warns when the text reads otherwise: the rendered config says what runs
+    binary = require_haproxy()
+    rendered = _render_cluster_like(planned_stacks["prod"][1], tmp_path, pod_ca_dir(tmp_path / "ca"))
+    out = _haproxy_check(binary, tmp_path, rendered)
+    assert out.returncode == 0, out.stderr
+    assert "will still be processed before" not in out.stdout + out.stderr
+
+
 def test_tls_to_modal_has_a_trust_store_in_the_pod(planned_stacks, tmp_path):
     binary = require_haproxy()
     spec = planned_stacks["prod"][1]
