@@ -184,7 +184,7 @@ def main() -> int:
     a = ap.parse_args()
     binary = haproxy_binary()
     if binary is None or shutil.which("cc") is None:
-        print("needs haproxy and a C compiler (apt-get install -y haproxy gcc)", file=sys.stderr)
+        print("needs HAProxy 3.0 (python3 dev.py test builds it into .cache/) and a C compiler", file=sys.stderr)
         return 2
     rounds, loads = (2, LOADS[:2]) if a.quick else (a.rounds, LOADS)
     load_start = os.getloadavg()[0]

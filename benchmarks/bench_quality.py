@@ -67,7 +67,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     if haproxy_binary() is None or shutil.which("cc") is None:
-        print("needs haproxy and a C compiler (apt-get install -y haproxy gcc)", file=sys.stderr)
+        print("needs HAProxy 3.0 (python3 dev.py test builds it into .cache/) and a C compiler", file=sys.stderr)
         return 2
     base = plan(load_inputs(ROOT / "stacks" / "Pulumi.prod.yaml"))
     moto, moto_url = start_moto()

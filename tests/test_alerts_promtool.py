@@ -16,7 +16,7 @@ image pins; prometheus_client adds `_total` to counters and `_bucket{le=...}` to
                                        taken from the rendered rules: newer engines call the second
                                        vllm:inter_token_latency_seconds, same buckets)
   vllm:kv_cache_usage_perc             gauge, 0..1
-HAProxy 2.6's built-in exporter: haproxy_backend_current_sessions{proxy=...} (gauge; checked against a real
+HAProxy's built-in exporter (2.6, and 3.0 the tests run): haproxy_backend_current_sessions{proxy=...} (gauge; checked against a real
 HAProxy in test_trigger_queries_live.py). The PodMonitor adds namespace, pod and the track label.
 
 How Prometheus 2.42 evaluates (the hand model behind each expected firing minute): rules run every
