@@ -17,7 +17,7 @@ def _both(rate, mean, Q, up, k, B, W, wg):
     top = int(np.ceil((Q.max() + max(up.max(), k.max())) / B))
     got = serverless_compiled.switching(rate, mean, Q, up, k, B, W, wg, sv.log_fact_upto(top + 2), sv.EXACT_LEVELS,
                                         float(sv.SECONDS_PER_MINUTE), sv.UPPER_DIRECT_BELOW, sv.UPPER_SERIES_TERMS,
-                                        sv.UPPER_SERIES_STOP)
+                                        sv.UPPER_SERIES_STOP, sv.start_levels_within_reach(mean, Q, up, B))
     return got, sv._switching_numpy(rate, mean, Q, up, k, B, W, wg)
 
 

@@ -503,7 +503,7 @@ def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray
         top = int(math.ceil((float(Q.max(initial=0.0)) + float(max(up.max(), k.max()))) / B))
         return serverless_compiled.switching(rate, mean, Q, up, k, B, W, wg, log_fact_upto(top + 2), EXACT_LEVELS,
                                              float(SECONDS_PER_MINUTE), UPPER_DIRECT_BELOW, UPPER_SERIES_TERMS,
-                                             UPPER_SERIES_STOP)
+                                             UPPER_SERIES_STOP, start_levels_within_reach(mean, Q, up, B))
     return _switching_numpy(rate, mean, Q, up, k, B, W, wg)
 
 
@@ -530,25 +530,51 @@ def _switching_numpy(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.n
     Worked out on blocks of hours of about SWITCHING_BLOCK values (hours × levels × nodes): each hour's row
     depends on that hour alone, and arrays that size stay in the processor's cache and are allocated from the
     heap, where whole-week arrays (megabytes each, some twenty of them) cost a page fault per 4 KB and a pass
-    through memory per step — twice the time, for the same figures bit for bit."""
+    through memory per step — twice the time, for the same figures bit for bit. Each block works out the start
+    levels only up to the highest its hours can reach (start_levels_within_reach); hours are grouped by that
+    count, so a quiet hour does not pay a busy one's levels."""
     H, n = rate.shape[0], max(1, SWITCHING_BLOCK // (2 * len(k) * rate.shape[-1]))
+    reach = start_levels_within_reach(mean, Q, up, B)
     if H > n:
-        parts = [_switching_block(rate[i:i + n], mean[i:i + n], Q[i:i + n], up, k, B, W, wg) for i in range(0, H, n)]
-        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-    return _switching_block(rate, mean, Q, up, k, B, W, wg)
+        order = np.argsort(reach, kind="stable")
+        p_on, p_off = np.empty((H, len(k))), np.empty((H, len(k)))
+        for i in range(0, H, n):
+            rows = order[i:i + n]
+            p_on[rows], p_off[rows] = _switching_block(rate[rows], mean[rows], Q[rows], up, k, B, W, wg, reach[rows])
+        return p_on, p_off
+    return _switching_block(rate, mean, Q, up, k, B, W, wg, reach)
+
+
+# A start level more than this many standard deviations (+ this many) above an hour's largest in flight (its
+# busiest minute factor) is never reached in it: P(N = L − 1) < 1e-30 there (Poisson tail; Chernoff), so its
+# start rate h_on is taken as 0 instead of worked out (a change below 1e-28 containers in any hour's bill)
+REACH_SD = 12.0
+REACH_ABOVE = 20.0
+
+
+def start_levels_within_reach(mean: np.ndarray, Q: np.ndarray, up: np.ndarray, B: float) -> np.ndarray:
+    """For each hour (rows of mean (H, 1, G)), how many of the start levels ⌈(Q + up_k) / B⌉ (ascending in k) lie
+    within REACH_SD standard deviations + REACH_ABOVE of its largest in flight: the start levels whose rate is
+    worked out (the rest have h_on = 0)."""
+    m_top = mean.max(axis=(1, 2))
+    top = m_top + REACH_SD * np.sqrt(m_top) + REACH_ABOVE
+    L_up = np.ceil((Q[:, None] + up[None, :]) / B)
+    return np.logical_and.accumulate(L_up <= top[:, None], axis=1).sum(axis=1)
 
 
 SWITCHING_BLOCK = 65_536  # values per block of _switching_numpy (512 KB a array: L2-sized)
 
 
 def _switching_block(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
-                     W: float, wg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """_switching_numpy for one block of hours."""
+                     W: float, wg: np.ndarray, reach: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """_switching_numpy for one block of hours; each hour's start levels from its `reach` on are beyond it
+    (start_levels_within_reach): their h_on is 0 (the block works out the start levels up to its largest reach,
+    and sets the rest of each row to 0, so a row's figures do not depend on the hours it is blocked with)."""
     # both level sets in one call (one table of Poisson sums per hour and g): start levels, then stop levels
-    P = len(k)
-    levels = np.ceil((Q[:, None] + np.concatenate([up, k])[None, :]) / B)[:, :, None]
-    F, above, at = poisson_tails(levels, mean, upper_from=P)  # the upper tail of the stop levels only
-    F_up, at_up, F_dn, at_dn, above_dn = F[:, :P], at[:, :P], F[:, P:], at[:, P:], above[:, P:]
+    P, c = len(k), int(reach.max(initial=0))
+    levels = np.ceil((Q[:, None] + np.concatenate([up[:c], k])[None, :]) / B)[:, :, None]
+    F, above, at = poisson_tails(levels, mean, upper_from=c)  # the upper tail of the stop levels only
+    F_up, at_up, F_dn, at_dn, above_dn = F[:, :c], at[:, :c], F[:, c:], at[:, c:], above[:, c:]
     # The arithmetic below runs on (hours, levels, nodes) arrays, the planner's largest: each step writes into an
     # array whose value is no longer needed (F, at and above are this call's own), in the same order of operations
     # as the formulas in the comments, so the figures are the same to the last bit
@@ -576,17 +602,22 @@ def _switching_block(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.n
     # per-minute switching probabilities, averaged over the minute factor g (independent per minute)
     # (a two-state chain in continuous time inside the minute: rates h_on and r_off)
     # settle = −expm1(−both·60) / max(both, 1e-300), both = h_on + r_off
-    both = np.add(h_on, r_off, out=d)
+    both = d
+    both[...] = r_off
+    both[:, :c] += h_on  # h_on + r_off (h_on = 0 beyond reach)
     settle = np.multiply(both, -float(SECONDS_PER_MINUTE), out=slack)
     np.expm1(settle, out=settle)
     settle /= np.maximum(both, 1e-300, out=both)
     np.negative(settle, out=settle)
     w = wg[None, None, :]
     h_on *= w
-    h_on *= settle
+    h_on *= settle[:, :c]
     r_off *= w
     r_off *= settle
-    return h_on.sum(axis=2), r_off.sum(axis=2)  # (H, P)
+    p_on = np.zeros((rate.shape[0], P))
+    p_on[:, :c] = h_on.sum(axis=2)
+    p_on[np.arange(P)[None, :] >= reach[:, None]] = 0.0
+    return p_on, r_off.sum(axis=2)  # (H, P)
 
 
 def service_time_s(ep: EndpointInputs, pl: Placement, batch: np.ndarray | float) -> np.ndarray:

@@ -46,9 +46,10 @@ def _kernel():
 
 def switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
               W: float, wg: np.ndarray, log_fact: np.ndarray, exact_levels: int, seconds_per_minute: float,
-              upper_direct_below: float, upper_series_terms: int, upper_series_stop: float
+              upper_direct_below: float, upper_series_terms: int, upper_series_stop: float, reach: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray]:
-    """serverless._switching's (p_on, p_off), (H, P): rate and mean (H, 1, G), Q (H,), up and k (P,)."""
+    """serverless._switching's (p_on, p_off), (H, P): rate and mean (H, 1, G), Q (H,), up and k (P,); reach (H,)
+    the start levels each hour works out (serverless.start_levels_within_reach: h_on = 0 beyond)."""
     H, G = rate.shape[0], rate.shape[-1]
     r2 = np.ascontiguousarray(np.broadcast_to(rate, (H, 1, G))[:, 0, :], dtype=np.float64)
     m2 = np.ascontiguousarray(np.broadcast_to(mean, (H, 1, G))[:, 0, :], dtype=np.float64)
@@ -58,7 +59,7 @@ def switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray,
               np.ascontiguousarray(k, dtype=np.float64), float(B), float(W),
               np.ascontiguousarray(wg, dtype=np.float64), np.ascontiguousarray(log_fact, dtype=np.float64),
               int(exact_levels), float(seconds_per_minute), float(upper_direct_below), int(upper_series_terms),
-              float(upper_series_stop), p_on, p_off)
+              float(upper_series_stop), np.ascontiguousarray(reach, dtype=np.int64), p_on, p_off)
     return p_on, p_off
 
 
@@ -91,7 +92,7 @@ _upper_series_py = _upper_series
 
 
 def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, spm, upper_direct_below,
-                      upper_series_terms, upper_series_stop, p_on, p_off):
+                      upper_series_terms, upper_series_stop, reach, p_on, p_off):
     """Fills p_on, p_off (H, P). Per hour h and node g: each level's P(N < L), P(N ≥ L) and P(N = L − 1) as in
     serverless.poisson_tails (exact sums up to exact_levels, Wilson–Hilferty above, the upper tail summed
     directly where it is small), then the hazards and the minute's switching probabilities as in
@@ -110,7 +111,10 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
     at = np.empty(2 * P)
     for h in range(H):
         n_exact = 0
+        c = reach[h]  # start levels from c on are beyond the hour's reach: not worked out, h_on = 0
         for i in range(2 * P):
+            if c <= i < P:
+                continue
             L = math.ceil((Q[h] + (up[i] if i < P else k[i - P])) / B)
             lev[i] = L
             if L <= exact_levels:
@@ -141,6 +145,8 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                 s += t
                 cdf[j] = s
             for i in range(2 * P):
+                if c <= i < P:
+                    continue
                 L = lev[i]
                 if L <= exact_levels:
                     j = max(int(L) - 1, 0)
@@ -178,7 +184,7 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
             r = rate[h, g]
             w = wg[g]
             for p in range(P):
-                h_on = r * at[p] / max(below[p], 1e-300)
+                h_on = r * at[p] / max(below[p], 1e-300) if p < c else 0.0
                 F_dn = below[P + p]
                 d = r * at[P + p]
                 hW = W * d / max(F_dn, 1e-300)
