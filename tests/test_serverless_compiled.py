@@ -17,7 +17,8 @@ def _both(rate, mean, Q, up, k, B, W, wg):
     top = int(np.ceil((Q.max() + max(up.max(), k.max())) / B))
     got = serverless_compiled.switching(rate, mean, Q, up, k, B, W, wg, sv.log_fact_upto(top + 2), sv.EXACT_LEVELS,
                                         float(sv.SECONDS_PER_MINUTE), sv.UPPER_DIRECT_BELOW, sv.UPPER_SERIES_TERMS,
-                                        sv.UPPER_SERIES_STOP, sv.start_levels_within_reach(mean, Q, up, B))
+                                        sv.UPPER_SERIES_STOP, *sv.start_levels_on_and_within_reach(rate, mean, Q, up, B),
+                                        sv.stop_levels_held(mean, Q, k, B))
     return got, sv._switching_numpy(rate, mean, Q, up, k, B, W, wg)
 
 

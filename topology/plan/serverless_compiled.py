@@ -46,10 +46,12 @@ def _kernel():
 
 def switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
               W: float, wg: np.ndarray, log_fact: np.ndarray, exact_levels: int, seconds_per_minute: float,
-              upper_direct_below: float, upper_series_terms: int, upper_series_stop: float, reach: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """serverless._switching's (p_on, p_off), (H, P): rate and mean (H, 1, G), Q (H,), up and k (P,); reach (H,)
-    the start levels each hour works out (serverless.start_levels_within_reach: h_on = 0 beyond)."""
+              upper_direct_below: float, upper_series_terms: int, upper_series_stop: float, on: np.ndarray,
+              reach: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """serverless._switching's (p_on, p_off), (H, P): rate and mean (H, 1, G), Q (H,), up and k (P,); on, reach
+    (H,) the start levels each hour takes as surely on and those it works out (serverless.
+    start_levels_on_and_within_reach: p_on the weights' sum below on, h_on = 0 from reach), held (H,) the stop
+    levels it leaves out (serverless.stop_levels_held: r_off = 0 there)."""
     H, G = rate.shape[0], rate.shape[-1]
     r2 = np.ascontiguousarray(np.broadcast_to(rate, (H, 1, G))[:, 0, :], dtype=np.float64)
     m2 = np.ascontiguousarray(np.broadcast_to(mean, (H, 1, G))[:, 0, :], dtype=np.float64)
@@ -59,7 +61,9 @@ def switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray,
               np.ascontiguousarray(k, dtype=np.float64), float(B), float(W),
               np.ascontiguousarray(wg, dtype=np.float64), np.ascontiguousarray(log_fact, dtype=np.float64),
               int(exact_levels), float(seconds_per_minute), float(upper_direct_below), int(upper_series_terms),
-              float(upper_series_stop), np.ascontiguousarray(reach, dtype=np.int64), p_on, p_off)
+              float(upper_series_stop), np.ascontiguousarray(on, dtype=np.int64),
+              np.ascontiguousarray(reach, dtype=np.int64),
+              np.ascontiguousarray(held, dtype=np.int64), p_on, p_off)
     return p_on, p_off
 
 
@@ -92,7 +96,7 @@ _upper_series_py = _upper_series
 
 
 def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, spm, upper_direct_below,
-                      upper_series_terms, upper_series_stop, reach, p_on, p_off):
+                      upper_series_terms, upper_series_stop, on, reach, held, p_on, p_off):
     """Fills p_on, p_off (H, P). Per hour h and node g: each level's P(N < L), P(N ≥ L) and P(N = L − 1) as in
     serverless.poisson_tails (exact sums up to exact_levels, Wilson–Hilferty above, the upper tail summed
     directly where it is small), then the hazards and the minute's switching probabilities as in
@@ -109,11 +113,14 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
     below = np.empty(2 * P)
     above = np.empty(2 * P)
     at = np.empty(2 * P)
+    wsum = wg.sum()
     for h in range(H):
         n_exact = 0
+        a = on[h]  # start levels before a are surely on: p_on the weights' sum
         c = reach[h]  # start levels from c on are beyond the hour's reach: not worked out, h_on = 0
+        lo = P + held[h]  # stop levels before lo are never left: not worked out, r_off = 0
         for i in range(2 * P):
-            if c <= i < P:
+            if i < a or c <= i < P or P <= i < lo:
                 continue
             L = math.ceil((Q[h] + (up[i] if i < P else k[i - P])) / B)
             lev[i] = L
@@ -145,7 +152,7 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                 s += t
                 cdf[j] = s
             for i in range(2 * P):
-                if c <= i < P:
+                if i < a or c <= i < P or P <= i < lo:
                     continue
                 L = lev[i]
                 if L <= exact_levels:
@@ -183,26 +190,33 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                         above[i] = 1.0 - below[i]
             r = rate[h, g]
             w = wg[g]
-            for p in range(P):
+            for p in range(a, P):
                 h_on = r * at[p] / max(below[p], 1e-300) if p < c else 0.0
-                F_dn = below[P + p]
-                d = r * at[P + p]
-                hW = W * d / max(F_dn, 1e-300)
-                # e^(−x) − 1 is −1 in doubles once e^(−x) < 2^−54 (x > 37.5): expm1 skipped there; e^(−hW) from
-                # the same call where it is not small (there 1 + em is as exact as exp)
-                if hW > _EXPM1_IS_MINUS_ONE:
-                    em = -1.0
-                    q = math.exp(-hW) if -hW > _EXP_IS_ZERO else 0.0
+                if P + p < lo:
+                    r_off = 0.0
+                    if h_on == 0.0:
+                        continue
                 else:
-                    em = math.expm1(-hW)
-                    q = 1.0 + em if hW < 0.5 else math.exp(-hW)
-                slack = above[P + p] + F_dn * -em
-                if slack > 0:
-                    r_off = q * d / max(slack, 1e-300)
-                else:
-                    r_off = 1.0 / max(W, 1e-9)
+                    F_dn = below[P + p]
+                    d = r * at[P + p]
+                    hW = W * d / max(F_dn, 1e-300)
+                    # e^(−x) − 1 is −1 in doubles once e^(−x) < 2^−54 (x > 37.5): expm1 skipped there; e^(−hW)
+                    # from the same call where it is not small (there 1 + em is as exact as exp)
+                    if hW > _EXPM1_IS_MINUS_ONE:
+                        em = -1.0
+                        q = math.exp(-hW) if -hW > _EXP_IS_ZERO else 0.0
+                    else:
+                        em = math.expm1(-hW)
+                        q = 1.0 + em if hW < 0.5 else math.exp(-hW)
+                    slack = above[P + p] + F_dn * -em
+                    if slack > 0:
+                        r_off = q * d / max(slack, 1e-300)
+                    else:
+                        r_off = 1.0 / max(W, 1e-9)
                 both = h_on + r_off
                 x60 = both * spm
                 settle = (1.0 if x60 > _EXPM1_IS_MINUS_ONE else -math.expm1(-x60)) / max(both, 1e-300)
                 p_on[h, p] += w * h_on * settle
                 p_off[h, p] += w * r_off * settle
+        for p in range(a):
+            p_on[h, p] = wsum
