@@ -504,7 +504,7 @@ def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray
         return serverless_compiled.switching(rate, mean, Q, up, k, B, W, wg, log_fact_upto(top + 2), EXACT_LEVELS,
                                              float(SECONDS_PER_MINUTE), UPPER_DIRECT_BELOW, UPPER_SERIES_TERMS,
                                              UPPER_SERIES_STOP, *start_levels_on_and_within_reach(rate, mean, Q, up, B),
-                                             stop_levels_held(mean, Q, k, B))
+                                             stop_levels_held(mean, Q, k, B), REACH_SD, REACH_ABOVE)
     return _switching_numpy(rate, mean, Q, up, k, B, W, wg)
 
 
@@ -645,6 +645,12 @@ def _switching_block(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.n
     w = wg[None, None, :]
     h_on *= w
     h_on *= settle[:, a:c]
+    # a start level surely on at a minute factor's own in flight (as start_levels_on_and_within_reach for the
+    # hour) switches on within the minute: its weight, where P(N < L) may have underflowed (h_on lost)
+    m = np.broadcast_to(mean, rate.shape)
+    S = np.divide(m, rate, out=np.full(rate.shape, np.inf), where=rate > 0)
+    on_low = np.minimum(m - REACH_SD * np.sqrt(m) - REACH_ABOVE, m - S)
+    np.copyto(h_on, np.broadcast_to(w, h_on.shape), where=levels[:, :c - a] - 1 <= on_low)
     r_off *= w
     r_off *= settle[:, lo:]
     cols = np.arange(P)[None, :]

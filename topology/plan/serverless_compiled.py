@@ -47,11 +47,15 @@ def _kernel():
 def switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
               W: float, wg: np.ndarray, log_fact: np.ndarray, exact_levels: int, seconds_per_minute: float,
               upper_direct_below: float, upper_series_terms: int, upper_series_stop: float, on: np.ndarray,
-              reach: np.ndarray, held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+              reach: np.ndarray, held: np.ndarray, reach_sd: float, reach_above: float
+              ) -> tuple[np.ndarray, np.ndarray]:
     """serverless._switching's (p_on, p_off), (H, P): rate and mean (H, 1, G), Q (H,), up and k (P,); on, reach
     (H,) the start levels each hour takes as surely on and those it works out (serverless.
     start_levels_on_and_within_reach: p_on the weights' sum below on, h_on = 0 from reach), held (H,) the stop
-    levels it leaves out (serverless.stop_levels_held: r_off = 0 there)."""
+    levels it leaves out (serverless.stop_levels_held: r_off = 0 there); the kernel applies the same cuts again
+    per minute factor with that node's own in flight (reach_sd, reach_above: serverless.REACH_SD, REACH_ABOVE),
+    where numpy works the block out whole: the two agree to 1e-12 relative, or below 1e-20 absolute where the
+    kernel takes a rate of under 1e-30 per second as 0."""
     H, G = rate.shape[0], rate.shape[-1]
     r2 = np.ascontiguousarray(np.broadcast_to(rate, (H, 1, G))[:, 0, :], dtype=np.float64)
     m2 = np.ascontiguousarray(np.broadcast_to(mean, (H, 1, G))[:, 0, :], dtype=np.float64)
@@ -63,7 +67,7 @@ def switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray,
               int(exact_levels), float(seconds_per_minute), float(upper_direct_below), int(upper_series_terms),
               float(upper_series_stop), np.ascontiguousarray(on, dtype=np.int64),
               np.ascontiguousarray(reach, dtype=np.int64),
-              np.ascontiguousarray(held, dtype=np.int64), p_on, p_off)
+              np.ascontiguousarray(held, dtype=np.int64), float(reach_sd), float(reach_above), p_on, p_off)
     return p_on, p_off
 
 
@@ -96,7 +100,7 @@ _upper_series_py = _upper_series
 
 
 def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, spm, upper_direct_below,
-                      upper_series_terms, upper_series_stop, on, reach, held, p_on, p_off):
+                      upper_series_terms, upper_series_stop, on, reach, held, reach_sd, reach_above, p_on, p_off):
     """Fills p_on, p_off (H, P). Per hour h and node g: each level's P(N < L), P(N ≥ L) and P(N = L − 1) as in
     serverless.poisson_tails (exact sums up to exact_levels, Wilson–Hilferty above, the upper tail summed
     directly where it is small), then the hazards and the minute's switching probabilities as in
@@ -135,6 +139,29 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
             m = max(mean[h, g], 1e-300)
             log_m = math.log(m)
             cbrt_m = np.cbrt(m)
+            r = rate[h, g]
+            w = wg[g]
+            # this node's own cuts (serverless.start_levels_on_and_within_reach and stop_levels_held with this
+            # node's in flight alone, within the hour's): start levels before a_g surely on, from c_g beyond
+            # reach; stop levels before lo_g never left
+            spread = reach_sd * math.sqrt(mean[h, g]) + reach_above
+            low = mean[h, g] - spread
+            on_low = min(low, mean[h, g] - mean[h, g] / r) if r > 0 else -math.inf
+            a_g = a
+            while a_g < c and lev[a_g] - 1 <= on_low:
+                a_g += 1
+            c_g = c
+            while c_g > a_g and lev[c_g - 1] > mean[h, g] + spread:
+                c_g -= 1
+            lo_g = lo
+            while lo_g < 2 * P and lev[lo_g] - 1 <= low:
+                lo_g += 1
+            n_exact = 0
+            for i in range(2 * P):
+                if i < a_g or c_g <= i < P or P <= i < lo_g:
+                    continue
+                if lev[i] <= exact_levels and lev[i] > n_exact:
+                    n_exact = int(lev[i])
             # P(N = j) and P(N ≤ j) for j < n_exact, in the reference's order (a running sum)
             s = 0.0
             for j in range(n_exact):
@@ -152,7 +179,7 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                 s += t
                 cdf[j] = s
             for i in range(2 * P):
-                if i < a or c <= i < P or P <= i < lo:
+                if i < a_g or c_g <= i < P or P <= i < lo_g:
                     continue
                 L = lev[i]
                 if L <= exact_levels:
@@ -188,11 +215,12 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                                        1.0)
                     else:
                         above[i] = 1.0 - below[i]
-            r = rate[h, g]
-            w = wg[g]
             for p in range(a, P):
-                h_on = r * at[p] / max(below[p], 1e-300) if p < c else 0.0
-                if P + p < lo:
+                if p < a_g:  # surely on at this node (its stop level held)
+                    p_on[h, p] += w
+                    continue
+                h_on = r * at[p] / max(below[p], 1e-300) if p < c_g else 0.0
+                if P + p < lo_g:
                     r_off = 0.0
                     if h_on == 0.0:
                         continue
