@@ -10,7 +10,7 @@ are emptied before every timed run, so a run pays for what it computes itself. T
   * `distinct`: the same with every endpoint's TTFT SLO nudged, so no two share a placement search.
 Each case twice: the serverless arithmetic in numpy (what `python -m topology plan` runs: numba is not loaded)
 and by the compiled kernel (`serverless.USE_COMPILED = True`; what a process that has numba loaded runs — its
-import and the cached kernel's load, ≈ 0.3 s once per process, are paid before the timed runs).
+import and the cached kernel's load, 0.43–0.53 s CPU once per process, are paid before the timed runs).
 """
 
 from __future__ import annotations

@@ -218,3 +218,18 @@ def test_planned_bill_matches_the_simulated_one(root, trace, rate, hours):
     chosen = next(r for r in rows if r.chosen)
     for r in rows:
         assert chosen.simulated_total_usd <= r.simulated_total_usd * (1 + TOLERANCE), report
+
+
+@pytest.mark.parametrize("mean_inflight", [200.0, 800.0, 3000.0])
+def test_a_level_far_below_the_mean_is_switched_on_within_the_minute(mean_inflight):
+    """10 req/s, each request in flight mean/10 s, so Poisson(mean) in flight: the first container (level 1) is
+    needed unless nothing at all is in flight (P = e^(−mean)), so from off it is switched on by the first arrival,
+    within 0.1 s — p_on = 1 − e^(−60 × 10) = 1 a minute — and, held by the hundreds in flight, never stops.
+    (Above a mean of 745 both P(N = 0) and P(N < 1) underflow to 0 and the ratio that gives the rate was lost:
+    the model took the level as never switching on, p_on = 0.)"""
+    rate = np.full((1, 1, 1), 10.0)
+    levels = np.array([1.0])
+    p_on, p_off = sv._switching(rate, rate * (mean_inflight / 10.0), np.zeros(1), levels, levels, 1.0, 120.0,
+                                np.ones(1))
+    assert float(p_on[0, 0]) == pytest.approx(1.0, abs=1e-12)
+    assert float(p_off[0, 0]) == pytest.approx(0.0, abs=1e-12)

@@ -503,15 +503,17 @@ def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray
         top = int(math.ceil((float(Q.max(initial=0.0)) + float(max(up.max(), k.max()))) / B))
         return serverless_compiled.switching(rate, mean, Q, up, k, B, W, wg, log_fact_upto(top + 2), EXACT_LEVELS,
                                              float(SECONDS_PER_MINUTE), UPPER_DIRECT_BELOW, UPPER_SERIES_TERMS,
-                                             UPPER_SERIES_STOP)
+                                             UPPER_SERIES_STOP, *start_levels_on_and_within_reach(rate, mean, Q, up, B),
+                                             stop_levels_held(mean, Q, k, B), REACH_SD, REACH_ABOVE)
     return _switching_numpy(rate, mean, Q, up, k, B, W, wg)
 
 
 # Whether _switching runs the compiled kernel (serverless_compiled; numba). Off unless asked for (PLANNER_COMPILED=1
-# or setting this True): the kernel is 2.3× faster than numpy on this arithmetic, but importing numba and loading
-# the cached kernel cost ≈ 0.3 s per process (the first compile ever ≈ 1.1 s more), while it saves ≈ 0.07 s on
-# the prod stack and ≈ 0.6 s on a fleet of 100 endpoints. Both give the same plans: figures agree to 1e-12 relative (tests/test_serverless_compiled.py),
-# specs byte for byte (benchmarks/plans_unchanged.py --compiled yes).
+# or setting this True): the kernel is ≈ 2.8× faster than numpy on this arithmetic (the 100-endpoint distinct
+# fleet's 463 calls: 0.91 against 2.55 s CPU), but importing numba and loading the cached kernel cost 0.43–0.53 s
+# CPU per process (its first compile, from an empty numba cache, 2.9 s), while it saves ≈ 0.1 s on the prod stack
+# and ≈ 1.6 s on that fleet. Both give the same plans: figures agree to 1e-12 relative or 1e-20 absolute
+# (tests/test_serverless_compiled.py), specs byte for byte (benchmarks/plans_unchanged.py --compiled yes).
 USE_COMPILED: bool = os.environ.get("PLANNER_COMPILED", "") in ("1", "true", "yes")
 
 
@@ -530,25 +532,83 @@ def _switching_numpy(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.n
     Worked out on blocks of hours of about SWITCHING_BLOCK values (hours × levels × nodes): each hour's row
     depends on that hour alone, and arrays that size stay in the processor's cache and are allocated from the
     heap, where whole-week arrays (megabytes each, some twenty of them) cost a page fault per 4 KB and a pass
-    through memory per step — twice the time, for the same figures bit for bit."""
+    through memory per step — twice the time, for the same figures bit for bit. Each block works out the start
+    levels only up to the highest its hours can reach (start_levels_within_reach) and the stop levels only from
+    the lowest its hours can leave (stop_levels_held); hours are grouped by reach, so a quiet hour does not pay a
+    busy one's levels."""
     H, n = rate.shape[0], max(1, SWITCHING_BLOCK // (2 * len(k) * rate.shape[-1]))
+    on, reach = start_levels_on_and_within_reach(rate, mean, Q, up, B)
+    held = stop_levels_held(mean, Q, k, B)
     if H > n:
-        parts = [_switching_block(rate[i:i + n], mean[i:i + n], Q[i:i + n], up, k, B, W, wg) for i in range(0, H, n)]
-        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-    return _switching_block(rate, mean, Q, up, k, B, W, wg)
+        order = np.argsort(reach, kind="stable")
+        p_on, p_off = np.empty((H, len(k))), np.empty((H, len(k)))
+        for i in range(0, H, n):
+            rows = order[i:i + n]
+            p_on[rows], p_off[rows] = _switching_block(rate[rows], mean[rows], Q[rows], up, k, B, W, wg, on[rows],
+                                                       reach[rows], held[rows])
+        return p_on, p_off
+    return _switching_block(rate, mean, Q, up, k, B, W, wg, on, reach, held)
+
+
+# A start level more than this many standard deviations (+ this many) above an hour's largest in flight (its
+# busiest minute factor) is never reached in it: P(N = L − 1) < 1e-30 there (Poisson tail; Chernoff), so its
+# start rate h_on is taken as 0 instead of worked out (a change below 1e-28 containers in any hour's bill); and
+# a stop level as far below its smallest in flight is never left: P(N ≤ L − 1) < 1e-31, r_off < 1e-31 × rate,
+# taken as 0
+REACH_SD = 12.0
+REACH_ABOVE = 20.0
+
+
+def start_levels_on_and_within_reach(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, B: float
+                                     ) -> tuple[np.ndarray, np.ndarray]:
+    """For each hour (rows of rate and mean (H, 1, G)), of the start levels ⌈(Q + up_k) / B⌉ (ascending in k):
+    how many are surely on every minute (`on`), and how many lie within REACH_SD standard deviations +
+    REACH_ABOVE of its largest in flight (`reach`). The start levels worked out are those from `on` to `reach`.
+
+    Surely on: L − 1 at least REACH_SD sd + REACH_ABOVE below every minute factor's in flight m (so its stop
+    level, no higher, is held: r_off = 0) and below m − S (S = m / rate, the request's time): then
+    h_on = rate·P(N = L − 1)/P(N ≤ L − 1) ≥ rate·(1 − (L − 1)/m) > 1/S (P(N ≤ n) ≤ P(N = n)/(1 − n/m), the terms
+    falling at least by n/m below n), so e^(−60·h_on) < e^(−60) and the minute's switch-on probability
+    w·(1 − e^(−60·h_on)) is w to the last bit: its row sums the weights."""
+    m_top = mean.max(axis=(1, 2))
+    top = m_top + REACH_SD * np.sqrt(m_top) + REACH_ABOVE
+    m = np.broadcast_to(mean, rate.shape)
+    S = np.divide(m, rate, out=np.full(rate.shape, np.inf), where=rate > 0)
+    m_low = m.min(axis=(1, 2))
+    low = np.minimum(m_low - REACH_SD * np.sqrt(m_low) - REACH_ABOVE, (m - S).min(axis=(1, 2)))
+    L_up = np.ceil((Q[:, None] + up[None, :]) / B)
+    on = np.logical_and.accumulate(L_up - 1 <= low[:, None], axis=1).sum(axis=1)
+    return on, np.logical_and.accumulate(L_up <= top[:, None], axis=1).sum(axis=1)
+
+
+def stop_levels_held(mean: np.ndarray, Q: np.ndarray, k: np.ndarray, B: float) -> np.ndarray:
+    """For each hour, how many of the stop levels ⌈(Q + k) / B⌉ (ascending) lie REACH_SD standard deviations +
+    REACH_ABOVE or more below its smallest in flight (its quietest minute factor): in flight never falls below
+    them, so their r_off is 0 and they are not worked out."""
+    m_low = mean.min(axis=(1, 2))
+    low = m_low - REACH_SD * np.sqrt(m_low) - REACH_ABOVE
+    L_dn = np.ceil((Q[:, None] + k[None, :]) / B)
+    return np.logical_and.accumulate(L_dn - 1 <= low[:, None], axis=1).sum(axis=1)
 
 
 SWITCHING_BLOCK = 65_536  # values per block of _switching_numpy (512 KB a array: L2-sized)
 
 
 def _switching_block(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
-                     W: float, wg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """_switching_numpy for one block of hours."""
+                     W: float, wg: np.ndarray, on: np.ndarray, reach: np.ndarray, held: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """_switching_numpy for one block of hours (start_levels_on_and_within_reach, stop_levels_held): each hour's
+    first `on` start levels are surely on (p_on the weights' sum), those from its `reach` on are beyond it (h_on
+    = 0); its first `held` stop levels are never left (r_off = 0). The block works out the start levels from its
+    smallest `on` to its largest reach and the stop levels from its smallest held, and sets the rest of each row,
+    so a row's figures do not depend on the hours it is blocked with."""
     # both level sets in one call (one table of Poisson sums per hour and g): start levels, then stop levels
-    P = len(k)
-    levels = np.ceil((Q[:, None] + np.concatenate([up, k])[None, :]) / B)[:, :, None]
-    F, above, at = poisson_tails(levels, mean, upper_from=P)  # the upper tail of the stop levels only
-    F_up, at_up, F_dn, at_dn, above_dn = F[:, :P], at[:, :P], F[:, P:], at[:, P:], above[:, P:]
+    P, lo = len(k), int(held.min(initial=0))
+    a, c = int(on.min(initial=0)), int(reach.max(initial=0))
+    levels = np.ceil((Q[:, None] + np.concatenate([up[a:c], k[lo:]])[None, :]) / B)[:, :, None]
+    F, above, at = poisson_tails(levels, mean, upper_from=c - a)  # the upper tail of the stop levels only
+    F_up, at_up = F[:, :c - a], at[:, :c - a]
+    F_dn, at_dn, above_dn = F[:, c - a:], at[:, c - a:], above[:, c - a:]
     # The arithmetic below runs on (hours, levels, nodes) arrays, the planner's largest: each step writes into an
     # array whose value is no longer needed (F, at and above are this call's own), in the same order of operations
     # as the formulas in the comments, so the figures are the same to the last bit
@@ -576,17 +636,32 @@ def _switching_block(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.n
     # per-minute switching probabilities, averaged over the minute factor g (independent per minute)
     # (a two-state chain in continuous time inside the minute: rates h_on and r_off)
     # settle = −expm1(−both·60) / max(both, 1e-300), both = h_on + r_off
-    both = np.add(h_on, r_off, out=d)
-    settle = np.multiply(both, -float(SECONDS_PER_MINUTE), out=slack)
+    both = np.zeros((rate.shape[0], P, rate.shape[-1]))
+    both[:, a:c] = h_on
+    both[:, lo:] += r_off  # h_on + r_off (h_on = 0 beyond reach, r_off = 0 where held)
+    settle = np.multiply(both, -float(SECONDS_PER_MINUTE))
     np.expm1(settle, out=settle)
     settle /= np.maximum(both, 1e-300, out=both)
     np.negative(settle, out=settle)
     w = wg[None, None, :]
     h_on *= w
-    h_on *= settle
+    h_on *= settle[:, a:c]
+    # a start level surely on at a minute factor's own in flight (as start_levels_on_and_within_reach for the
+    # hour) switches on within the minute: its weight, where P(N < L) may have underflowed (h_on lost)
+    m = np.broadcast_to(mean, rate.shape)
+    S = np.divide(m, rate, out=np.full(rate.shape, np.inf), where=rate > 0)
+    on_low = np.minimum(m - REACH_SD * np.sqrt(m) - REACH_ABOVE, m - S)
+    np.copyto(h_on, np.broadcast_to(w, h_on.shape), where=levels[:, :c - a] - 1 <= on_low)
     r_off *= w
-    r_off *= settle
-    return h_on.sum(axis=2), r_off.sum(axis=2)  # (H, P)
+    r_off *= settle[:, lo:]
+    cols = np.arange(P)[None, :]
+    p_on, p_off = np.zeros((rate.shape[0], P)), np.zeros((rate.shape[0], P))
+    p_on[:, a:c] = h_on.sum(axis=2)
+    p_on[cols >= reach[:, None]] = 0.0
+    p_on[cols < on[:, None]] = float(wg.sum())
+    p_off[:, lo:] = r_off.sum(axis=2)
+    p_off[cols < held[:, None]] = 0.0
+    return p_on, p_off  # (H, P)
 
 
 def service_time_s(ep: EndpointInputs, pl: Placement, batch: np.ndarray | float) -> np.ndarray:

@@ -1,13 +1,14 @@
 """serverless._switching compiled with numba: the same arithmetic, one pass per hour and minute factor.
 
 The numpy version (`serverless._switching_numpy`) stays the reference; tests/test_serverless_compiled.py
-checks the two agree to 1e-12 relative. Why faster: numpy builds every intermediate over hours × levels ×
+checks the two agree to 1e-12 relative (or 1e-20 absolute, where the kernel's per-node level cuts take a rate
+under 1e-30 per second as 0). Why faster: numpy builds every intermediate over hours × levels ×
 quadrature nodes (and a table of Poisson terms per hour and node) in memory; here each hour and node builds its
 table of P(N = j) once and reads every level from it, with no temporaries.
 
 The planner uses it only where asked for (`serverless.USE_COMPILED`, PLANNER_COMPILED=1): numba is imported
-when `switching` is first called (≈ 0.17 s, and ≈ 0.15 s more to load the cached kernel), which a stack of a
-few endpoints does not win back. Compiled functions are cached on disk
+when `switching` is first called (with loading the cached kernel 0.43–0.53 s CPU; 2.9 s from an empty cache),
+which a stack of a few endpoints does not win back. Compiled functions are cached on disk
 (`cache=True`, as simulator/compiled.py does); where no cache location is writable they compile in memory.
 """
 
@@ -46,9 +47,16 @@ def _kernel():
 
 def switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
               W: float, wg: np.ndarray, log_fact: np.ndarray, exact_levels: int, seconds_per_minute: float,
-              upper_direct_below: float, upper_series_terms: int, upper_series_stop: float
+              upper_direct_below: float, upper_series_terms: int, upper_series_stop: float, on: np.ndarray,
+              reach: np.ndarray, held: np.ndarray, reach_sd: float, reach_above: float
               ) -> tuple[np.ndarray, np.ndarray]:
-    """serverless._switching's (p_on, p_off), (H, P): rate and mean (H, 1, G), Q (H,), up and k (P,)."""
+    """serverless._switching's (p_on, p_off), (H, P): rate and mean (H, 1, G), Q (H,), up and k (P,); on, reach
+    (H,) the start levels each hour takes as surely on and those it works out (serverless.
+    start_levels_on_and_within_reach: p_on the weights' sum below on, h_on = 0 from reach), held (H,) the stop
+    levels it leaves out (serverless.stop_levels_held: r_off = 0 there); the kernel applies the same cuts again
+    per minute factor with that node's own in flight (reach_sd, reach_above: serverless.REACH_SD, REACH_ABOVE),
+    where numpy works the block out whole: the two agree to 1e-12 relative, or below 1e-20 absolute where the
+    kernel takes a rate of under 1e-30 per second as 0."""
     H, G = rate.shape[0], rate.shape[-1]
     r2 = np.ascontiguousarray(np.broadcast_to(rate, (H, 1, G))[:, 0, :], dtype=np.float64)
     m2 = np.ascontiguousarray(np.broadcast_to(mean, (H, 1, G))[:, 0, :], dtype=np.float64)
@@ -58,7 +66,9 @@ def switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray,
               np.ascontiguousarray(k, dtype=np.float64), float(B), float(W),
               np.ascontiguousarray(wg, dtype=np.float64), np.ascontiguousarray(log_fact, dtype=np.float64),
               int(exact_levels), float(seconds_per_minute), float(upper_direct_below), int(upper_series_terms),
-              float(upper_series_stop), p_on, p_off)
+              float(upper_series_stop), np.ascontiguousarray(on, dtype=np.int64),
+              np.ascontiguousarray(reach, dtype=np.int64),
+              np.ascontiguousarray(held, dtype=np.int64), float(reach_sd), float(reach_above), p_on, p_off)
     return p_on, p_off
 
 
@@ -91,7 +101,7 @@ _upper_series_py = _upper_series
 
 
 def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, spm, upper_direct_below,
-                      upper_series_terms, upper_series_stop, p_on, p_off):
+                      upper_series_terms, upper_series_stop, on, reach, held, reach_sd, reach_above, p_on, p_off):
     """Fills p_on, p_off (H, P). Per hour h and node g: each level's P(N < L), P(N ≥ L) and P(N = L − 1) as in
     serverless.poisson_tails (exact sums up to exact_levels, Wilson–Hilferty above, the upper tail summed
     directly where it is small), then the hazards and the minute's switching probabilities as in
@@ -108,9 +118,15 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
     below = np.empty(2 * P)
     above = np.empty(2 * P)
     at = np.empty(2 * P)
+    wsum = wg.sum()
     for h in range(H):
         n_exact = 0
+        a = on[h]  # start levels before a are surely on: p_on the weights' sum
+        c = reach[h]  # start levels from c on are beyond the hour's reach: not worked out, h_on = 0
+        lo = P + held[h]  # stop levels before lo are never left: not worked out, r_off = 0
         for i in range(2 * P):
+            if i < a or c <= i < P or P <= i < lo:
+                continue
             L = math.ceil((Q[h] + (up[i] if i < P else k[i - P])) / B)
             lev[i] = L
             if L <= exact_levels:
@@ -124,6 +140,29 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
             m = max(mean[h, g], 1e-300)
             log_m = math.log(m)
             cbrt_m = np.cbrt(m)
+            r = rate[h, g]
+            w = wg[g]
+            # this node's own cuts (serverless.start_levels_on_and_within_reach and stop_levels_held with this
+            # node's in flight alone, within the hour's): start levels before a_g surely on, from c_g beyond
+            # reach; stop levels before lo_g never left
+            spread = reach_sd * math.sqrt(mean[h, g]) + reach_above
+            low = mean[h, g] - spread
+            on_low = min(low, mean[h, g] - mean[h, g] / r) if r > 0 else -math.inf
+            a_g = a
+            while a_g < c and lev[a_g] - 1 <= on_low:
+                a_g += 1
+            c_g = c
+            while c_g > a_g and lev[c_g - 1] > mean[h, g] + spread:
+                c_g -= 1
+            lo_g = lo
+            while lo_g < 2 * P and lev[lo_g] - 1 <= low:
+                lo_g += 1
+            n_exact = 0
+            for i in range(2 * P):
+                if i < a_g or c_g <= i < P or P <= i < lo_g:
+                    continue
+                if lev[i] <= exact_levels and lev[i] > n_exact:
+                    n_exact = int(lev[i])
             # P(N = j) and P(N ≤ j) for j < n_exact, in the reference's order (a running sum)
             s = 0.0
             for j in range(n_exact):
@@ -141,6 +180,8 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                 s += t
                 cdf[j] = s
             for i in range(2 * P):
+                if i < a_g or c_g <= i < P or P <= i < lo_g:
+                    continue
                 L = lev[i]
                 if L <= exact_levels:
                     j = max(int(L) - 1, 0)
@@ -175,28 +216,36 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                                        1.0)
                     else:
                         above[i] = 1.0 - below[i]
-            r = rate[h, g]
-            w = wg[g]
-            for p in range(P):
-                h_on = r * at[p] / max(below[p], 1e-300)
-                F_dn = below[P + p]
-                d = r * at[P + p]
-                hW = W * d / max(F_dn, 1e-300)
-                # e^(−x) − 1 is −1 in doubles once e^(−x) < 2^−54 (x > 37.5): expm1 skipped there; e^(−hW) from
-                # the same call where it is not small (there 1 + em is as exact as exp)
-                if hW > _EXPM1_IS_MINUS_ONE:
-                    em = -1.0
-                    q = math.exp(-hW) if -hW > _EXP_IS_ZERO else 0.0
+            for p in range(a, P):
+                if p < a_g:  # surely on at this node (its stop level held)
+                    p_on[h, p] += w
+                    continue
+                h_on = r * at[p] / max(below[p], 1e-300) if p < c_g else 0.0
+                if P + p < lo_g:
+                    r_off = 0.0
+                    if h_on == 0.0:
+                        continue
                 else:
-                    em = math.expm1(-hW)
-                    q = 1.0 + em if hW < 0.5 else math.exp(-hW)
-                slack = above[P + p] + F_dn * -em
-                if slack > 0:
-                    r_off = q * d / max(slack, 1e-300)
-                else:
-                    r_off = 1.0 / max(W, 1e-9)
+                    F_dn = below[P + p]
+                    d = r * at[P + p]
+                    hW = W * d / max(F_dn, 1e-300)
+                    # e^(−x) − 1 is −1 in doubles once e^(−x) < 2^−54 (x > 37.5): expm1 skipped there; e^(−hW)
+                    # from the same call where it is not small (there 1 + em is as exact as exp)
+                    if hW > _EXPM1_IS_MINUS_ONE:
+                        em = -1.0
+                        q = math.exp(-hW) if -hW > _EXP_IS_ZERO else 0.0
+                    else:
+                        em = math.expm1(-hW)
+                        q = 1.0 + em if hW < 0.5 else math.exp(-hW)
+                    slack = above[P + p] + F_dn * -em
+                    if slack > 0:
+                        r_off = q * d / max(slack, 1e-300)
+                    else:
+                        r_off = 1.0 / max(W, 1e-9)
                 both = h_on + r_off
                 x60 = both * spm
                 settle = (1.0 if x60 > _EXPM1_IS_MINUS_ONE else -math.expm1(-x60)) / max(both, 1e-300)
                 p_on[h, p] += w * h_on * settle
                 p_off[h, p] += w * r_off * settle
+        for p in range(a):
+            p_on[h, p] = wsum
