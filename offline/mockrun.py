@@ -29,7 +29,7 @@ from google.protobuf import struct_pb2
 from pulumi import _types
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import resource as pulumi_runtime_resource
-from pulumi.runtime import rpc, settings
+from pulumi.runtime import known_types, rpc, settings
 from pulumi.runtime.proto import provider_pb2, resource_pb2, source_pb2
 
 from .sdk_imports import load_on_demand
@@ -372,6 +372,73 @@ def _without_discarded_debug_log() -> Iterator[None]:
         pulumi.log.debug = original
 
 
+_PLAIN_SCALARS = (str, int, float, bool, type(None))
+
+
+def _unknowns_in(val: Any, seen_ids: set[int]) -> bool:
+    """`rpc.contains_unknowns`'s walk, step for step, as a module function (a plain scalar is never unknown and
+    holds nothing)."""
+    if type(val) in _PLAIN_SCALARS:
+        return False
+    if known_types.is_unknown(val):
+        return True
+    val_id = id(val)
+    if val_id in seen_ids:
+        return False
+    seen_ids.add(val_id)
+    if isinstance(val, dict):
+        return any(_unknowns_in(val[k], seen_ids) for k in val)
+    if isinstance(val, list):
+        return any(_unknowns_in(x, seen_ids) for x in val)
+    return False
+
+
+def _contains_unknowns(val: Any) -> bool:
+    return _unknowns_in(val, set())
+
+
+@contextlib.contextmanager
+def _acyclic_unknowns_check() -> Iterator[None]:
+    """Pulumi's `rpc.contains_unknowns` (3.272.0) defines its recursive walk as a closure on every call: the closure
+    refers to itself through its cell, so each call leaves a reference cycle (function, cell, the evaluated
+    `set[int]` annotation) that only the cyclic collector frees. Every Output runs it (`_OutputData` and
+    `future()`), some 60 000 times for 50 endpoints: most of the garbage the collector walks during a run.
+    While the program runs, the same walk without the cycle answers instead (same answers: it is the walk as
+    a module function)."""
+    original = rpc.contains_unknowns
+    rpc.contains_unknowns = _contains_unknowns
+    try:
+        yield
+    finally:
+        rpc.contains_unknowns = original
+
+
+@contextlib.contextmanager
+def _direct_plain_urns() -> Iterator[None]:
+    """Every registration computes, besides its request, the URN a monitor-less run would answer with
+    (`mock_urn = await create_urn(name, ty, parent_urn).future()`, used only when there is no monitor; here one
+    always answers): an Output of the parent's, `Output.all` over three and an `apply`, some 20 tasks and
+    handles per resource. When name, type and parent are plain strings and no project or stack is given,
+    the same string is computed directly (`create_urn`'s own formula) and handed back as a known Output;
+    anything else (aliases with an Output name, a parent resource) goes to Pulumi's function. The requests
+    the monitor records do not change."""
+    original = getattr(pulumi_runtime_resource, "create_urn", None)
+    if original is None:  # a Pulumi version without it: nothing to skip
+        yield
+        return
+
+    def create_urn(name: Any, type_: Any, parent: Any = None, project: Any = None, stack: Any = None) -> Any:
+        if type(name) is str and type(type_) is str and type(parent) is str and project is None and stack is None:
+            return pulumi.Output.from_input(parent[0 : parent.rfind("::")] + "$" + type_ + "::" + name)
+        return original(name, type_, parent, project, stack)
+
+    pulumi_runtime_resource.create_urn = create_urn
+    try:
+        yield
+    finally:
+        pulumi_runtime_resource.create_urn = original
+
+
 def run_function(
     fn: Callable[[], Any],
     *,
@@ -404,7 +471,8 @@ def run_function(
             stack_resource = settings.get_root_resource()
             return _resolved(dict(getattr(stack_resource, "outputs", {})), recording.outputs)
 
-        with _fewer_collections(), _without_source_positions(), _without_discarded_debug_log():
+        with (_fewer_collections(), _without_source_positions(), _without_discarded_debug_log(),
+              _acyclic_unknowns_check(), _direct_plain_urns()):
             _run()
     finally:
         monitor.close()
