@@ -160,3 +160,56 @@ def test_the_runtimes_debug_lines_reach_the_log_only_when_debug_logging_is_on(ca
     assert [r.inputs for r in rec.resources if r.name == "plain"] == [{"n": 1}]
     assert not [r for r in caplog.records if r.levelno == logging.DEBUG]
     assert pulumi.log.debug is before  # restored after the run
+
+
+def test_while_a_program_runs_pulumis_unknowns_check_answers_the_same_and_leaves_no_garbage():
+    """Pulumi 3.272's `rpc.contains_unknowns` leaves a reference cycle per call (a closure that refers to itself);
+    the runner answers with the same walk without one. Same answers, by hand: an Unknown anywhere in nested
+    maps and lists is found, a self-containing list ends, plain values hold none."""
+    import gc
+
+    from pulumi.output import Unknown
+    from pulumi.runtime import rpc
+
+    looped: list[Any] = [1]
+    looped.append(looped)
+    cases = [("plain", SPEC, False), ("nested unknown", {"a": [1, {"b": Unknown()}]}, True), ("top unknown", Unknown(), True),
+             ("self-containing list", looped, False), ("string", "x", False), ("none", None, False)]
+    seen: dict[str, Any] = {}
+
+    def program() -> None:
+        seen["answers"] = {name: rpc.contains_unknowns(value) for name, value, _ in cases}
+        gc.collect()
+        for _ in range(100):
+            rpc.contains_unknowns({"a": [1, {"b": "c"}]})
+        seen["garbage"] = gc.collect()
+
+    run_function(program)
+    assert seen["answers"] == {name: expected for name, _, expected in cases}
+    assert seen["garbage"] == 0
+
+
+def test_the_runner_computes_a_plain_urn_as_pulumi_does():
+    """The runner computes the URN of a name, type and parent URN given as strings itself: as Pulumi's
+    `create_urn` gives it, and by hand (the parent's type chain, `$`, the type, `::`, the name)."""
+    from pulumi.runtime import resource as runtime_resource
+
+    pulumis = runtime_resource.create_urn
+    cases = {
+        "urn:pulumi:test::llm-serving::serving:components:GpuNodePool::pool-a":
+            "urn:pulumi:test::llm-serving::serving:components:GpuNodePool$aws:autoscaling/tag:Tag::pool-a-tag",
+        "urn:pulumi:test::llm-serving::pulumi:pulumi:Stack$serving:components:GpuNodePool::pool-a":
+            "urn:pulumi:test::llm-serving::pulumi:pulumi:Stack$serving:components:GpuNodePool"
+            "$aws:autoscaling/tag:Tag::pool-a-tag",
+    }
+
+    def program() -> None:
+        assert runtime_resource.create_urn is not pulumis  # the runner's, while the program runs
+        for i, parent in enumerate(cases):
+            pulumi.export(f"ours{i}", runtime_resource.create_urn("pool-a-tag", "aws:autoscaling/tag:Tag", parent))
+            pulumi.export(f"pulumis{i}", pulumis("pool-a-tag", "aws:autoscaling/tag:Tag", parent))
+
+    rec = run_function(program)
+    for i, expected in enumerate(cases.values()):
+        assert rec.outputs[f"ours{i}"] == rec.outputs[f"pulumis{i}"] == expected
+    assert runtime_resource.create_urn is pulumis  # restored after the run
