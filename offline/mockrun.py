@@ -96,17 +96,21 @@ def _canonical(value: Any) -> Any:
     return value
 
 
-class _Inline(concurrent.futures.ThreadPoolExecutor):
-    """An executor that runs each call at once in the calling thread.
+class _InlineLoop(asyncio.SelectorEventLoop):
+    """An event loop whose default executor runs each call at once in the calling thread.
 
-    The runtime sends every monitor call through the event loop's default executor, as it must for a gRPC
-    monitor that blocks; the mock monitor answers in microseconds, and a hop to a worker thread and back per
-    resource (the GIL handed over twice, the loop woken through its self-pipe) cost more than the answer."""
+    The runtime sends every monitor call through the loop's default executor (`run_in_executor(None, ...)`), as it
+    must for a gRPC monitor that blocks; the mock monitor answers in microseconds, and a hop to a worker thread
+    and back per resource (the GIL handed over twice, the loop woken through its self-pipe) cost more than the
+    answer. The answer comes back as a finished future: no wrapping of a thread's future, no wake-up."""
 
-    def submit(self, fn, /, *args, **kwargs):  # noqa: ANN001, ANN201 (Executor's signature)
-        future: concurrent.futures.Future = concurrent.futures.Future()
+    def run_in_executor(self, executor, func, *args):  # noqa: ANN001, ANN201 (the loop's signature)
+        if executor is not None:
+            return super().run_in_executor(executor, func, *args)
+        self._check_closed()
+        future = self.create_future()
         try:
-            future.set_result(fn(*args, **kwargs))
+            future.set_result(func(*args))
         except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine, as a worker thread would
             future.set_exception(e)
         return future
@@ -455,7 +459,7 @@ def run_function(
     pulumi.runtime.set_all_config(
         {k: v if isinstance(v, str) else json.dumps(v) for k, v in (config or {}).items()}
     )
-    # the program runs on a loop of its own whose executor answers monitor calls inline (see _Inline); the
+    # the program runs on a loop of its own whose executor answers monitor calls inline (see _InlineLoop); the
     # thread's own loop, if any, is left as it was for other users of Pulumi's mocks in this process
     policy = asyncio.get_event_loop_policy()
     previous_loop = _current_loop(policy)
@@ -499,8 +503,7 @@ def _program_loop() -> asyncio.AbstractEventLoop:
     inline executor."""
     global _LOOP
     if _LOOP is None or _LOOP.is_closed():
-        _LOOP = asyncio.new_event_loop()
-        _LOOP.set_default_executor(_Inline())
+        _LOOP = _InlineLoop()
     return _LOOP
 
 
