@@ -213,3 +213,48 @@ def test_the_runner_computes_a_plain_urn_as_pulumi_does():
     for i, expected in enumerate(cases.values()):
         assert rec.outputs[f"ours{i}"] == rec.outputs[f"pulumis{i}"] == expected
     assert runtime_resource.create_urn is pulumis  # restored after the run
+
+
+def test_while_a_program_runs_each_declared_type_unwraps_as_pulumi_unwraps_it():
+    """The runner remembers `_types.unwrap_type`'s answer for each type; asked again, it must answer what Pulumi's
+    function answers, which by hand is the T inside Output[T], Input[T], InputType[T] and Optional[...], in the
+    resolved forms the SDK classes' type hints take (Input[T] is Union[T, Awaitable[T], Output[T]], InputType[T]
+    is Union[T, Mapping[str, Any]])."""
+    from collections.abc import Awaitable, Mapping, Sequence
+    from typing import Optional, Union
+
+    from pulumi import _types
+
+    pulumis = _types.unwrap_type
+
+    @pulumi.input_type
+    class PortArgs:
+        def __init__(self, port: int) -> None:
+            pulumi.set(self, "port", port)
+
+        @property
+        @pulumi.getter
+        def port(self) -> int:
+            return pulumi.get(self, "port")
+
+    def inp(t: Any) -> Any:
+        return Union[t, Awaitable[t], pulumi.Output[t]]  # noqa: UP007 (the form the SDKs declare)
+
+    cases = {
+        Optional[inp(str)]: str,  # noqa: UP007
+        pulumi.Output[int]: int,
+        inp(Sequence[inp(str)]): Sequence[inp(str)],
+        Union[PortArgs, Mapping[str, Any]]: PortArgs,  # noqa: UP007
+        Optional[inp(Union[PortArgs, Mapping[str, Any]])]: PortArgs,  # noqa: UP007
+        dict[str, str]: dict[str, str],
+    }
+    seen: dict[str, Any] = {}
+
+    def program() -> None:
+        seen["ours"] = _types.unwrap_type is not pulumis
+        seen["first"] = [_types.unwrap_type(t) for t in cases]
+        seen["again"] = [_types.unwrap_type(t) for t in cases]
+
+    run_function(program)
+    assert seen["ours"] and _types.unwrap_type is pulumis  # the runner's while the program runs, restored after
+    assert seen["first"] == seen["again"] == [pulumis(t) for t in cases] == list(cases.values())
