@@ -143,15 +143,69 @@ def _plain(value: Any) -> Any:
     """A Struct or ListValue of plain values as dicts and lists, as the runtime projects them (a map entry whose
     value is null is left out; a null in a list is kept)."""
     if isinstance(value, struct_pb2.Struct):
-        out = {}
-        for k, v in value.items():
-            v = _plain(v)
-            if v is not None:
-                out[k] = v
-        return out
+        return _plain_map(value)
     if isinstance(value, struct_pb2.ListValue):
-        return [_plain(v) for v in value]
+        return [_plain_value(v) for v in value.values]
     return value
+
+
+def _plain_map(struct: struct_pb2.Struct) -> dict[str, Any]:
+    out = {}
+    for k, v in struct.fields.items():
+        v = _plain_value(v)
+        if v is not None:
+            out[k] = v
+    return out
+
+
+def _plain_value(value: struct_pb2.Value) -> Any:
+    """One Value as protobuf's `Struct.items()` gives it (`_GetStructValue`), maps and lists made plain in turn."""
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "number_value":
+        return value.number_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "struct_value":
+        return _plain_map(value.struct_value)
+    if kind == "list_value":
+        return [_plain_value(v) for v in value.list_value.values]
+    if kind == "null_value":
+        return None
+    raise ValueError("Value not set")
+
+
+def _canonical_plain(struct: struct_pb2.Struct) -> dict[str, Any]:
+    """`_canonical(_plain(struct))` in one walk, for a message of plain values: null map entries left out, keys
+    sorted, whole numbers as ints."""
+    out = {}
+    for k, v in sorted(struct.fields.items()):
+        v = _canonical_value(v)
+        if v is not None:
+            out[k] = v
+    return out
+
+
+def _canonical_value(value: struct_pb2.Value) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "number_value":
+        n = value.number_value
+        return int(n) if n.is_integer() else n
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "struct_value":
+        return _canonical_plain(value.struct_value)
+    if kind == "list_value":
+        return [_canonical_value(v) for v in value.list_value.values]
+    if kind == "null_value":
+        return None
+    raise ValueError("Value not set")
+
+
+_ABSENT = object()
 
 
 def _struct(values: Mapping[str, Any]) -> struct_pb2.Struct:
@@ -217,14 +271,24 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                          _canonical(rpc.deserialize_properties(request.object, keep_unknowns=False))))
         else:
             urn = self.make_urn(request.parent, request.type, request.name)
-            state = _deserialize(request.object, wire)
-            inputs = _canonical(state)  # before the mock sees them: a mock may change what it is given
+            if any(sig in wire for sig in _SPECIAL_WIRE):  # a secret or an unknown: the runtime's reading
+                given = rpc.deserialize_properties(request.object)
+                inputs = _canonical(given)  # before the mock sees them: a mock may change what it is given
+            else:  # plain values: what that gives, canonical already (the mock is handed its own copy)
+                inputs = _canonical_plain(request.object)
+                given = dict(inputs)
+            echo = dict(given)
             id_, state = self.mocks.new_resource(pulumi_mocks.MockResourceArgs(
-                typ=request.type, name=request.name, inputs=state, provider=request.provider,
+                typ=request.type, name=request.name, inputs=given, provider=request.provider,
                 resource_id=request.importId, custom=request.custom or False,
                 transforms=pulumi_mocks._resolve_callbacks(request.transforms),
             ))
-            response = resource_pb2.RegisterResourceResponse(urn=urn, id=id_, object=self._answer(state))
+            # The answer holds what the mock added or replaced; for an input it hands back as given, the runtime
+            # reads the value from its own request (rpc.resolve_outputs: an input the engine gave no final value
+            # for keeps the value passed in), the same value an echo would carry, without building the echo.
+            # The mocks change top-level entries only (ServingMocks adds ARNs, names, IDs).
+            changed = {k: v for k, v in state.items() if echo.get(k, _ABSENT) is not v}
+            response = resource_pb2.RegisterResourceResponse(urn=urn, id=id_, object=self._answer(changed))
             self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, id_, state)
         self._record(request, response.urn, inputs, custom=bool(request.custom), protect=bool(request.protect),
                      ignore_changes=tuple(request.ignoreChanges))

@@ -258,3 +258,27 @@ def test_while_a_program_runs_each_declared_type_unwraps_as_pulumi_unwraps_it():
     run_function(program)
     assert seen["ours"] and _types.unwrap_type is pulumis  # the runner's while the program runs, restored after
     assert seen["first"] == seen["again"] == [pulumis(t) for t in cases] == list(cases.values())
+
+
+def test_the_monitor_records_a_plain_request_as_the_runtime_reads_it_made_canonical():
+    """For a request of plain values the monitor reads the wire straight into the recorded form; it must be the
+    runtime's reading (`rpc.deserialize_properties`) made canonical: null map entries left out, nulls in lists
+    kept, keys sorted, whole numbers as ints, fractions kept."""
+    from google.protobuf import struct_pb2
+    from pulumi.runtime import rpc
+
+    from offline.mockrun import _canonical_plain
+
+    cases = [
+        {"spec": SPEC, "count": 7.0, "nulls": {"a": None, "b": [None, {"c": None, "d": 1.5}]}, "top": None},
+        {"z": {"y": [3.0, -0.5, 1e21, True, "8000"]}, "a": [], "m": {}},
+    ]
+    for values in cases:
+        message = struct_pb2.Struct()
+        message.update(values)
+        assert _canonical_plain(message) == _canonical(rpc.deserialize_properties(message))
+    first = struct_pb2.Struct()
+    first.update(cases[0])
+    recorded = _canonical_plain(first)
+    assert list(recorded) == ["count", "nulls", "spec"] and recorded["nulls"] == {"b": [None, {"d": 1.5}]}
+    assert type(recorded["count"]) is int and type(recorded["spec"]["replicas"]) is int
