@@ -131,54 +131,10 @@ def _needs_runtime(message: Any) -> bool:
 _SPECIAL_WIRE = (rpc._special_sig_key.encode(), rpc.UNKNOWN.encode())
 
 
-def _deserialize(message: struct_pb2.Struct, wire: bytes) -> dict[str, Any]:
-    """What `rpc.deserialize_properties(message)` gives; for plain values (`wire`, the message serialized, holding no
-    special form) without its per-value checks for secrets and unknowns, which then find none."""
-    if any(sig in wire for sig in _SPECIAL_WIRE):
-        return rpc.deserialize_properties(message)
-    return _plain(message)
-
-
-def _plain(value: Any) -> Any:
-    """A Struct or ListValue of plain values as dicts and lists, as the runtime projects them (a map entry whose
-    value is null is left out; a null in a list is kept)."""
-    if isinstance(value, struct_pb2.Struct):
-        return _plain_map(value)
-    if isinstance(value, struct_pb2.ListValue):
-        return [_plain_value(v) for v in value.values]
-    return value
-
-
-def _plain_map(struct: struct_pb2.Struct) -> dict[str, Any]:
-    out = {}
-    for k, v in struct.fields.items():
-        v = _plain_value(v)
-        if v is not None:
-            out[k] = v
-    return out
-
-
-def _plain_value(value: struct_pb2.Value) -> Any:
-    """One Value as protobuf's `Struct.items()` gives it (`_GetStructValue`), maps and lists made plain in turn."""
-    kind = value.WhichOneof("kind")
-    if kind == "string_value":
-        return value.string_value
-    if kind == "number_value":
-        return value.number_value
-    if kind == "bool_value":
-        return value.bool_value
-    if kind == "struct_value":
-        return _plain_map(value.struct_value)
-    if kind == "list_value":
-        return [_plain_value(v) for v in value.list_value.values]
-    if kind == "null_value":
-        return None
-    raise ValueError("Value not set")
-
-
 def _canonical_plain(struct: struct_pb2.Struct) -> dict[str, Any]:
-    """`_canonical(_plain(struct))` in one walk, for a message of plain values: null map entries left out, keys
-    sorted, whole numbers as ints."""
+    """A message of plain values as the runtime reads it (`rpc.deserialize_properties`: a map entry whose value is
+    null left out, a null in a list kept), made canonical (`_canonical`: keys sorted, whole numbers as ints) in
+    one walk."""
     out = {}
     for k, v in sorted(struct.fields.items()):
         v = _canonical_value(v)

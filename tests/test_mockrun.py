@@ -122,28 +122,6 @@ def test_an_answered_invoke_reaches_the_program():
     assert rec.outputs["tables"]["ids"] == ["rtb-123456-private-a", "rtb-123456-private-b"]
 
 
-def test_the_monitor_reads_a_request_as_the_runtimes_deserializer_does():
-    """The monitor reads plain requests without the runtime's per-value checks; every wire form must read as
-    `rpc.deserialize_properties` reads it: nulls in maps left out and kept in lists, a secret pushed up to the
-    map holding it, an unknown as the runtime leaves it."""
-    from google.protobuf import struct_pb2
-    from pulumi.runtime import rpc
-
-    from offline.mockrun import _deserialize
-
-    secret = {rpc._special_sig_key: rpc._special_secret_sig, "value": "s3cr3t"}
-    cases = [
-        {"spec": SPEC, "count": 7.0, "nulls": {"a": None, "b": [None, {"c": None, "d": 1.5}]}, "top": None},
-        {"env": [{"name": "K", "value": "v"}], "auth": {"token": secret, "user": "u"}},
-        {"ready": rpc.UNKNOWN, "nested": {"maybe": rpc.UNKNOWN, "list": [rpc.UNKNOWN, "x"]}},
-        {"text": f"a value that names {rpc._special_sig_key} but is plain", "n": {}},
-    ]
-    for values in cases:
-        message = struct_pb2.Struct()
-        message.update(values)
-        assert _deserialize(message, message.SerializeToString()) == rpc.deserialize_properties(message)
-
-
 def test_the_runtimes_debug_lines_reach_the_log_only_when_debug_logging_is_on(caplog):
     """Under mocks the runtime's debug lines go to the root logger at debug level; the runner skips building
     them while that level is off, and must still deliver them when it is on."""
@@ -272,6 +250,7 @@ def test_the_monitor_records_a_plain_request_as_the_runtime_reads_it_made_canoni
     cases = [
         {"spec": SPEC, "count": 7.0, "nulls": {"a": None, "b": [None, {"c": None, "d": 1.5}]}, "top": None},
         {"z": {"y": [3.0, -0.5, 1e21, True, "8000"]}, "a": [], "m": {}},
+        {"env": [{"name": "K", "value": "v"}], "text": "gpu-ü", "n": {}},
     ]
     for values in cases:
         message = struct_pb2.Struct()
