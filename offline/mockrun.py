@@ -463,34 +463,42 @@ def _direct_plain_urns() -> Iterator[None]:
         pulumi_runtime_resource.create_urn = original
 
 
+def _remembering(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`fn` of a type, each type's answer kept after the first (a type that cannot be a dict key: asked every time)."""
+    answers: dict[Any, Any] = {}
+
+    def remembered(val: Any) -> Any:
+        try:
+            return answers[val]
+        except KeyError:
+            answers[val] = answer = fn(val)
+            return answer
+        except TypeError:  # unhashable
+            return fn(val)
+
+    return remembered
+
+
+# the runtime's type unwrappers: Output[T], Input[T], InputType[T], Optional[T] → T; Optional[T] → T
+_UNWRAPPERS = ("unwrap_type", "unwrap_optional_type")
+
+
 @contextlib.contextmanager
 def _remembered_type_unwrapping() -> Iterator[None]:
     """The runtime unwraps the declared type of every input value it serializes (`_types.unwrap_type`: Output[T],
     Input[T], Optional[T] → T, a dozen `typing` inspections each), 61 000 times for 50 endpoints (26 a resource),
-    over the few hundred types the typed SDK classes declare. The answer depends on the type alone
-    (its `typing` form and whether its classes are input types, fixed when they are defined), so while the
-    program runs each type's answer is kept after its first unwrapping; a type that cannot be a dict key
-    is unwrapped every time."""
-    original = getattr(_types, "unwrap_type", None)
-    if original is None:  # a Pulumi version without it: nothing to remember
-        yield
-        return
-    answers: dict[Any, Any] = {}
-
-    def unwrap_type(val: Any) -> Any:
-        try:
-            return answers[val]
-        except KeyError:
-            answers[val] = answer = original(val)
-            return answer
-        except TypeError:  # unhashable
-            return original(val)
-
-    _types.unwrap_type = unwrap_type
+    and the Optional[T] of every output value it reads back (`_types.unwrap_optional_type`), over the few hundred
+    types the typed SDK classes declare. Each answer depends on the type alone (its `typing` form and whether
+    its classes are input types, fixed when they are defined), so while the program runs each type's answer
+    is kept after its first unwrapping."""
+    originals = {name: getattr(_types, name) for name in _UNWRAPPERS if hasattr(_types, name)}
+    for name, fn in originals.items():
+        setattr(_types, name, _remembering(fn))
     try:
         yield
     finally:
-        _types.unwrap_type = original
+        for name, fn in originals.items():
+            setattr(_types, name, fn)
 
 
 def run_function(

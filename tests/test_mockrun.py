@@ -228,14 +228,24 @@ def test_while_a_program_runs_each_declared_type_unwraps_as_pulumi_unwraps_it():
     }
     seen: dict[str, Any] = {}
 
+    pulumis_optional = _types.unwrap_optional_type
+    # Optional[T] → T for a single T only: Optional[Input[str]] flattens into a four-member union, kept as it is
+    optional_cases = {Optional[str]: str, Optional[dict[str, str]]: dict[str, str],  # noqa: UP007
+                      Optional[inp(str)]: Optional[inp(str)], str: str}  # noqa: UP007
+
     def program() -> None:
-        seen["ours"] = _types.unwrap_type is not pulumis
+        seen["ours"] = _types.unwrap_type is not pulumis and _types.unwrap_optional_type is not pulumis_optional
         seen["first"] = [_types.unwrap_type(t) for t in cases]
         seen["again"] = [_types.unwrap_type(t) for t in cases]
+        seen["optional"] = [_types.unwrap_optional_type(t) for t in optional_cases]
+        seen["optional again"] = [_types.unwrap_optional_type(t) for t in optional_cases]
 
     run_function(program)
-    assert seen["ours"] and _types.unwrap_type is pulumis  # the runner's while the program runs, restored after
+    # the runner's while the program runs, restored after
+    assert seen["ours"] and _types.unwrap_type is pulumis and _types.unwrap_optional_type is pulumis_optional
     assert seen["first"] == seen["again"] == [pulumis(t) for t in cases] == list(cases.values())
+    assert (seen["optional"] == seen["optional again"] == [pulumis_optional(t) for t in optional_cases]
+            == list(optional_cases.values()))
 
 
 def test_the_monitor_records_a_plain_request_as_the_runtime_reads_it_made_canonical():
