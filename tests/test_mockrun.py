@@ -151,7 +151,8 @@ def test_while_a_program_runs_pulumis_unknowns_check_answers_the_same_and_leaves
 
     looped: list[Any] = [1]
     looped.append(looped)
-    cases = [("plain", SPEC, False), ("nested unknown", {"a": [1, {"b": Unknown()}]}, True), ("top unknown", Unknown(), True),
+    cases = [("plain", SPEC, False), ("nested unknown", {"a": [1, {"b": Unknown()}]}, True),
+             ("top unknown", Unknown(), True),
              ("self-containing list", looped, False), ("string", "x", False), ("none", None, False)]
     seen: dict[str, Any] = {}
 
