@@ -29,7 +29,7 @@ from google.protobuf import struct_pb2
 from pulumi import _types
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import resource as pulumi_runtime_resource
-from pulumi.runtime import rpc, settings
+from pulumi.runtime import known_types, rpc, settings
 from pulumi.runtime.proto import provider_pb2, resource_pb2, source_pb2
 
 from .sdk_imports import load_on_demand
@@ -96,17 +96,21 @@ def _canonical(value: Any) -> Any:
     return value
 
 
-class _Inline(concurrent.futures.ThreadPoolExecutor):
-    """An executor that runs each call at once in the calling thread.
+class _InlineLoop(asyncio.SelectorEventLoop):
+    """An event loop whose default executor runs each call at once in the calling thread.
 
-    The runtime sends every monitor call through the event loop's default executor, as it must for a gRPC
-    monitor that blocks; the mock monitor answers in microseconds, and a hop to a worker thread and back per
-    resource (the GIL handed over twice, the loop woken through its self-pipe) cost more than the answer."""
+    The runtime sends every monitor call through the loop's default executor (`run_in_executor(None, ...)`), as it
+    must for a gRPC monitor that blocks; the mock monitor answers in microseconds, and a hop to a worker thread
+    and back per resource (the GIL handed over twice, the loop woken through its self-pipe) cost more than the
+    answer. The answer comes back as a finished future: no wrapping of a thread's future, no wake-up."""
 
-    def submit(self, fn, /, *args, **kwargs):  # noqa: ANN001, ANN201 (Executor's signature)
-        future: concurrent.futures.Future = concurrent.futures.Future()
+    def run_in_executor(self, executor, func, *args):  # noqa: ANN001, ANN201 (the loop's signature)
+        if executor is not None:
+            return super().run_in_executor(executor, func, *args)
+        self._check_closed()
+        future = self.create_future()
         try:
-            future.set_result(fn(*args, **kwargs))
+            future.set_result(func(*args))
         except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine, as a worker thread would
             future.set_exception(e)
         return future
@@ -127,27 +131,37 @@ def _needs_runtime(message: Any) -> bool:
 _SPECIAL_WIRE = (rpc._special_sig_key.encode(), rpc.UNKNOWN.encode())
 
 
-def _deserialize(message: struct_pb2.Struct, wire: bytes) -> dict[str, Any]:
-    """What `rpc.deserialize_properties(message)` gives; for plain values (`wire`, the message serialized, holding no
-    special form) without its per-value checks for secrets and unknowns, which then find none."""
-    if any(sig in wire for sig in _SPECIAL_WIRE):
-        return rpc.deserialize_properties(message)
-    return _plain(message)
+def _canonical_plain(struct: struct_pb2.Struct) -> dict[str, Any]:
+    """A message of plain values as the runtime reads it (`rpc.deserialize_properties`: a map entry whose value is
+    null left out, a null in a list kept), made canonical (`_canonical`: keys sorted, whole numbers as ints) in
+    one walk."""
+    out = {}
+    for k, v in sorted(struct.fields.items()):
+        v = _canonical_value(v)
+        if v is not None:
+            out[k] = v
+    return out
 
 
-def _plain(value: Any) -> Any:
-    """A Struct or ListValue of plain values as dicts and lists, as the runtime projects them (a map entry whose
-    value is null is left out; a null in a list is kept)."""
-    if isinstance(value, struct_pb2.Struct):
-        out = {}
-        for k, v in value.items():
-            v = _plain(v)
-            if v is not None:
-                out[k] = v
-        return out
-    if isinstance(value, struct_pb2.ListValue):
-        return [_plain(v) for v in value]
-    return value
+def _canonical_value(value: struct_pb2.Value) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "number_value":
+        n = value.number_value
+        return int(n) if n.is_integer() else n
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "struct_value":
+        return _canonical_plain(value.struct_value)
+    if kind == "list_value":
+        return [_canonical_value(v) for v in value.list_value.values]
+    if kind == "null_value":
+        return None
+    raise ValueError("Value not set")
+
+
+_ABSENT = object()
 
 
 def _struct(values: Mapping[str, Any]) -> struct_pb2.Struct:
@@ -213,14 +227,24 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                          _canonical(rpc.deserialize_properties(request.object, keep_unknowns=False))))
         else:
             urn = self.make_urn(request.parent, request.type, request.name)
-            state = _deserialize(request.object, wire)
-            inputs = _canonical(state)  # before the mock sees them: a mock may change what it is given
+            if any(sig in wire for sig in _SPECIAL_WIRE):  # a secret or an unknown: the runtime's reading
+                given = rpc.deserialize_properties(request.object)
+                inputs = _canonical(given)  # before the mock sees them: a mock may change what it is given
+            else:  # plain values: what that gives, canonical already (the mock is handed its own copy)
+                inputs = _canonical_plain(request.object)
+                given = dict(inputs)
+            echo = dict(given)
             id_, state = self.mocks.new_resource(pulumi_mocks.MockResourceArgs(
-                typ=request.type, name=request.name, inputs=state, provider=request.provider,
+                typ=request.type, name=request.name, inputs=given, provider=request.provider,
                 resource_id=request.importId, custom=request.custom or False,
                 transforms=pulumi_mocks._resolve_callbacks(request.transforms),
             ))
-            response = resource_pb2.RegisterResourceResponse(urn=urn, id=id_, object=self._answer(state))
+            # The answer holds what the mock added or replaced; for an input it hands back as given, the runtime
+            # reads the value from its own request (rpc.resolve_outputs: an input the engine gave no final value
+            # for keeps the value passed in), the same value an echo would carry, without building the echo.
+            # The mocks change top-level entries only (ServingMocks adds ARNs, names, IDs).
+            changed = {k: v for k, v in state.items() if echo.get(k, _ABSENT) is not v}
+            response = resource_pb2.RegisterResourceResponse(urn=urn, id=id_, object=self._answer(changed))
             self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, id_, state)
         self._record(request, response.urn, inputs, custom=bool(request.custom), protect=bool(request.protect),
                      ignore_changes=tuple(request.ignoreChanges))
@@ -372,6 +396,111 @@ def _without_discarded_debug_log() -> Iterator[None]:
         pulumi.log.debug = original
 
 
+_PLAIN_SCALARS = (str, int, float, bool, type(None))
+
+
+def _unknowns_in(val: Any, seen_ids: set[int]) -> bool:
+    """`rpc.contains_unknowns`'s walk, step for step, as a module function (a plain scalar is never unknown and
+    holds nothing)."""
+    if type(val) in _PLAIN_SCALARS:
+        return False
+    if known_types.is_unknown(val):
+        return True
+    val_id = id(val)
+    if val_id in seen_ids:
+        return False
+    seen_ids.add(val_id)
+    if isinstance(val, dict):
+        return any(_unknowns_in(val[k], seen_ids) for k in val)
+    if isinstance(val, list):
+        return any(_unknowns_in(x, seen_ids) for x in val)
+    return False
+
+
+def _contains_unknowns(val: Any) -> bool:
+    return _unknowns_in(val, set())
+
+
+@contextlib.contextmanager
+def _acyclic_unknowns_check() -> Iterator[None]:
+    """Pulumi's `rpc.contains_unknowns` (3.272.0) defines its recursive walk as a closure on every call: the closure
+    refers to itself through its cell, so each call leaves a reference cycle (function, cell, the evaluated
+    `set[int]` annotation) that only the cyclic collector frees. Every Output runs it (`_OutputData` and
+    `future()`), some 60 000 times for 50 endpoints: most of the garbage the collector walks during a run.
+    While the program runs, the same walk without the cycle answers instead (same answers: it is the walk as
+    a module function)."""
+    original = rpc.contains_unknowns
+    rpc.contains_unknowns = _contains_unknowns
+    try:
+        yield
+    finally:
+        rpc.contains_unknowns = original
+
+
+@contextlib.contextmanager
+def _direct_plain_urns() -> Iterator[None]:
+    """Every registration computes, besides its request, the URN a monitor-less run would answer with
+    (`mock_urn = await create_urn(name, ty, parent_urn).future()`, used only when there is no monitor; here one
+    always answers): an Output of the parent's, `Output.all` over three and an `apply`, some 20 tasks and
+    handles per resource. When name, type and parent are plain strings and no project or stack is given,
+    the same string is computed directly (`create_urn`'s own formula) and handed back as a known Output;
+    anything else (aliases with an Output name, a parent resource) goes to Pulumi's function. The requests
+    the monitor records do not change."""
+    original = getattr(pulumi_runtime_resource, "create_urn", None)
+    if original is None:  # a Pulumi version without it: nothing to skip
+        yield
+        return
+
+    def create_urn(name: Any, type_: Any, parent: Any = None, project: Any = None, stack: Any = None) -> Any:
+        if type(name) is str and type(type_) is str and type(parent) is str and project is None and stack is None:
+            return pulumi.Output.from_input(parent[0 : parent.rfind("::")] + "$" + type_ + "::" + name)
+        return original(name, type_, parent, project, stack)
+
+    pulumi_runtime_resource.create_urn = create_urn
+    try:
+        yield
+    finally:
+        pulumi_runtime_resource.create_urn = original
+
+
+def _remembering(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`fn` of a type, each type's answer kept after the first (a type that cannot be a dict key: asked every time)."""
+    answers: dict[Any, Any] = {}
+
+    def remembered(val: Any) -> Any:
+        try:
+            return answers[val]
+        except KeyError:
+            answers[val] = answer = fn(val)
+            return answer
+        except TypeError:  # unhashable
+            return fn(val)
+
+    return remembered
+
+
+# the runtime's type unwrappers: Output[T], Input[T], InputType[T], Optional[T] → T; Optional[T] → T
+_UNWRAPPERS = ("unwrap_type", "unwrap_optional_type")
+
+
+@contextlib.contextmanager
+def _remembered_type_unwrapping() -> Iterator[None]:
+    """The runtime unwraps the declared type of every input value it serializes (`_types.unwrap_type`: Output[T],
+    Input[T], Optional[T] → T, a dozen `typing` inspections each), 61 000 times for 50 endpoints (26 a resource),
+    and the Optional[T] of every output value it reads back (`_types.unwrap_optional_type`), over the few hundred
+    types the typed SDK classes declare. Each answer depends on the type alone (its `typing` form and whether
+    its classes are input types, fixed when they are defined), so while the program runs each type's answer
+    is kept after its first unwrapping."""
+    originals = {name: getattr(_types, name) for name in _UNWRAPPERS if hasattr(_types, name)}
+    for name, fn in originals.items():
+        setattr(_types, name, _remembering(fn))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(_types, name, fn)
+
+
 def run_function(
     fn: Callable[[], Any],
     *,
@@ -388,7 +517,7 @@ def run_function(
     pulumi.runtime.set_all_config(
         {k: v if isinstance(v, str) else json.dumps(v) for k, v in (config or {}).items()}
     )
-    # the program runs on a loop of its own whose executor answers monitor calls inline (see _Inline); the
+    # the program runs on a loop of its own whose executor answers monitor calls inline (see _InlineLoop); the
     # thread's own loop, if any, is left as it was for other users of Pulumi's mocks in this process
     policy = asyncio.get_event_loop_policy()
     previous_loop = _current_loop(policy)
@@ -404,7 +533,8 @@ def run_function(
             stack_resource = settings.get_root_resource()
             return _resolved(dict(getattr(stack_resource, "outputs", {})), recording.outputs)
 
-        with _fewer_collections(), _without_source_positions(), _without_discarded_debug_log():
+        with (_fewer_collections(), _without_source_positions(), _without_discarded_debug_log(),
+              _acyclic_unknowns_check(), _direct_plain_urns(), _remembered_type_unwrapping()):
             _run()
     finally:
         monitor.close()
@@ -431,8 +561,7 @@ def _program_loop() -> asyncio.AbstractEventLoop:
     inline executor."""
     global _LOOP
     if _LOOP is None or _LOOP.is_closed():
-        _LOOP = asyncio.new_event_loop()
-        _LOOP.set_default_executor(_Inline())
+        _LOOP = _InlineLoop()
     return _LOOP
 
 

@@ -122,28 +122,6 @@ def test_an_answered_invoke_reaches_the_program():
     assert rec.outputs["tables"]["ids"] == ["rtb-123456-private-a", "rtb-123456-private-b"]
 
 
-def test_the_monitor_reads_a_request_as_the_runtimes_deserializer_does():
-    """The monitor reads plain requests without the runtime's per-value checks; every wire form must read as
-    `rpc.deserialize_properties` reads it: nulls in maps left out and kept in lists, a secret pushed up to the
-    map holding it, an unknown as the runtime leaves it."""
-    from google.protobuf import struct_pb2
-    from pulumi.runtime import rpc
-
-    from offline.mockrun import _deserialize
-
-    secret = {rpc._special_sig_key: rpc._special_secret_sig, "value": "s3cr3t"}
-    cases = [
-        {"spec": SPEC, "count": 7.0, "nulls": {"a": None, "b": [None, {"c": None, "d": 1.5}]}, "top": None},
-        {"env": [{"name": "K", "value": "v"}], "auth": {"token": secret, "user": "u"}},
-        {"ready": rpc.UNKNOWN, "nested": {"maybe": rpc.UNKNOWN, "list": [rpc.UNKNOWN, "x"]}},
-        {"text": f"a value that names {rpc._special_sig_key} but is plain", "n": {}},
-    ]
-    for values in cases:
-        message = struct_pb2.Struct()
-        message.update(values)
-        assert _deserialize(message, message.SerializeToString()) == rpc.deserialize_properties(message)
-
-
 def test_the_runtimes_debug_lines_reach_the_log_only_when_debug_logging_is_on(caplog):
     """Under mocks the runtime's debug lines go to the root logger at debug level; the runner skips building
     them while that level is off, and must still deliver them when it is on."""
@@ -160,3 +138,137 @@ def test_the_runtimes_debug_lines_reach_the_log_only_when_debug_logging_is_on(ca
     assert [r.inputs for r in rec.resources if r.name == "plain"] == [{"n": 1}]
     assert not [r for r in caplog.records if r.levelno == logging.DEBUG]
     assert pulumi.log.debug is before  # restored after the run
+
+
+def test_while_a_program_runs_pulumis_unknowns_check_answers_the_same_and_leaves_no_garbage():
+    """Pulumi 3.272's `rpc.contains_unknowns` leaves a reference cycle per call (a closure that refers to itself);
+    the runner answers with the same walk without one. Same answers, by hand: an Unknown anywhere in nested
+    maps and lists is found, a self-containing list ends, plain values hold none."""
+    import gc
+
+    from pulumi.output import Unknown
+    from pulumi.runtime import rpc
+
+    looped: list[Any] = [1]
+    looped.append(looped)
+    cases = [("plain", SPEC, False), ("nested unknown", {"a": [1, {"b": Unknown()}]}, True),
+             ("top unknown", Unknown(), True),
+             ("self-containing list", looped, False), ("string", "x", False), ("none", None, False)]
+    seen: dict[str, Any] = {}
+
+    def program() -> None:
+        seen["answers"] = {name: rpc.contains_unknowns(value) for name, value, _ in cases}
+        gc.collect()
+        for _ in range(100):
+            rpc.contains_unknowns({"a": [1, {"b": "c"}]})
+        seen["garbage"] = gc.collect()
+
+    run_function(program)
+    assert seen["answers"] == {name: expected for name, _, expected in cases}
+    assert seen["garbage"] == 0
+
+
+def test_the_runner_computes_a_plain_urn_as_pulumi_does():
+    """The runner computes the URN of a name, type and parent URN given as strings itself: as Pulumi's
+    `create_urn` gives it, and by hand (the parent's type chain, `$`, the type, `::`, the name)."""
+    from pulumi.runtime import resource as runtime_resource
+
+    pulumis = runtime_resource.create_urn
+    cases = {
+        "urn:pulumi:test::llm-serving::serving:components:GpuNodePool::pool-a":
+            "urn:pulumi:test::llm-serving::serving:components:GpuNodePool$aws:autoscaling/tag:Tag::pool-a-tag",
+        "urn:pulumi:test::llm-serving::pulumi:pulumi:Stack$serving:components:GpuNodePool::pool-a":
+            "urn:pulumi:test::llm-serving::pulumi:pulumi:Stack$serving:components:GpuNodePool"
+            "$aws:autoscaling/tag:Tag::pool-a-tag",
+    }
+
+    def program() -> None:
+        assert runtime_resource.create_urn is not pulumis  # the runner's, while the program runs
+        for i, parent in enumerate(cases):
+            pulumi.export(f"ours{i}", runtime_resource.create_urn("pool-a-tag", "aws:autoscaling/tag:Tag", parent))
+            pulumi.export(f"pulumis{i}", pulumis("pool-a-tag", "aws:autoscaling/tag:Tag", parent))
+
+    rec = run_function(program)
+    for i, expected in enumerate(cases.values()):
+        assert rec.outputs[f"ours{i}"] == rec.outputs[f"pulumis{i}"] == expected
+    assert runtime_resource.create_urn is pulumis  # restored after the run
+
+
+def test_while_a_program_runs_each_declared_type_unwraps_as_pulumi_unwraps_it():
+    """The runner remembers `_types.unwrap_type`'s answer for each type; asked again, it must answer what Pulumi's
+    function answers, which by hand is the T inside Output[T], Input[T], InputType[T] and Optional[...], in the
+    resolved forms the SDK classes' type hints take (Input[T] is Union[T, Awaitable[T], Output[T]], InputType[T]
+    is Union[T, Mapping[str, Any]])."""
+    from collections.abc import Awaitable, Mapping, Sequence
+    from typing import Optional, Union
+
+    from pulumi import _types
+
+    pulumis = _types.unwrap_type
+
+    @pulumi.input_type
+    class PortArgs:
+        def __init__(self, port: int) -> None:
+            pulumi.set(self, "port", port)
+
+        @property
+        @pulumi.getter
+        def port(self) -> int:
+            return pulumi.get(self, "port")
+
+    def inp(t: Any) -> Any:
+        return Union[t, Awaitable[t], pulumi.Output[t]]  # noqa: UP007 (the form the SDKs declare)
+
+    cases = {
+        Optional[inp(str)]: str,  # noqa: UP007
+        pulumi.Output[int]: int,
+        inp(Sequence[inp(str)]): Sequence[inp(str)],
+        Union[PortArgs, Mapping[str, Any]]: PortArgs,  # noqa: UP007
+        Optional[inp(Union[PortArgs, Mapping[str, Any]])]: PortArgs,  # noqa: UP007
+        dict[str, str]: dict[str, str],
+    }
+    seen: dict[str, Any] = {}
+
+    pulumis_optional = _types.unwrap_optional_type
+    # Optional[T] → T for a single T only: Optional[Input[str]] flattens into a four-member union, kept as it is
+    optional_cases = {Optional[str]: str, Optional[dict[str, str]]: dict[str, str],  # noqa: UP007
+                      Optional[inp(str)]: Optional[inp(str)], str: str}  # noqa: UP007
+
+    def program() -> None:
+        seen["ours"] = _types.unwrap_type is not pulumis and _types.unwrap_optional_type is not pulumis_optional
+        seen["first"] = [_types.unwrap_type(t) for t in cases]
+        seen["again"] = [_types.unwrap_type(t) for t in cases]
+        seen["optional"] = [_types.unwrap_optional_type(t) for t in optional_cases]
+        seen["optional again"] = [_types.unwrap_optional_type(t) for t in optional_cases]
+
+    run_function(program)
+    # the runner's while the program runs, restored after
+    assert seen["ours"] and _types.unwrap_type is pulumis and _types.unwrap_optional_type is pulumis_optional
+    assert seen["first"] == seen["again"] == [pulumis(t) for t in cases] == list(cases.values())
+    assert (seen["optional"] == seen["optional again"] == [pulumis_optional(t) for t in optional_cases]
+            == list(optional_cases.values()))
+
+
+def test_the_monitor_records_a_plain_request_as_the_runtime_reads_it_made_canonical():
+    """For a request of plain values the monitor reads the wire straight into the recorded form; it must be the
+    runtime's reading (`rpc.deserialize_properties`) made canonical: null map entries left out, nulls in lists
+    kept, keys sorted, whole numbers as ints, fractions kept."""
+    from google.protobuf import struct_pb2
+    from pulumi.runtime import rpc
+
+    from offline.mockrun import _canonical_plain
+
+    cases = [
+        {"spec": SPEC, "count": 7.0, "nulls": {"a": None, "b": [None, {"c": None, "d": 1.5}]}, "top": None},
+        {"z": {"y": [3.0, -0.5, 1e21, True, "8000"]}, "a": [], "m": {}},
+        {"env": [{"name": "K", "value": "v"}], "text": "gpu-ü", "n": {}},
+    ]
+    for values in cases:
+        message = struct_pb2.Struct()
+        message.update(values)
+        assert _canonical_plain(message) == _canonical(rpc.deserialize_properties(message))
+    first = struct_pb2.Struct()
+    first.update(cases[0])
+    recorded = _canonical_plain(first)
+    assert list(recorded) == ["count", "nulls", "spec"] and recorded["nulls"] == {"b": [None, {"d": 1.5}]}
+    assert type(recorded["count"]) is int and type(recorded["spec"]["replicas"]) is int
