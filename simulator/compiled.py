@@ -317,8 +317,12 @@ def _heap_pop(h, cnt):
             if child >= n:
                 break
             right = child + 1
-            if right < n and _before(h, right, child):
-                child = right
+            if right < n:
+                a, b = h[right, 0], h[child, 0]
+                if a != b:
+                    child += np.int64(a < b)  # no branch: which child finishes first is a coin toss
+                elif _before(h, right, child):
+                    child = right
             if _before(h, child, n):
                 for z in range(4):
                     h[pos, z] = h[child, z]
@@ -358,8 +362,8 @@ def _slot_replace(row, width, v):
         if child >= width:
             break
         right = child + 1
-        if right < width and row[right] < row[child]:
-            child = right
+        if right < width:
+            child += np.int64(row[right] < row[child])  # no branch: which child is earlier is a coin toss
         if row[child] < v:
             row[pos] = row[child]
             pos = child
@@ -888,9 +892,10 @@ def _serve(i0, T, IN, OUT, status, ns, abpos, pend, xo, ttft, itl, flag,
                 best = fi[r]
                 for q in range(1, nrout):
                     rr = routable[q]
-                    if fi[rr] < best:
-                        best = fi[rr]
-                        r = rr
+                    v = fi[rr]
+                    lt = -np.int64(v < best)  # all ones when v is smaller: a select without a branch
+                    best ^= (best ^ v) & lt
+                    r ^= (r ^ rr) & lt
             if fi[r] >= overflow and (streamed or ns_rule != 1):
                 r = -1
         if r < 0 and has_burst and sv[_V_BINF] >= burst_cap and (streamed or ns_rule != 2):
