@@ -10,7 +10,8 @@ its cache, the simulation) and of the simulation alone as the child times it (`s
 - prod: `python -m topology simulate stacks/Pulumi.prod.yaml`'s week, every endpoint, seed 0 (49.3 M requests),
   its endpoints in threads as `simulate_week` runs them by default (`--workers 1`: one after the other);
 - 3 req/s: the prod `assist` endpoint's hour-of-week shape scaled to a 3 req/s mean (1.8 M requests),
-  planned afresh (serverless only at that rate: the burst tier's path).
+  planned afresh (the report names the tier the plan picks: dedicated_only on 2026-12-03, the floor's path;
+  serverless only, the burst tier's path, when this benchmark was written).
 
 Warm runs share a numba cache directory filled by one untimed run; `--cold` adds runs that each start from an
 empty cache (JIT compile included); `--reference` adds the pure-Python engine (SIMULATOR_PURE_PYTHON=1, one
@@ -43,7 +44,7 @@ def three_rps_stack():
     prof = ep.traffic.hourly_mean_requests_per_s
     k = MEAN_RPS / (sum(prof) / len(prof))
     traffic = ep.traffic.model_copy(update={"hourly_mean_requests_per_s": [x * k for x in prof]})
-    # no rollout section: at 3 req/s the plan is serverless only, and a rollout needs dedicated replicas
+    # no rollout section: a rollout needs dedicated replicas, and at 3 req/s the plan may be serverless only
     ep = ep.model_copy(update={"traffic": traffic, "rollout": None})
     inputs = inputs.model_copy(update={"endpoints": [ep]})
     return inputs, plan(inputs)
@@ -69,7 +70,9 @@ def child(week: str, workers: int | None) -> None:
         w1, c1 = time.perf_counter(), time.process_time()
         requests = r.requests
         goodput = {"assist": r.goodput}
-    print(json.dumps({"sim_wall_s": w1 - w0, "sim_cpu_s": c1 - c0, "requests": requests, "goodput": goodput}))
+    tiers = {e.name: e.tier for e in spec.endpoints}
+    print(json.dumps({"sim_wall_s": w1 - w0, "sim_cpu_s": c1 - c0, "requests": requests, "goodput": goodput,
+                      "tiers": tiers}))
 
 
 def run_child(week: str, env: dict[str, str], workers: int | None) -> dict:
@@ -96,7 +99,7 @@ def report(label: str, runs: list[dict]) -> None:
     r0 = runs[0]
     if any(r["goodput"] != r0["goodput"] or r["requests"] != r0["requests"] for r in runs):
         raise SystemExit(f"{label}: runs disagree (the simulation should be deterministic for a seed)")
-    gp = ", ".join(f"{k} {v:.2%}" for k, v in r0["goodput"].items())
+    gp = ", ".join(f"{k} ({r0['tiers'][k]}) {v:.2%}" for k, v in r0["goodput"].items())
     print(f"{label}: {r0['requests']:,} requests, {len(runs)} runs, medians: "
           f"whole process {med('proc_wall_s'):.1f} s wall / {med('proc_cpu_s'):.1f} s CPU; "
           f"simulation {med('sim_wall_s'):.2f} s wall / {med('sim_cpu_s'):.2f} s CPU "

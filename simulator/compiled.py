@@ -85,12 +85,16 @@ def available() -> bool:
     return numba is not None and os.environ.get(DISABLE_ENV, "") not in ("1", "true", "yes")
 
 
-def _jit(fn):
-    """numba.njit with its on-disk cache; without a writable cache location, compiled in memory each run."""
+def _jit(fn, inline="never"):
+    """numba.njit with its on-disk cache; without a writable cache location, compiled in memory each run.
+
+    inline="always": numba inlines the function into its callers (the per-request helpers of `_serve`). A call
+    between compiled functions passes every array as its seven-word struct and reference-counts the arrays
+    the callee keeps (an atomic increment and decrement each); inlined, most of those counts cancel out."""
     try:
-        return numba.njit(cache=True, nogil=True)(fn)
+        return numba.njit(cache=True, nogil=True, inline=inline)(fn)
     except RuntimeError:  # "cannot cache function …: no locator available"
-        return numba.njit(nogil=True)(fn)
+        return numba.njit(nogil=True, inline=inline)(fn)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -297,9 +301,12 @@ def _heap_push(h, cnt, f, r, k, p):
         h[pos, z] = h[tmp, z]
 
 
-def _heap_pop_into(h, cnt, fi, fkv, fin_, ci, ckv, cin):
-    """Pop the earliest completion and release its replica's (or container's) in-flight, KV and prompt
-    counts; returns 1 when it was a burst container's (the caller's burst in-flight count drops)."""
+def _heap_pop(h, cnt):
+    """Pop the earliest completion: (replica id or −1 − container id, KV at full length, uncached prompt).
+
+    The caller releases the replica's (or container's) counts itself: arrays a helper uses on only one of
+    its branches (the floor's or the burst's columns) keep numba's atomic reference counts even inlined, six
+    increments and decrements per completion when this released them (see `_jit`)."""
     rid, kvd, pin = int(h[0, 1]), h[0, 2], h[0, 3]
     n = cnt[_C_DN] - 1
     cnt[_C_DN] = n
@@ -310,8 +317,12 @@ def _heap_pop_into(h, cnt, fi, fkv, fin_, ci, ckv, cin):
             if child >= n:
                 break
             right = child + 1
-            if right < n and _before(h, right, child):
-                child = right
+            if right < n:
+                a, b = h[right, 0], h[child, 0]
+                if a != b:
+                    child += np.int64(a < b)  # no branch: which child finishes first is a coin toss
+                elif _before(h, right, child):
+                    child = right
             if _before(h, child, n):
                 for z in range(4):
                     h[pos, z] = h[child, z]
@@ -321,23 +332,25 @@ def _heap_pop_into(h, cnt, fi, fkv, fin_, ci, ckv, cin):
         if pos != n:
             for z in range(4):
                 h[pos, z] = h[n, z]
-    if rid >= 0:
-        fi[rid] -= 1
-        fkv[rid] -= kvd
-        fin_[rid] -= pin
-        return 0
-    j = -1 - rid
-    ci[j] -= 1
-    ckv[j] -= kvd
-    cin[j] -= pin
-    return 1
+    return rid, kvd, pin
 
 
 def _pop_done_until(now, h, cnt, fi, fkv, fin_, ci, ckv, cin):
-    """Every completion at or before `now`; returns how many were burst containers'."""
+    """Every completion at or before `now`, its replica's (or container's) in-flight, KV and prompt counts
+    released; returns how many were burst containers'. (_serve has the same loop inline: see _heap_pop.)"""
     burst = 0
     while cnt[_C_DN] > 0 and h[0, 0] <= now:
-        burst += _heap_pop_into(h, cnt, fi, fkv, fin_, ci, ckv, cin)
+        rid, kvd, pin = _heap_pop(h, cnt)
+        if rid >= 0:
+            fi[rid] -= 1
+            fkv[rid] -= kvd
+            fin_[rid] -= pin
+        else:
+            j = -1 - rid
+            ci[j] -= 1
+            ckv[j] -= kvd
+            cin[j] -= pin
+            burst += 1
     return burst
 
 
@@ -349,8 +362,8 @@ def _slot_replace(row, width, v):
         if child >= width:
             break
         right = child + 1
-        if right < width and row[right] < row[child]:
-            child = right
+        if right < width:
+            child += np.int64(row[right] < row[child])  # no branch: which child is earlier is a coin toss
         if row[child] < v:
             row[pos] = row[child]
             pos = child
@@ -413,24 +426,29 @@ def _runs_add(runs, count, r, fin, pe, gap, kvp, o):
 # --------------------------------------------------------------------------------------------------
 
 
-def _kv_timing(pend, i, runs, count, r, start, pfree, used, kvfull, kvp, o, u, inv_p, gap, cap):
-    """Request i on replica or container r from `start`: (ok, start, prefill end, finish, first token, mean
-    token gap). When its full length does not fit the KV cache beside what is held: the result the Python
-    kv_fit left pending for it, else the exact all-fit shortcut; ok False when neither answers (kv_fit must
-    run). One body for the floor and the burst paths."""
-    if used + kvfull > cap:
-        if pend[5] > 0.5 and int(pend[0]) == i:
-            start, pe, fin, first = pend[1], pend[2], pend[3], pend[4]
-            pend[5] = 0.0
-        elif _kv_all_fit(runs, count, r, start, kvp, o, cap):
-            pe = max(start, pfree) + u * inv_p
-            fin = pe + o * gap
-            first = pe + gap
-        else:
-            return False, start, 0.0, 0.0, 0.0, 0.0
-        return True, start, pe, fin, first, ((fin - first) / (o - 1) if o > 1 else 0.0)
+def _timing(start, pfree, u, inv_p, o, gap):
+    """A request that fits the KV cache at its full length: (prefill end, finish, first token, mean token gap)
+    from its start, after the replica's previous prefill."""
     pe = max(start, pfree) + u * inv_p
-    return True, start, pe, pe + o * gap, pe + gap, (gap if o > 1 else 0.0)
+    return pe, pe + o * gap, pe + gap, (gap if o > 1 else 0.0)
+
+
+def _kv_timing(pend, i, runs, count, r, start, pfree, kvp, o, u, inv_p, gap, cap):
+    """Request i on replica or container r from `start` when its full length does not fit the KV cache beside
+    what is held: (ok, start, prefill end, finish, first token, mean token gap) from the result the Python
+    kv_fit left pending for it, else the exact all-fit shortcut; ok False when neither answers (kv_fit must
+    run). One body for the floor and the burst paths. Not inlined, and the common case (it fits: `_timing`)
+    is decided before it: its array arguments cost numba reference counting on every call."""
+    if pend[5] > 0.5 and int(pend[0]) == i:
+        start, pe, fin, first = pend[1], pend[2], pend[3], pend[4]
+        pend[5] = 0.0
+    elif _kv_all_fit(runs, count, r, start, kvp, o, cap):
+        pe = max(start, pfree) + u * inv_p
+        fin = pe + o * gap
+        first = pe + gap
+    else:
+        return False, start, 0.0, 0.0, 0.0, 0.0
+    return True, start, pe, fin, first, ((fin - first) / (o - 1) if o > 1 else 0.0)
 
 
 def _remove(arr, cnt, slot, v):
@@ -839,8 +857,18 @@ def _serve(i0, T, IN, OUT, status, ns, abpos, pend, xo, ttft, itl, flag,
             sv[_V_NEXT_TICK] += tick_s
         if t >= sv[_V_NEXT_READY]:
             _promote(t, fstate, fready, routable, cnt, sv)
-        while cnt[_C_DN] > 0 and h[0, 0] <= t:
-            sv[_V_BINF] -= _heap_pop_into(h, cnt, fi, fkv, fin_, ci, ckv, cin)
+        while cnt[_C_DN] > 0 and h[0, 0] <= t:  # _pop_done_until, inline (see _heap_pop)
+            rid, kvd, pin = _heap_pop(h, cnt)
+            if rid >= 0:
+                fi[rid] -= 1
+                fkv[rid] -= kvd
+                fin_[rid] -= pin
+            else:
+                j = -1 - rid
+                ci[j] -= 1
+                ckv[j] -= kvd
+                cin[j] -= pin
+                sv[_V_BINF] -= 1
         if has_status and status[i] != 0:
             if status[i] == 413:
                 st[_S_413] += 1
@@ -864,9 +892,10 @@ def _serve(i0, T, IN, OUT, status, ns, abpos, pend, xo, ttft, itl, flag,
                 best = fi[r]
                 for q in range(1, nrout):
                     rr = routable[q]
-                    if fi[rr] < best:
-                        best = fi[rr]
-                        r = rr
+                    v = fi[rr]
+                    lt = -np.int64(v < best)  # all ones when v is smaller: a select without a branch
+                    best ^= (best ^ v) & lt
+                    r ^= (r ^ rr) & lt
             if fi[r] >= overflow and (streamed or ns_rule != 1):
                 r = -1
         if r < 0 and has_burst and sv[_V_BINF] >= burst_cap and (streamed or ns_rule != 2):
@@ -922,8 +951,12 @@ def _serve(i0, T, IN, OUT, status, ns, abpos, pend, xo, ttft, itl, flag,
             u = IN[i]
             kvp = u * kvs
             kvfull = kvp + o
-            ok, start, pe, fin, first, gap_mean = _kv_timing(pend, i, fruns, frc, r, start, fpfree[r], fkv[r], kvfull,
-                                                             kvp, o, u, inv_p, gap, kcap)
+            ok = True
+            if fkv[r] + kvfull <= kcap:
+                pe, fin, first, gap_mean = _timing(start, fpfree[r], u, inv_p, o, gap)
+            else:
+                ok, start, pe, fin, first, gap_mean = _kv_timing(pend, i, fruns, frc, r, start, fpfree[r], kvp, o, u,
+                                                                 inv_p, gap, kcap)
             if not ok:
                 xo[0], xo[1], xo[2], xo[3], xo[4], xo[5], xo[6], xo[7] = r, start, fpfree[r], kvp, u, o, gap, 0.0
                 return _KV_FLOOR, i
@@ -998,8 +1031,12 @@ def _serve(i0, T, IN, OUT, status, ns, abpos, pend, xo, ttft, itl, flag,
             u = IN[i]
             kvp = u / one_minus_hit
             kvfull = kvp + o
-            ok, start, pe, fin, first, gap_mean = _kv_timing(pend, i, cruns, crc, best, start, cpfree[best], ckv[best],
-                                                             kvfull, kvp, o, u, b_inv_p, gap, b_kvcap)
+            ok = True
+            if ckv[best] + kvfull <= b_kvcap:
+                pe, fin, first, gap_mean = _timing(start, cpfree[best], u, b_inv_p, o, gap)
+            else:
+                ok, start, pe, fin, first, gap_mean = _kv_timing(pend, i, cruns, crc, best, start, cpfree[best], kvp, o,
+                                                                 u, b_inv_p, gap, b_kvcap)
             if not ok:
                 xo[0], xo[1], xo[2], xo[3], xo[4], xo[5], xo[6], xo[7] = best, start, cpfree[best], kvp, u, o, gap, 1.0
                 return _KV_BURST, i
@@ -1117,13 +1154,14 @@ if numba is not None:
     _hist_bins = _jit(_hist_bins)
     _tally = _jit(_tally)
     _before = _jit(_before)
-    _heap_push = _jit(_heap_push)
-    _heap_pop_into = _jit(_heap_pop_into)
+    _heap_push = _jit(_heap_push, 'always')
+    _heap_pop = _jit(_heap_pop, 'always')
     _pop_done_until = _jit(_pop_done_until)
-    _slot_replace = _jit(_slot_replace)
-    _runs_room = _jit(_runs_room)
-    _runs_add = _jit(_runs_add)
+    _slot_replace = _jit(_slot_replace, 'always')
+    _runs_room = _jit(_runs_room, 'always')
+    _runs_add = _jit(_runs_add, 'always')
     _kv_all_fit = _jit(_kv_all_fit)
+    _timing = _jit(_timing, 'always')
     _kv_timing = _jit(_kv_timing)
     _remove = _jit(_remove)
     _promote = _jit(_promote)

@@ -423,8 +423,8 @@ def plan_check(inputs: CostInputs, spec: TopologySpec, *, seed: int = 0, progres
     """Simulate every endpoint's synthetic week and compare with the plan (what the plan report shows).
 
     A full week is needed for the cost comparison (a shorter window compares goodput only). The compiled
-    engine serves about 4 M requests per CPU-second: the bundled prod stack's 49 M requests/week take about
-    13 s of CPU, less wall time with its endpoints in threads on more than one core (README, Benchmarks)."""
+    engine serves about 5 M requests per CPU-second: the bundled prod stack's 49 M requests/week take about
+    10 s of CPU, less wall time with its endpoints in threads on more than one core (README, Benchmarks)."""
     res = simulate_week(inputs, spec, seed=seed, progress=progress, start_h=start_h, end_h=end_h)
     return [compare_with_plan(r, spec.endpoint(r.endpoint)) for r in res.endpoints]
 
