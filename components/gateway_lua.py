@@ -647,19 +647,42 @@ function Llm:http_payload(txn, msg)
   return n
 end
 -- per-gap limits and heartbeats of a streamed response; returns the bytes to forward
+local QUIET_WAKE_MS = 86400000  -- a wake-up pushed past any stream's life: see end_watch
+-- Stops the watch. The last wake-up this filter asked for must not stay pending: once the message has
+-- ended HAProxy no longer calls the payload callback, and an expired wake-up with the response still
+-- being sent (a slow client) makes the stream spin until the watchdog aborts the whole process.
+local function end_watch(self)
+  self.ended = true
+  filter.wake_time(QUIET_WAKE_MS)
+end
+-- Ends the stream with an SSE event when it fits in the buffer (the blank lines close an event the
+-- upstream left half-written); false when it does not fit yet (retried on the next callback).
+local function end_with_event(self, msg, event)
+  if msg:append("\n\n" .. event) < 0 then
+    filter.wake_time(50)
+    return false
+  end
+  msg:set_eom()
+  end_watch(self)
+  return true
+end
 watch_gaps = function(self, txn, msg, n)
+  if msg:eom() then end_watch(self) return n end
+  local t = now_ms()
   -- the upstream ended the stream without its end of message (a crash: FIN or reset mid-body). 3.0 still
-  -- calls this filter then (2.6's forwarder took its error branch first); the client gets an error event
-  -- instead of a cut it cannot tell from an answer's end. One call per chunk on the fast path: may_recv is
-  -- false only when the input is closed, the buffer full, or the message complete.
-  if not msg:may_recv() and not msg:eom() and not msg:is_full() and txn:get_var("txn.res_len") then
-    self.ended = true
-    msg:append('event: error\ndata: {"error":{"message":"the upstream closed the stream before it ended",' ..
-      '"type":"upstream_error","code":502}}\n\n')
-    msg:set_eom()
+  -- calls this filter then (2.6's forwarder took its error branch first); the client gets an error
+  -- event instead of a cut it cannot tell from an answer's end (the upstream's last bytes usually come
+  -- with its close, so this is the callback that carries them). may_recv is false when the input is
+  -- closed and also when the buffer has no room (hlua_http_msg_may_recv, channel_htx_may_recv in 3.0.11):
+  -- full of output (a slow client), the event does not fit and is not sent (end_with_event) and room
+  -- brings may_recv back; within the 1 KB rewrite reserve, the input is then nearly the whole buffer,
+  -- which a crash's last read is not (SSE events are small): above 64 KB of input no event is sent.
+  -- Only for a stream whose framing carries its length (a close-delimited one ends by closing).
+  if not msg:may_recv() and msg:input() < 65536 and txn:get_var("txn.res_len") then
+    end_with_event(self, msg, 'event: error\ndata: {"error":{"message":"the upstream closed the ' ..
+      'stream before it ended","type":"upstream_error","code":502}}\n\n')
     return msg:input()
   end
-  local t = now_ms()
   if n > 0 then self.last = t end
   local limit, since, what
   if self.last then
@@ -669,12 +692,10 @@ watch_gaps = function(self, txn, msg, n)
   end
   local left = since + limit - t
   if left <= 0 then
-    self.ended = true
-    local event = 'event: error\ndata: {"error":{"message":"upstream sent nothing for ' ..
-      limit .. ' ms ' .. what .. '","type":"gateway_timeout","code":504}}\n\n'
-    msg:append(event)
-    msg:set_eom()
-    txn:set_var("txn.gap_expired", 1)
+    if end_with_event(self, msg, 'event: error\ndata: {"error":{"message":"upstream sent nothing for ' ..
+        limit .. ' ms ' .. what .. '","type":"gateway_timeout","code":504}}\n\n') then
+      txn:set_var("txn.gap_expired", 1)
+    end
     return msg:input()
   end
   -- heartbeat: after args_beat ms with nothing sent to the client, an SSE comment line keeps idle
@@ -683,12 +704,12 @@ watch_gaps = function(self, txn, msg, n)
   local quiet_since = self.last or self.started
   if self.beat and self.beat > quiet_since then quiet_since = self.beat end
   local beat_in = quiet_since + self.args_beat - t
-  if beat_in <= 0 then
+  if beat_in <= 0 and msg:append(": keep-alive\n\n") >= 0 then
     self.beat = t
-    msg:append(": keep-alive\n\n")
     n = msg:input()
     beat_in = self.args_beat
   end
+  if beat_in < 1 then beat_in = 1 end
   if beat_in < left then left = beat_in end
   filter.wake_time(left + 1)
   return n

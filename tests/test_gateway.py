@@ -329,6 +329,31 @@ def test_request_that_kills_a_replica_before_it_answers_is_not_retried(gw):
     assert len(records(gw, rid)) == 1
 
 
+def test_a_client_that_stops_reading_a_long_stream_leaves_the_gateway_up(gw):
+    # a client stops reading for longer than the gap limit (1 s here) while the upstream keeps writing:
+    # the gateway's buffer fills and its gap watch expires with the message unfinished. Before, the
+    # event was appended to a full buffer and the end of message forced, the watch's wake-up stayed
+    # pending, and the stream spun until HAProxy's watchdog aborted the process (every stream on the
+    # pod lost; 2.6 and 3.0 alike). Now the stream ends cleanly with the gap event once it fits, and the
+    # gateway keeps serving.
+    chunks = 40000  # ≈ 6 MB: beyond the loopback socket buffers and the gateway's own buffer
+    conn = http.client.HTTPConnection("127.0.0.1", gw["ports"]["assist"], timeout=30)
+    try:
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body(stream=True)).encode(),
+                     headers={"Content-Type": "application/json", "X-Request-Id": str(uuid.uuid4()),
+                              "X-Fake-Chunks": str(chunks), "Authorization": f"Bearer {KEYS['acme']}"})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        time.sleep(3.0)  # the socket buffers, then the gateway's buffer fill; the gap limit passes
+        text = resp.read().decode()  # the whole chunked body, its last chunk included (no IncompleteRead)
+    finally:
+        conn.close()
+    assert text.rstrip().endswith("data: [DONE]") or text.rstrip().endswith('"code":504}}')
+    assert gw["proc"].proc.poll() is None
+    status, _, content, _ = post(gw["ports"]["assist"], body(stream=True))
+    assert status == 200 and "[DONE]" in content.decode()
+
+
 @pytest.mark.parametrize("crash", ["close-after-first-chunk", "reset-after-first-chunk"])
 def test_failure_after_first_byte_is_never_retried_and_ends_with_an_error_event(gw, crash):
     # issue #18 item 6: a stream cut by an upstream crash ends with an SSE error event (and a complete
