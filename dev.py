@@ -102,20 +102,22 @@ def ensure_haproxy() -> None:
         # only the upstream tarball is built; the mirror this was written against serves it but answers 404 for
         # the .dsc and Debian's patch tarball, so apt's exit status is not the test: the pinned hash below is
         print("+ apt-get source --download-only", HAPROXY_SOURCE, flush=True)
-        subprocess.run(["apt-get", *apt, "source", "--download-only", "-qq", HAPROXY_SOURCE], cwd=work,
-                       stderr=subprocess.DEVNULL)
+        got = subprocess.run(["apt-get", *apt, "source", "--download-only", "-qq", HAPROXY_SOURCE], cwd=work,
+                             capture_output=True, text=True)
         if not tarball.exists():
             sys.exit(f"apt-get source {HAPROXY_SOURCE} (Debian trixie) did not fetch {HAPROXY_TARBALL}; the gateway "
-                     "tests need HAProxy 3.0")
+                     f"tests need HAProxy 3.0. apt said:\n{got.stderr.strip()}")
     digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
     if digest != HAPROXY_TARBALL_SHA256:
         sys.exit(f"{tarball}: sha256 {digest}, expected {HAPROXY_TARBALL_SHA256}; remove it and retry")
     src = work / "haproxy-3.0.11"
-    if not src.exists():
-        run(["tar", "xzf", str(tarball), "-C", str(work)])
+    shutil.rmtree(src, ignore_errors=True)  # what an interrupted run left
+    run(["tar", "xzf", str(tarball), "-C", str(work)])
     run(["make", "-s", f"-j{os.cpu_count() or 2}", *HAPROXY_MAKE_OPTS], cwd=src, stdout=subprocess.DEVNULL)
     HAPROXY_BUILD.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(src / "haproxy", binary)
+    partial = binary.with_suffix(".partial")
+    shutil.copy2(src / "haproxy", partial)
+    os.replace(partial, binary)  # a copy cut short never passes for a build
     shutil.rmtree(src)
 
 

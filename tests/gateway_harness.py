@@ -20,10 +20,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def haproxy_binary() -> str | None:
     """The HAProxy the gateway tests run: `dev.py test` builds the image's release line (3.0) from Debian's
     source into .cache/ (Debian bookworm packages only 2.6); else one on PATH."""
-    built = sorted(ROOT.glob(".cache/haproxy-*/haproxy"))
-    if built:
-        return str(built[-1])
-    return shutil.which("haproxy")
+    built = ROOT / ".cache" / "haproxy-3.0.11" / "haproxy"
+    if built.exists():
+        return str(built)
+    found = shutil.which("haproxy")
+    # another release line (Debian bookworm's 2.6) is not the gateway's: the tests would check the wrong proxy
+    if found and local_haproxy_major_minor(found) != HAPROXY_IMAGE.major_minor:
+        return None
+    return found
 
 
 def require_haproxy() -> str:
@@ -32,7 +36,8 @@ def require_haproxy() -> str:
 
     path = haproxy_binary()
     if path is None:
-        msg = "HAProxy 3.0 not built (python3 dev.py test builds it); the gateway tests run a real HAProxy"
+        msg = (f"HAProxy {HAPROXY_IMAGE.major_minor} not found (python3 dev.py test builds it as root; else put "
+               f"haproxy {HAPROXY_IMAGE.major_minor} on PATH); the gateway tests run a real HAProxy")
         if os.environ.get("CI"):
             pytest.fail(msg)
         pytest.skip(msg)
