@@ -70,9 +70,10 @@ def ensure_debian_package(present: bool, packages: tuple[str, ...], services: tu
 # the hash below, which is also the one trixie's signed Sources index lists), with the image's build options
 # (docker-library/haproxy 3.0/Dockerfile). About 70 s on 2 cores, once: the binary stays in .cache/.
 HAPROXY_SOURCE = "haproxy"  # trixie main: 3.0.11-1+deb13u4
-HAPROXY_TARBALL = "haproxy_3.0.11.orig.tar.gz"
+HAPROXY_VERSION = "3.0.11"
+HAPROXY_TARBALL = f"haproxy_{HAPROXY_VERSION}.orig.tar.gz"
 HAPROXY_TARBALL_SHA256 = "a133e2d550c5fd9a849b5c7ab17bb945bcdad209ca140d41f45ebf31943ae783"
-HAPROXY_BUILD = ROOT / ".cache" / "haproxy-3.0.11"
+HAPROXY_BINARY = ROOT / ".cache" / f"haproxy-{HAPROXY_VERSION}" / "haproxy"  # where the tests look
 HAPROXY_BUILD_DEPS = ("make", "gcc", "libc6-dev", "liblua5.4-dev", "libpcre2-dev", "libssl-dev", "ca-certificates")
 HAPROXY_MAKE_OPTS = ("TARGET=linux-glibc", "USE_GETADDRINFO=1", "USE_LUA=1", "LUA_INC=/usr/include/lua5.4",
                      "LUA_LIB_NAME=lua5.4", "USE_OPENSSL=1", "USE_PCRE2=1", "USE_PCRE2_JIT=1", "USE_PROMEX=1",
@@ -82,8 +83,7 @@ HAPROXY_MAKE_OPTS = ("TARGET=linux-glibc", "USE_GETADDRINFO=1", "USE_LUA=1", "LU
 def ensure_haproxy() -> None:
     """The gateway tests run a real HAProxy 3.0 on 127.0.0.1 (tests/gateway_harness.py finds it in .cache/);
     ca-certificates: the tests verify TLS against the same CAs the gateway image carries."""
-    binary = HAPROXY_BUILD / "haproxy"
-    if binary.exists():
+    if HAPROXY_BINARY.exists():
         return
     ensure_debian_package(debian_installed(HAPROXY_BUILD_DEPS), HAPROXY_BUILD_DEPS, (), "gateway tests")
     if os.geteuid() != 0 or not shutil.which("apt-get"):
@@ -110,14 +110,14 @@ def ensure_haproxy() -> None:
     digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
     if digest != HAPROXY_TARBALL_SHA256:
         sys.exit(f"{tarball}: sha256 {digest}, expected {HAPROXY_TARBALL_SHA256}; remove it and retry")
-    src = work / "haproxy-3.0.11"
+    src = work / f"haproxy-{HAPROXY_VERSION}"
     shutil.rmtree(src, ignore_errors=True)  # what an interrupted run left
     run(["tar", "xzf", str(tarball), "-C", str(work)])
     run(["make", "-s", f"-j{os.cpu_count() or 2}", *HAPROXY_MAKE_OPTS], cwd=src, stdout=subprocess.DEVNULL)
-    HAPROXY_BUILD.mkdir(parents=True, exist_ok=True)
-    partial = binary.with_suffix(".partial")
+    HAPROXY_BINARY.parent.mkdir(parents=True, exist_ok=True)
+    partial = HAPROXY_BINARY.with_suffix(".partial")
     shutil.copy2(src / "haproxy", partial)
-    os.replace(partial, binary)  # a copy cut short never passes for a build
+    os.replace(partial, HAPROXY_BINARY)  # a copy cut short never passes for a build
     shutil.rmtree(src)
 
 

@@ -656,15 +656,14 @@ local function end_watch(self)
   filter.wake_time(QUIET_WAKE_MS)
 end
 -- Ends the stream with an SSE event when it fits in the buffer (the blank lines close an event the
--- upstream left half-written); false when it does not fit yet (retried on the next callback).
+-- upstream left half-written); when it does not fit yet, the next callback (50 ms at the latest) retries.
 local function end_with_event(self, msg, event)
   if msg:append("\n\n" .. event) < 0 then
     filter.wake_time(50)
-    return false
+    return
   end
   msg:set_eom()
   end_watch(self)
-  return true
 end
 watch_gaps = function(self, txn, msg, n)
   if msg:eom() then end_watch(self) return n end
@@ -692,10 +691,8 @@ watch_gaps = function(self, txn, msg, n)
   end
   local left = since + limit - t
   if left <= 0 then
-    if end_with_event(self, msg, 'event: error\ndata: {"error":{"message":"upstream sent nothing for ' ..
-        limit .. ' ms ' .. what .. '","type":"gateway_timeout","code":504}}\n\n') then
-      txn:set_var("txn.gap_expired", 1)
-    end
+    end_with_event(self, msg, 'event: error\ndata: {"error":{"message":"upstream sent nothing for ' ..
+      limit .. ' ms ' .. what .. '","type":"gateway_timeout","code":504}}\n\n')
     return msg:input()
   end
   -- heartbeat: after args_beat ms with nothing sent to the client, an SSE comment line keeps idle

@@ -363,18 +363,26 @@ def _fewer_collections() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _without_source_positions() -> Iterator[None]:
-    """For every resource Pulumi walks the Python stack to send the engine its source position (a tenth of a
-    mock run's CPU); the mock monitor discards it, so under mocks it sends an empty stack instead."""
-    original = getattr(pulumi_runtime_resource, "_get_stack_trace", None)
-    if original is None:  # a Pulumi version without it: nothing to skip
+def _replaced(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[None]:
+    """`owner.name` replaced by `make(original)` while the program runs, restored afterwards; left alone when
+    this Pulumi version has no such attribute."""
+    original = getattr(owner, name, None)
+    if original is None:
         yield
         return
-    pulumi_runtime_resource._get_stack_trace = source_pb2.StackTrace
+    setattr(owner, name, make(original))
     try:
         yield
     finally:
-        pulumi_runtime_resource._get_stack_trace = original
+        setattr(owner, name, original)
+
+
+@contextlib.contextmanager
+def _without_source_positions() -> Iterator[None]:
+    """For every resource Pulumi walks the Python stack to send the engine its source position (a tenth of a
+    mock run's CPU); the mock monitor discards it, so under mocks it sends an empty stack instead."""
+    with _replaced(pulumi_runtime_resource, "_get_stack_trace", lambda _: source_pb2.StackTrace):
+        yield
 
 
 @contextlib.contextmanager
@@ -388,12 +396,8 @@ def _without_discarded_debug_log() -> Iterator[None]:
     if not isinstance(engine, pulumi_mocks.MockEngine) or logger is None or logger.isEnabledFor(logging.DEBUG):
         yield
         return
-    original = pulumi.log.debug
-    pulumi.log.debug = lambda *args, **kwargs: None
-    try:
+    with _replaced(pulumi.log, "debug", lambda _: lambda *args, **kwargs: None):
         yield
-    finally:
-        pulumi.log.debug = original
 
 
 _PLAIN_SCALARS = (str, int, float, bool, type(None))
@@ -429,12 +433,17 @@ def _acyclic_unknowns_check() -> Iterator[None]:
     `future()`), some 60 000 times for 50 endpoints: most of the garbage the collector walks during a run.
     While the program runs, the same walk without the cycle answers instead (same answers: it is the walk as
     a module function)."""
-    original = rpc.contains_unknowns
-    rpc.contains_unknowns = _contains_unknowns
-    try:
+    with _replaced(rpc, "contains_unknowns", lambda _: _contains_unknowns):
         yield
-    finally:
-        rpc.contains_unknowns = original
+
+
+def _direct_create_urn(original: Callable[..., Any]) -> Callable[..., Any]:
+    def create_urn(name: Any, type_: Any, parent: Any = None, project: Any = None, stack: Any = None) -> Any:
+        if type(name) is str and type(type_) is str and type(parent) is str and project is None and stack is None:
+            return pulumi.Output.from_input(parent[0 : parent.rfind("::")] + "$" + type_ + "::" + name)
+        return original(name, type_, parent, project, stack)
+
+    return create_urn
 
 
 @contextlib.contextmanager
@@ -446,21 +455,8 @@ def _direct_plain_urns() -> Iterator[None]:
     the same string is computed directly (`create_urn`'s own formula) and handed back as a known Output;
     anything else (aliases with an Output name, a parent resource) goes to Pulumi's function. The requests
     the monitor records do not change."""
-    original = getattr(pulumi_runtime_resource, "create_urn", None)
-    if original is None:  # a Pulumi version without it: nothing to skip
+    with _replaced(pulumi_runtime_resource, "create_urn", _direct_create_urn):
         yield
-        return
-
-    def create_urn(name: Any, type_: Any, parent: Any = None, project: Any = None, stack: Any = None) -> Any:
-        if type(name) is str and type(type_) is str and type(parent) is str and project is None and stack is None:
-            return pulumi.Output.from_input(parent[0 : parent.rfind("::")] + "$" + type_ + "::" + name)
-        return original(name, type_, parent, project, stack)
-
-    pulumi_runtime_resource.create_urn = create_urn
-    try:
-        yield
-    finally:
-        pulumi_runtime_resource.create_urn = original
 
 
 def _remembering(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -491,14 +487,10 @@ def _remembered_type_unwrapping() -> Iterator[None]:
     types the typed SDK classes declare. Each answer depends on the type alone (its `typing` form and whether
     its classes are input types, fixed when they are defined), so while the program runs each type's answer
     is kept after its first unwrapping."""
-    originals = {name: getattr(_types, name) for name in _UNWRAPPERS if hasattr(_types, name)}
-    for name, fn in originals.items():
-        setattr(_types, name, _remembering(fn))
-    try:
+    with contextlib.ExitStack() as swaps:
+        for name in _UNWRAPPERS:
+            swaps.enter_context(_replaced(_types, name, _remembering))
         yield
-    finally:
-        for name, fn in originals.items():
-            setattr(_types, name, fn)
 
 
 def run_function(

@@ -14,15 +14,14 @@ from pathlib import Path
 from components.gateway_config import CONFIG_FILE, HAPROXY_IMAGE, LUA_FILE, HaproxyImage, RenderedGateway
 
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def haproxy_binary() -> str | None:
     """The HAProxy the gateway tests run: `dev.py test` builds the image's release line (3.0) from Debian's
     source into .cache/ (Debian bookworm packages only 2.6); else one on PATH."""
-    built = ROOT / ".cache" / "haproxy-3.0.11" / "haproxy"
-    if built.exists():
-        return str(built)
+    from dev import HAPROXY_BINARY  # the build's one stated place (dev.py imports only the standard library)
+
+    if HAPROXY_BINARY.exists():
+        return str(HAPROXY_BINARY)
     found = shutil.which("haproxy")
     # another release line (Debian bookworm's 2.6) is not the gateway's: the tests would check the wrong proxy
     if found and local_haproxy_major_minor(found) != HAPROXY_IMAGE.major_minor:
