@@ -24,6 +24,7 @@ All from Tuesday 09:00 (hour 33), prod `assist` scaled to the rate, as tests/tes
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import warnings
@@ -90,10 +91,12 @@ def _endpoint(trace_name: str, rate: float, hours: float):
     random draws depend on) and the one the plan is told (the served token means)."""
     trace = load_trace(ROOT / "traces" / trace_name)
     inputs = costcheck.at_rate(load_inputs(STACK), "assist", rate, trace)
-    pf, cluster, in_mean, out_mean = costcheck.measured_traffic(inputs, trace, START_H, START_H + hours, 0)
+    mt = costcheck.measured_traffic(inputs, trace, START_H, START_H + hours, 0)
+    pf, cluster, in_mean, out_mean = mt.peak_factor, mt.cluster_size, mt.input_tokens_mean, mt.output_tokens_mean
     ep = inputs.endpoints[0]
     ep = ep.model_copy(update={"traffic": ep.traffic.model_copy(update={
-        "within_hour_peak_factor": min(20.0, max(1.0, pf)), "arrival_cluster_size": min(1000.0, cluster)})})
+        "within_hour_peak_factor": min(20.0, max(1.0, pf)), "arrival_cluster_size": min(1000.0, cluster),
+        "within_hour_correlation_s": mt.correlation_s})})
     served = ep.model_copy(update={"shape": ep.shape.model_copy(update={"input_tokens_mean": in_mean,
                                                                          "output_tokens_mean": out_mean})})
     prep = prepare_endpoint(inputs.model_copy(update={"endpoints": [served]}), served, GPU_KINDS)
@@ -137,9 +140,9 @@ def cluster(args) -> None:
     original = costcheck.measured_traffic
 
     def measured(*a, **k):
-        pf, b, i, o = original(*a, **k)
-        print(f"  arrival_cluster_size measured {b:.1f}, planned with {args.cluster:g}")
-        return pf, args.cluster, i, o
+        mt = original(*a, **k)
+        print(f"  arrival_cluster_size measured {mt.cluster_size:.1f}, planned with {args.cluster:g}")
+        return dataclasses.replace(mt, cluster_size=args.cluster)
 
     costcheck.measured_traffic = measured
     _rows(args.trace, args.rate, args.hours, f"cluster {args.cluster:g}")

@@ -6,8 +6,8 @@ a spec as if it had won, its traffic replayed through the simulator, and the ser
 option's variable bill compared with the plan's for exactly those hours.
 
 The planner is told the within-hour burstiness and the token means the way a user would measure them: from the
-replayed arrivals' per-minute counts (`peak_factor_from_minute_counts`) and the tokens they carry, not from the
-simulator's settings.
+replayed arrivals' per-minute counts (`peak_factor_from_minute_counts`, `correlation_s_from_minute_counts`) and
+the tokens they carry, not from the simulator's settings.
 """
 
 from __future__ import annotations
@@ -24,7 +24,12 @@ from topology.inputs import CostInputs
 from topology.plan import build_endpoint_spec, decide, plan, prepare_endpoint, with_platform_share
 from topology.plan.options import serverless_usd_by_hour
 from topology.plan.schedule import prices_for
-from topology.plan.serverless import CLUSTER_WINDOW_S, cluster_size_from_counts, peak_factor_from_minute_counts
+from topology.plan.serverless import (
+    CLUSTER_WINDOW_S,
+    cluster_size_from_counts,
+    correlation_s_from_minute_counts,
+    peak_factor_from_minute_counts,
+)
 from topology.timebase import HOURS_PER_WEEK, MINUTES_PER_HOUR, SECONDS_PER_HOUR
 
 from .simulate import simulate_endpoint
@@ -94,16 +99,27 @@ def measured_burstiness(inputs: CostInputs, trace: Trace | None, start_h: float,
                         seed: int) -> tuple[float, float]:
     """What the gateway's request log would show: (within_hour_peak_factor, arrival_cluster_size) from the
     replayed arrivals' per-minute and per-10-second counts."""
-    pf, b, _, _ = measured_traffic(inputs, trace, start_h, end_h, seed)
-    return pf, b
+    m = measured_traffic(inputs, trace, start_h, end_h, seed)
+    return m.peak_factor, m.cluster_size
+
+
+@dataclass(frozen=True)
+class MeasuredTraffic:
+    """What the gateway's request log shows of the replayed arrivals (the traffic inputs a user would set)."""
+
+    peak_factor: float  # traffic.within_hour_peak_factor
+    cluster_size: float  # traffic.arrival_cluster_size
+    correlation_s: float  # traffic.within_hour_correlation_s
+    input_tokens_mean: float
+    output_tokens_mean: float
 
 
 def measured_traffic(inputs: CostInputs, trace: Trace | None, start_h: float, end_h: float,
-                     seed: int) -> tuple[float, float, float, float]:
-    """What the gateway's request log would show: (within_hour_peak_factor, arrival_cluster_size, mean prompt
-    tokens, mean output tokens) of the replayed arrivals. The token means are those served: a trace scaled to
-    the endpoint's shape is then clipped to the product's limits (max_tokens), which lowers the mean of a
-    heavy-tailed trace (Azure code: 400 planned, 343 served)."""
+                     seed: int) -> MeasuredTraffic:
+    """What the gateway's request log would show: the burstiness inputs from per-minute and per-10-second counts,
+    and the mean prompt and output tokens of the replayed arrivals. The token means are those served: a trace
+    scaled to the endpoint's shape is then clipped to the product's limits (max_tokens), which lowers the mean of
+    a heavy-tailed trace (Azure code: 400 planned, 343 served)."""
     ep = inputs.endpoints[0]
     rng = np.random.default_rng([seed, 7])
     start_s, end_s = start_h * SECONDS_PER_HOUR, end_h * SECONDS_PER_HOUR
@@ -120,10 +136,12 @@ def measured_traffic(inputs: CostInputs, trace: Trace | None, start_h: float, en
     b = cluster_size_from_counts(counts[: n_win // per * per].reshape(-1, per))
     minutes = counts[: n_win // per * per].reshape(-1, per).sum(axis=1)
     hours = len(minutes) // MINUTES_PER_HOUR
-    pf = peak_factor_from_minute_counts(minutes[: hours * MINUTES_PER_HOUR].reshape(hours, MINUTES_PER_HOUR), b)
+    by_hour = minutes[: hours * MINUTES_PER_HOUR].reshape(hours, MINUTES_PER_HOUR)
+    pf = peak_factor_from_minute_counts(by_hour, b)
+    tau = correlation_s_from_minute_counts(by_hour, b)
     if n_req == 0:
-        return pf, b, ep.shape.input_tokens_mean, ep.shape.output_tokens_mean
-    return pf, b, in_sum / n_req, out_sum / n_req
+        return MeasuredTraffic(pf, b, tau, ep.shape.input_tokens_mean, ep.shape.output_tokens_mean)
+    return MeasuredTraffic(pf, b, tau, in_sum / n_req, out_sum / n_req)
 
 
 def check(
@@ -138,10 +156,12 @@ def check(
 
     trace = load_trace(ROOT / "traces" / trace_name)
     inputs = at_rate(base or load_inputs(stack), name, mean_rps, trace)
-    pf, cluster, in_mean, out_mean = measured_traffic(inputs, trace, start_h, end_h, seed)
+    mt = measured_traffic(inputs, trace, start_h, end_h, seed)
+    in_mean, out_mean = mt.input_tokens_mean, mt.output_tokens_mean
     ep = inputs.endpoints[0]
     ep = ep.model_copy(update={"traffic": ep.traffic.model_copy(update={
-        "within_hour_peak_factor": min(20.0, max(1.0, pf)), "arrival_cluster_size": min(1000.0, cluster)})})
+        "within_hour_peak_factor": min(20.0, max(1.0, mt.peak_factor)),
+        "arrival_cluster_size": min(1000.0, mt.cluster_size), "within_hour_correlation_s": mt.correlation_s})})
     # the simulator replays the trace scaled to the stack's shape (then clipped to the product's limits); the
     # planner is told the token means as served (below the shape's p99s, which stay the stack's)
     replay_inputs = inputs.model_copy(update={"endpoints": [ep]})

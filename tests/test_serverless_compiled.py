@@ -13,13 +13,14 @@ from topology.plan import serverless_compiled  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _both(rate, mean, Q, up, k, B, W, wg):
+def _both(rate, mean, Q, up, k, B, W, wg, keep=0.0):
     top = int(np.ceil((Q.max() + max(up.max(), k.max())) / B))
     got = serverless_compiled.switching(rate, mean, Q, up, k, B, W, wg, sv.log_fact_upto(top + 2), sv.EXACT_LEVELS,
                                         float(sv.SECONDS_PER_MINUTE), sv.UPPER_DIRECT_BELOW, sv.UPPER_SERIES_TERMS,
                                         sv.UPPER_SERIES_STOP, *sv.start_levels_on_and_within_reach(rate, mean, Q, up, B),
-                                        sv.stop_levels_held(mean, Q, k, B), sv.REACH_SD, sv.REACH_ABOVE)
-    return got, sv._switching_numpy(rate, mean, Q, up, k, B, W, wg)
+                                        sv.stop_levels_held(mean, Q, k, B), sv.REACH_SD, sv.REACH_ABOVE, keep,
+                                        sv.PERSIST_NEGLIGIBLE)
+    return got, sv._switching_numpy(rate, mean, Q, up, k, B, W, wg, keep)
 
 
 def _assert_close(got, want, rtol=1e-12, atol=1e-20):
@@ -35,7 +36,8 @@ def _assert_close(got, want, rtol=1e-12, atol=1e-20):
 @pytest.mark.parametrize("seed", range(12))
 def test_kernel_agrees_with_numpy_on_random_hours(seed):
     """Means from 1e-6 to 3000 in flight (rate 0 included), levels below and above the exact-sum limit (64),
-    floors Q, cluster sizes and windows as the planner passes them."""
+    floors Q, cluster sizes, windows and minute factors kept from minute to minute (traffic.
+    within_hour_correlation_s) as the planner passes them."""
     rng = np.random.default_rng(seed)
     H, G = int(rng.integers(1, 40)), 32
     alpha = float(rng.uniform(0.5, 20))
@@ -53,7 +55,8 @@ def test_kernel_agrees_with_numpy_on_random_hours(seed):
     k, _ = sv._level_grid(K)
     up = np.where(k <= b, k, np.maximum(T * (k - 1 - b) + 1, k))
     W = float(rng.choice([2.0, 60.0, 120.0, 600.0]))
-    _assert_close(*_both(rate, mean, Q, up, k, B, W, wg))
+    keep = float(rng.choice([0.0, 0.4, 0.9, 0.999]))
+    _assert_close(*_both(rate, mean, Q, up, k, B, W, wg, keep))
 
 
 def test_kernel_agrees_where_values_underflow():
@@ -65,7 +68,8 @@ def test_kernel_agrees_where_values_underflow():
     mean = rate * 1.0
     k = np.arange(1, 200)
     Q = np.array([0.0, 0.0, 0.0, 1000.0, 0.0])
-    _assert_close(*_both(rate, mean, Q, k * 7, k, 1.0, 300.0, wg))
+    for keep in (0.0, 0.8):
+        _assert_close(*_both(rate, mean, Q, k * 7, k, 1.0, 300.0, wg, keep))
 
 
 @pytest.mark.parametrize("stack", ["Pulumi.prod.yaml", "Pulumi.dev.yaml"])

@@ -169,6 +169,19 @@ class Traffic(_Inputs):
             "Azure-conversation replays measure 1.0-1.4; batch-submitting clients (Azure code) measure 10-70."
         ),
     )
+    within_hour_correlation_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=3600,
+        description=(
+            "How long the within-hour rate factor persists, s: the minute rates' autocorrelation falls as "
+            "e^(-lag / this). 0 = each minute's rate independent of the last. Measurable from the gateway's "
+            "request log: the lag-1 autocorrelation of per-minute counts, Poisson noise removed "
+            "(topology.plan.serverless.correlation_s_from_minute_counts). Default 0: the simulator's synthetic "
+            "and rate-trace weeks draw minutes independently; replayed request traces measure 0-550 "
+            "(Azure code at 0.3 req/s about 110)."
+        ),
+    )
     rate_trace: RateTrace | None = Field(
         default=None,
         description="Derive the profile from a rate trace instead (resolved by topology.load_inputs before planning).",

@@ -98,7 +98,8 @@ def serverless_usd_by_hour(
             ch = expected_containers(demand.mean_rps, service, target_inputs=target, buffer_containers=buffer,
                                      scaledown_window_s=window, alpha=alpha, warm_min=warm_min, max_containers=cap,
                                      start_hour=start_hour, cluster_size=ep.traffic.arrival_cluster_size,
-                                     startup=(cold, float(service_time_s(ep, sls, 1))))
+                                     startup=(cold, float(service_time_s(ep, sls, 1))),
+                                     factor_correlation_s=ep.traffic.within_hour_correlation_s)
             batch = 1.0 + demand.mean_rps * service / np.maximum(ch.alive, 1.0)
     else:
         # the gateway sends to burst what the floor's replicas × overflow threshold places cannot hold
@@ -111,7 +112,8 @@ def serverless_usd_by_hour(
         ch = expected_containers(demand.mean_rps, service, floor_inflight=floor * overflow, target_inputs=target,
                                  scaledown_window_s=window, alpha=alpha, warm_min=warm_min, max_containers=cap,
                                  start_hour=start_hour, cluster_size=ep.traffic.arrival_cluster_size,
-                                 floor_service_line=line, startup=(cold, float(service_time_s(ep, sls, 1))))
+                                 floor_service_line=line, startup=(cold, float(service_time_s(ep, sls, 1))),
+                                 factor_correlation_s=ep.traffic.within_hour_correlation_s)
     # billed launch to stop: the time alive, plus each launch's cold start before it serves
     return (ch.alive + ch.launches * cold / 3600.0) * pr.serverless_container_hour
 

@@ -11,7 +11,7 @@ spread over the containers, a container idles for a whole window only when deman
 bills its cold start on top. The expected value follows from the arrival process, with no fitted constant:
 
 1. In flight. Requests arrive as a Poisson process whose rate in each minute is the hour's mean × a factor g,
-   g ~ Gamma(α, 1/α) (mean 1, independent per minute), α set so the busiest of 60 minutes is
+   g ~ Gamma(α, 1/α) (mean 1; independent per minute, or persisting: step 3), α set so the busiest of 60 minutes is
    `traffic.within_hour_peak_factor` × the mean (Wilson–Hilferty, the simulator's definition). Each request
    holds its place for its service time S (prefill + output × decode gap at the container's batch), so in a
    minute at rate λg the number in flight is Poisson(λ·g·S) (M/G/∞). With a floor in front, the gateway
@@ -21,10 +21,17 @@ bills its cold start on top. The expected value follows from the arrival process
    u = λg·P(N = L − 1) (exact for M/G/∞: the up-crossing rate); from below, the hazard is h = u / P(N < L).
    Treating up-crossings of a level as a Poisson stream (the Poisson clumping heuristic),
    P(no need for the k-th container in a stretch d | below now) = e^(−h·d).
-3. One window. The window W, ending at a uniformly placed phase of the current minute, spans the rest of
-   that minute plus whole and partial earlier minutes, each with its own independent g:
-   P(k-th not alive) = E_g[P(N < L) e^(−h·d₀)] · Π_j E_g[e^(−h·d_j)],
-   the expectations over g by equal-probability quadrature, the phase by the midpoint rule.
+3. Minute by minute. Inside a minute at factor g each level is a two-state chain with those hazards (on from
+   off at h, off from on at the rate a stretch below it outlasts W); its switching probabilities over the
+   minute, averaged over g by equal-probability quadrature, make a chain over minutes, closed-form over the
+   hour's 60. The factor need not be drawn afresh each minute: `traffic.within_hour_correlation_s` (τ, measured
+   from the lag-1 autocorrelation of minute counts, correlation_s_from_minute_counts) keeps it with
+   probability e^(−60/τ). Then quiet minutes come together: a factor that lasts longer than W lets the
+   containers above the base see a run of quiet minutes and stop (and busy ones hold the level through a busy
+   run), where independent minutes keep breaking the quiet stretch; a factor much shorter than W averages out
+   (τ → 0, the independent minutes). The level and the factor then form one chain, whose stationary P(on)
+   and launch rate have a closed form in sums over the nodes (persistent_switching); τ = 0 is the independent
+   case exactly. Hand-worked against the exact answer for instant requests in tests/test_cost_model.py.
    Expected containers alive = Σ_k P(k-th alive), floored by the warm minimum (P = 1 for k ≤ minimum).
 4. Launches: the k-th container starts at an up-crossing of L_k that found none in the previous window,
    at rate ≈ u·e^(−h·W); each bills its cold start (launch to ready) on top.
@@ -249,6 +256,12 @@ def log_fact_upto(n: int) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n)))])
 
 
+def factor_keep(correlation_s: float) -> float:
+    """The probability that a minute keeps the previous minute's factor, for a factor whose autocorrelation falls
+    as e^(−lag / correlation_s) (0 s: independent minutes)."""
+    return math.exp(-SECONDS_PER_MINUTE / correlation_s) if correlation_s > 0 else 0.0
+
+
 @dataclass(frozen=True)
 class ContainerHours:
     alive: np.ndarray  # (hours,) expected containers alive (container-hours per hour)
@@ -260,7 +273,7 @@ def expected_containers(
     target_inputs: int, buffer_containers: int = 0, scaledown_window_s: float, alpha: float | None,
     warm_min: np.ndarray | int = 0, max_containers: int | None = None, start_hour: int | None = None,
     cluster_size: float = 1.0, floor_service_line: tuple[float, float, np.ndarray, int] | None = None,
-    startup: tuple[float, float] | None = None,
+    startup: tuple[float, float] | None = None, factor_correlation_s: float = 0.0,
 ) -> ContainerHours:
     """Expected containers alive and launches in each hour (see the module docstring for the derivation).
 
@@ -276,6 +289,8 @@ def expected_containers(
     startup: (cold start c, launch to ready; S₁, the service time of a request that finds its container
     empty) — starting from no container, every request of the first c + S₁ is in flight at once (the start-up
     burst, step 5); None: no start-up burst.
+    factor_correlation_s: how long the minute factor persists (`traffic.within_hour_correlation_s`): a minute
+    keeps the previous minute's factor with probability e^(−60 / it) (step 3); 0: independent minutes.
 
     A pure function of its arguments, memoised on them (`_CALLS`): the planner asks again for the same
     endpoint's week (copies of an endpoint, candidate schedules that land on the same floor). The returned
@@ -283,7 +298,7 @@ def expected_containers(
     line = floor_service_line
     key = (_key_array(rate_rps), _key_array(service_s), _key_array(floor_inflight), int(target_inputs),
            int(buffer_containers), float(scaledown_window_s), alpha, _key_array(warm_min),
-           max_containers, start_hour, float(cluster_size), startup,
+           max_containers, start_hour, float(cluster_size), startup, float(factor_correlation_s),
            None if line is None else (float(line[0]), float(line[1]), _key_array(line[2]), int(line[3])))
     hit = _CALLS.get(key)
     if hit is None:
@@ -291,7 +306,7 @@ def expected_containers(
                                    buffer_containers=buffer_containers, scaledown_window_s=scaledown_window_s,
                                    alpha=alpha, warm_min=warm_min, max_containers=max_containers,
                                    start_hour=start_hour, cluster_size=cluster_size, floor_service_line=line,
-                                   startup=startup)
+                                   startup=startup, factor_correlation_s=factor_correlation_s)
         hit.alive.flags.writeable = hit.launches.flags.writeable = False
         _remember(_CALLS, key, hit, MEMO_CALLS)
     return hit
@@ -340,7 +355,7 @@ def _level_grid(K: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _expected_containers(
     rate_rps, service_s, *, floor_inflight, target_inputs, buffer_containers, scaledown_window_s, alpha, warm_min,
-    max_containers, start_hour, cluster_size, floor_service_line, startup,
+    max_containers, start_hour, cluster_size, floor_service_line, startup, factor_correlation_s,
 ) -> ContainerHours:
     lam = np.atleast_1d(np.asarray(rate_rps, dtype=float))
     H = lam.shape[0]
@@ -349,6 +364,7 @@ def _expected_containers(
     warm = np.broadcast_to(np.asarray(warm_min), (H,)).astype(int)
     T, b, W = max(1, int(target_inputs)), max(0, int(buffer_containers)), float(scaledown_window_s)
     g, wg = gamma_quadrature(alpha)
+    keep = factor_keep(factor_correlation_s) if alpha is not None else 0.0
     # levels that can matter: up to mean + 10 sd of in flight at the largest g, in the busiest hour
     m_top = float((lam * S).max(initial=0.0) * g.max())
     order = (np.tile(np.arange(H), WARMUP_WEEKS + 1) if start_hour is None else np.arange(start_hour, H))
@@ -393,7 +409,7 @@ def _expected_containers(
     p_off = np.where(lam > 0, -math.expm1(-SECONDS_PER_MINUTE / max(W, 1e-9)), 1.0)[:, None] * np.ones((1, len(k)))
     if act.size:
         p_on[act], p_off[act] = _switching_rows(act, lam, S, Q, reps_key, rate, mean, up, k, K, T, b, B, W, alpha,
-                                                line_key, wg)
+                                                line_key, wg, keep)
     # each level a two-state chain by minute; closed form over an hour's 60 steps
     tot = p_on + p_off
     star = np.where(tot > 0, p_on / np.maximum(tot, 1e-300), 0.0)
@@ -470,13 +486,13 @@ def _affine_prefix(a: np.ndarray, c: np.ndarray, x0: np.ndarray | None = None) -
     return np.concatenate([x0[None], A[:-1] * x0 + C[:-1]])
 
 
-def _switching_rows(act, lam, S, Q, reps, rate, mean, up, k, K, T, b, B, W, alpha, line_key, wg):
+def _switching_rows(act, lam, S, Q, reps, rate, mean, up, k, K, T, b, B, W, alpha, line_key, wg, keep=0.0):
     """_switching for the active hours, each hour's row read from the memo when the same hour (rate, service,
     floor, levels, settings) was worked out before. A row depends only on its own hour, and each level's
     entry on that level alone: with every level 1 … K evaluated (no interpolation), a row worked out for fewer
     levels is extended by the missing ones, and one worked out for more serves by its prefix."""
     dense = len(k) == K
-    const = (T, b, B, W, alpha, line_key, wg.shape[0], "dense" if dense else K)
+    const = (T, b, B, W, alpha, line_key, wg.shape[0], "dense" if dense else K, keep)
     keys = [(const, x, y, z, r) for x, y, z, r in zip(lam[act].tolist(), S[act].tolist(), Q[act].tolist(),
                                                        reps[act].tolist())]
     n = len(k)
@@ -486,7 +502,7 @@ def _switching_rows(act, lam, S, Q, reps, rate, mean, up, k, K, T, b, B, W, alph
         # the rows that have levels k[:start] already: work out the rest
         todo = np.flatnonzero(have == start)
         rows = act[todo]
-        on_t, off_t = _switching(rate[rows], mean[rows], Q[rows], up[start:], k[start:], B, W, wg)
+        on_t, off_t = _switching(rate[rows], mean[rows], Q[rows], up[start:], k[start:], B, W, wg, keep)
         for j, i in enumerate(todo.tolist()):
             f = found[i]
             found[i] = ((on_t[j], off_t[j]) if f is None else
@@ -496,7 +512,7 @@ def _switching_rows(act, lam, S, Q, reps, rate, mean, up, k, K, T, b, B, W, alph
 
 
 def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
-               W: float, wg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+               W: float, wg: np.ndarray, keep: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """_switching_numpy, or the compiled kernel where asked for (USE_COMPILED; same figures to 1e-12)."""
     if _use_compiled():
         from . import serverless_compiled
@@ -504,8 +520,9 @@ def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray
         return serverless_compiled.switching(rate, mean, Q, up, k, B, W, wg, log_fact_upto(top + 2), EXACT_LEVELS,
                                              float(SECONDS_PER_MINUTE), UPPER_DIRECT_BELOW, UPPER_SERIES_TERMS,
                                              UPPER_SERIES_STOP, *start_levels_on_and_within_reach(rate, mean, Q, up, B),
-                                             stop_levels_held(mean, Q, k, B), REACH_SD, REACH_ABOVE)
-    return _switching_numpy(rate, mean, Q, up, k, B, W, wg)
+                                             stop_levels_held(mean, Q, k, B), REACH_SD, REACH_ABOVE, keep,
+                                             PERSIST_NEGLIGIBLE)
+    return _switching_numpy(rate, mean, Q, up, k, B, W, wg, keep)
 
 
 # Whether _switching runs the compiled kernel (serverless_compiled; numba). Off unless asked for (PLANNER_COMPILED=1
@@ -525,9 +542,10 @@ def _use_compiled() -> bool:
 
 
 def _switching_numpy(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
-                     W: float, wg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                     W: float, wg: np.ndarray, keep: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Per-minute probabilities (H, P) that each level switches on (from off) and off (from on), for hours
-    with traffic: rate and mean (H, 1, G) are clusters per second and in flight at each minute factor g.
+    with traffic: rate and mean (H, 1, G) are clusters per second and in flight at each minute factor g; keep: the
+    probability that a minute keeps the previous minute's factor (0: independent minutes; persistent_switching).
 
     Worked out on blocks of hours of about SWITCHING_BLOCK values (hours × levels × nodes): each hour's row
     depends on that hour alone, and arrays that size stay in the processor's cache and are allocated from the
@@ -545,9 +563,9 @@ def _switching_numpy(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.n
         for i in range(0, H, n):
             rows = order[i:i + n]
             p_on[rows], p_off[rows] = _switching_block(rate[rows], mean[rows], Q[rows], up, k, B, W, wg, on[rows],
-                                                       reach[rows], held[rows])
+                                                       reach[rows], held[rows], keep)
         return p_on, p_off
-    return _switching_block(rate, mean, Q, up, k, B, W, wg, on, reach, held)
+    return _switching_block(rate, mean, Q, up, k, B, W, wg, on, reach, held, keep)
 
 
 # A start level more than this many standard deviations (+ this many) above an hour's largest in flight (its
@@ -595,7 +613,7 @@ SWITCHING_BLOCK = 65_536  # values per block of _switching_numpy (512 KB a array
 
 
 def _switching_block(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
-                     W: float, wg: np.ndarray, on: np.ndarray, reach: np.ndarray, held: np.ndarray
+                     W: float, wg: np.ndarray, on: np.ndarray, reach: np.ndarray, held: np.ndarray, keep: float = 0.0
                      ) -> tuple[np.ndarray, np.ndarray]:
     """_switching_numpy for one block of hours (start_levels_on_and_within_reach, stop_levels_held): each hour's
     first `on` start levels are surely on (p_on the weights' sum), those from its `reach` on are beyond it (h_on
@@ -643,18 +661,28 @@ def _switching_block(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.n
     np.expm1(settle, out=settle)
     settle /= np.maximum(both, 1e-300, out=both)
     np.negative(settle, out=settle)
+    m = np.broadcast_to(mean, rate.shape)
+    S = np.divide(m, rate, out=np.full(rate.shape, np.inf), where=rate > 0)
+    on_low = np.minimum(m - REACH_SD * np.sqrt(m) - REACH_ABOVE, m - S)
+    cols = np.arange(P)[None, :]
+    if keep > 0.0:
+        # each minute factor's own switching probabilities, then the levels' chains with the factor persisting
+        pn, pf = np.zeros(both.shape), np.zeros(both.shape)
+        pn[:, a:c] = h_on * settle[:, a:c]
+        np.copyto(pn[:, a:c], 1.0, where=levels[:, :c - a] - 1 <= on_low)
+        pf[:, lo:] = r_off * settle[:, lo:]
+        pn[np.broadcast_to((cols >= reach[:, None])[:, :, None], pn.shape)] = 0.0
+        pn[np.broadcast_to((cols < on[:, None])[:, :, None], pn.shape)] = 1.0
+        pf[np.broadcast_to((cols < held[:, None])[:, :, None], pf.shape)] = 0.0
+        return persistent_switching(pn, pf, wg, keep)
     w = wg[None, None, :]
     h_on *= w
     h_on *= settle[:, a:c]
     # a start level surely on at a minute factor's own in flight (as start_levels_on_and_within_reach for the
     # hour) switches on within the minute: its weight, where P(N < L) may have underflowed (h_on lost)
-    m = np.broadcast_to(mean, rate.shape)
-    S = np.divide(m, rate, out=np.full(rate.shape, np.inf), where=rate > 0)
-    on_low = np.minimum(m - REACH_SD * np.sqrt(m) - REACH_ABOVE, m - S)
     np.copyto(h_on, np.broadcast_to(w, h_on.shape), where=levels[:, :c - a] - 1 <= on_low)
     r_off *= w
     r_off *= settle[:, lo:]
-    cols = np.arange(P)[None, :]
     p_on, p_off = np.zeros((rate.shape[0], P)), np.zeros((rate.shape[0], P))
     p_on[:, a:c] = h_on.sum(axis=2)
     p_on[cols >= reach[:, None]] = 0.0
@@ -662,6 +690,55 @@ def _switching_block(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.n
     p_off[:, lo:] = r_off.sum(axis=2)
     p_off[cols < held[:, None]] = 0.0
     return p_on, p_off  # (H, P)
+
+
+PERSIST_NEGLIGIBLE = 1e-12  # a level on (or off) less than this share of the time keeps the independent-minute sums
+
+
+def persistent_switching(pn: np.ndarray, pf: np.ndarray, wg: np.ndarray, keep: float
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """A level's per-minute switching probabilities (…,) when the minute factor persists: pn, pf (…, G) are the
+    probabilities that the level switches on from off and off from on within a minute at each factor node g_i
+    (weights w_i); each minute keeps the previous minute's factor with probability `keep` and otherwise draws it
+    afresh (so the factor's autocorrelation at a lag of n minutes is keep^n, the same marginal).
+
+    The level and the factor make one chain over minutes. With x_i the probability that a minute starts on at
+    node i and y_i that it ends on there: y_i = w_i·pn_i + ρ_i·x_i (ρ_i = 1 − pn_i − pf_i), and the next minute
+    starts from x'_i = keep·y_i + (1 − keep)·w_i·Y, Y = Σ y. Stationary, y_i = w_i·(pn_i + ρ_i·(1 − keep)·Y) /
+    (1 − keep·ρ_i), and summing, with d_i = 1 − keep·ρ_i:
+
+        P(on) = Y = Σ w·pn/d / Σ w·(pn + pf)/d,
+
+    a mean of each node's own P(on) pn/(pn + pf) weighted by how long a node's chain holds: at keep → 1 each
+    node's level settles as if its factor lasted, at keep = 0 it is Σ w·pn / Σ w·(pn + pf), the rates averaged
+    over independent minutes. Launches per minute, Σ (w_i − x_i)·pn_i, with the off mass at the start of a
+    minute w_i − x_i = keep·w_i·(pf_i + ρ_i·(1 − keep)·(1 − Y))/d_i + (1 − keep)·w_i·(1 − Y) (all terms ≥ 0):
+
+        launches = keep·Σ w·pn·pf/d + (1 − keep)·(1 − Y)·(keep·Σ w·pn·ρ/d + Σ w·pn).
+
+    Returned as the two-state chain with that P(on) and that launch rate (what the hour's chain in
+    _expected_containers reads): p_on = launches / (1 − Y), p_off = launches / Y; at keep = 0 they are the
+    weighted sums Σ w·pn and Σ w·pf. A level never left (pf = 0 at every node) or never reached (pn = 0) keeps
+    those sums, and so does one on or off less than PERSIST_NEGLIGIBLE of the time (there the two forms differ
+    by a share of a container no bill shows, and launches / Y would divide rounding noise by nearly 0)."""
+    w = np.asarray(wg, dtype=float)
+    rho = 1.0 - pn - pf
+    d = 1.0 - keep * rho
+    a_on = (w * pn / d).sum(axis=-1)
+    a_off = (w * pf / d).sum(axis=-1)
+    p_bar_on, p_bar_off = (w * pn).sum(axis=-1), (w * pf).sum(axis=-1)
+    cross = (w * pn * pf / d).sum(axis=-1)
+    stay = (w * pn * rho / d).sum(axis=-1)
+    tot = a_on + a_off
+    pos = tot > 0
+    y_on = np.divide(a_on, tot, out=np.zeros_like(tot), where=pos)
+    y_off = np.divide(a_off, tot, out=np.zeros_like(tot), where=pos)
+    ok = (y_on > PERSIST_NEGLIGIBLE) & (y_off > PERSIST_NEGLIGIBLE)
+    y_on[~ok] = y_off[~ok] = 1.0
+    launches = keep * cross + (1.0 - keep) * y_off * (keep * stay + p_bar_on)
+    p_on = np.where(ok, launches / y_off, p_bar_on)
+    p_off = np.where(ok, launches / y_on, p_bar_off)
+    return p_on, p_off
 
 
 def service_time_s(ep: EndpointInputs, pl: Placement, batch: np.ndarray | float) -> np.ndarray:
@@ -704,6 +781,55 @@ def peak_factor_from_minute_counts(counts: np.ndarray, cluster_size: float = 1.0
     excess = (c[busy].var(axis=1, ddof=1) - cluster_size * mean[busy]) / mean[busy] ** 2
     inv_alpha = float(np.mean(excess))
     return peak_factor_of_alpha(1.0 / inv_alpha) if inv_alpha > 1e-9 else 1.0
+
+
+def correlation_s_from_minute_counts(counts: np.ndarray, cluster_size: float = 1.0) -> float:
+    """`traffic.within_hour_correlation_s` measured from a request log: counts[h, m] = requests in minute m of
+    hour h. Poisson noise is independent from one minute to the next, so the counts' lag-1 autocovariance is the
+    rate factor's alone, c̄²·Cov(g_m, g_{m+1}), while their variance carries the noise too (B·c̄ +
+    c̄²/α, as in peak_factor_from_minute_counts): the factor's lag-1 autocorrelation r is the autocovariance
+    over the excess variance, each summed over the hours with traffic (in counts: divided by each hour's own
+    mean², the hours where the factor ran high would weigh less, and r read 10% low at τ = 300 s). Deviations
+    are taken from each hour's own mean, which a persisting factor drags along: with autocorrelation rᵏ at lag
+    k over n = 60
+    minutes, V = (1 + 2·Σ (1 − k/n)·rᵏ) / n the mean's share of the variance and c = Σ_{j<n} rʲ, the sums'
+    expectations are n·(1 − V) (squares) and (n − 1)·r − (n + 1)·V + 2c/n (neighbours) times the factor's
+    variance, and −(n − 1)/n times the noise's for the neighbours; r is the one whose ratio is the measured one
+    (increasing in r: bisection). A factor kept from one minute to the next with probability r has lag-k
+    autocorrelation rᵏ = e^(−60·k / τ): τ = −60 / ln r; 0 where the ratio shows none, at most an hour."""
+    c = np.asarray(counts, dtype=float)
+    mean = c.mean(axis=1)
+    busy = mean >= 1.0
+    n = c.shape[1]
+    if not busy.any() or n < 3:
+        return 0.0
+    dev = c[busy] - mean[busy, None]
+    noise = cluster_size * mean[busy]
+    squares = (dev ** 2).sum(axis=1) - (n - 1) * noise  # the factor's part
+    pairs = (dev[:, 1:] * dev[:, :-1]).sum(axis=1) + (n - 1) / n * noise
+    if not squares.sum() > 0:
+        return 0.0
+    ratio = float(pairs.sum() / squares.sum())
+    k = np.arange(1, n)
+
+    def expected_ratio(r: float) -> float:
+        V = (1.0 + 2.0 * float(np.sum((1.0 - k / n) * r ** k))) / n
+        return ((n - 1) * r - (n + 1) * V + 2.0 * float(np.sum(r ** np.arange(n))) / n) / (n * (1.0 - V))
+
+    r_top = factor_keep(MAX_CORRELATION_S)
+    if ratio <= expected_ratio(0.0):
+        return 0.0
+    if ratio >= expected_ratio(r_top):
+        return MAX_CORRELATION_S
+    lo, hi = 0.0, r_top
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if expected_ratio(mid) < ratio else (lo, mid)
+    r = 0.5 * (lo + hi)
+    return -SECONDS_PER_MINUTE / math.log(r) if r > 0 else 0.0
+
+
+MAX_CORRELATION_S = 3600.0  # `traffic.within_hour_correlation_s`'s upper limit: a within-hour factor
 
 
 CLUSTER_WINDOW_S = 10  # the window `traffic.arrival_cluster_size` is measured over

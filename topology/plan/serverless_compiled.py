@@ -48,15 +48,17 @@ def _kernel():
 def switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
               W: float, wg: np.ndarray, log_fact: np.ndarray, exact_levels: int, seconds_per_minute: float,
               upper_direct_below: float, upper_series_terms: int, upper_series_stop: float, on: np.ndarray,
-              reach: np.ndarray, held: np.ndarray, reach_sd: float, reach_above: float
-              ) -> tuple[np.ndarray, np.ndarray]:
+              reach: np.ndarray, held: np.ndarray, reach_sd: float, reach_above: float, keep: float = 0.0,
+              negligible: float = 1e-12) -> tuple[np.ndarray, np.ndarray]:
     """serverless._switching's (p_on, p_off), (H, P): rate and mean (H, 1, G), Q (H,), up and k (P,); on, reach
     (H,) the start levels each hour takes as surely on and those it works out (serverless.
     start_levels_on_and_within_reach: p_on the weights' sum below on, h_on = 0 from reach), held (H,) the stop
     levels it leaves out (serverless.stop_levels_held: r_off = 0 there); the kernel applies the same cuts again
     per minute factor with that node's own in flight (reach_sd, reach_above: serverless.REACH_SD, REACH_ABOVE),
     where numpy works the block out whole: the two agree to 1e-12 relative, or below 1e-20 absolute where the
-    kernel takes a rate of under 1e-30 per second as 0."""
+    kernel takes a rate of under 1e-30 per second as 0. keep: the probability that a minute keeps the previous
+    minute's factor (serverless.persistent_switching, worked out here from sums over the nodes; negligible: its
+    PERSIST_NEGLIGIBLE)."""
     H, G = rate.shape[0], rate.shape[-1]
     r2 = np.ascontiguousarray(np.broadcast_to(rate, (H, 1, G))[:, 0, :], dtype=np.float64)
     m2 = np.ascontiguousarray(np.broadcast_to(mean, (H, 1, G))[:, 0, :], dtype=np.float64)
@@ -68,7 +70,8 @@ def switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray,
               int(exact_levels), float(seconds_per_minute), float(upper_direct_below), int(upper_series_terms),
               float(upper_series_stop), np.ascontiguousarray(on, dtype=np.int64),
               np.ascontiguousarray(reach, dtype=np.int64),
-              np.ascontiguousarray(held, dtype=np.int64), float(reach_sd), float(reach_above), p_on, p_off)
+              np.ascontiguousarray(held, dtype=np.int64), float(reach_sd), float(reach_above), float(keep),
+              float(negligible), p_on, p_off)
     return p_on, p_off
 
 
@@ -101,11 +104,13 @@ _upper_series_py = _upper_series
 
 
 def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, spm, upper_direct_below,
-                      upper_series_terms, upper_series_stop, on, reach, held, reach_sd, reach_above, p_on, p_off):
+                      upper_series_terms, upper_series_stop, on, reach, held, reach_sd, reach_above, keep, negligible,
+                      p_on, p_off):
     """Fills p_on, p_off (H, P). Per hour h and node g: each level's P(N < L), P(N ≥ L) and P(N = L − 1) as in
     serverless.poisson_tails (exact sums up to exact_levels, Wilson–Hilferty above, the upper tail summed
     directly where it is small), then the hazards and the minute's switching probabilities as in
-    serverless._switching, summed over g with weights wg."""
+    serverless._switching, summed over g with weights wg; with keep > 0, the sums over g that
+    serverless.persistent_switching reduces to the chain of a persisting factor."""
     H, G = rate.shape
     P = k.shape[0]
     inv_sqrt2 = 1 / math.sqrt(2.0)
@@ -119,7 +124,17 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
     above = np.empty(2 * P)
     at = np.empty(2 * P)
     wsum = wg.sum()
+    # persistent_switching's sums over the nodes, per level: Σ w·pn/d, Σ w·pf/d, Σ w·pn·pf/d, Σ w·pn·ρ/d
+    s_on = np.zeros(P)
+    s_off = np.zeros(P)
+    s_cross = np.zeros(P)
+    s_stay = np.zeros(P)
     for h in range(H):
+        if keep > 0.0:
+            s_on[:] = 0.0
+            s_off[:] = 0.0
+            s_cross[:] = 0.0
+            s_stay[:] = 0.0
         n_exact = 0
         a = on[h]  # start levels before a are surely on: p_on the weights' sum
         c = reach[h]  # start levels from c on are beyond the hour's reach: not worked out, h_on = 0
@@ -219,6 +234,7 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
             for p in range(a, P):
                 if p < a_g:  # surely on at this node (its stop level held)
                     p_on[h, p] += w
+                    s_on[p] += w  # pn = 1, pf = 0: d = 1
                     continue
                 h_on = r * at[p] / max(below[p], 1e-300) if p < c_g else 0.0
                 if P + p < lo_g:
@@ -247,5 +263,25 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                 settle = (1.0 if x60 > _EXPM1_IS_MINUS_ONE else -math.expm1(-x60)) / max(both, 1e-300)
                 p_on[h, p] += w * h_on * settle
                 p_off[h, p] += w * r_off * settle
+                if keep > 0.0:
+                    pn = h_on * settle
+                    pf = r_off * settle
+                    rho = 1.0 - pn - pf
+                    d = 1.0 - keep * rho
+                    s_on[p] += w * pn / d
+                    s_off[p] += w * pf / d
+                    s_cross[p] += w * pn * pf / d
+                    s_stay[p] += w * pn * rho / d
         for p in range(a):
             p_on[h, p] = wsum
+        if keep > 0.0:
+            for p in range(a, P):
+                tot = s_on[p] + s_off[p]
+                if not tot > 0.0:
+                    continue
+                y_on = s_on[p] / tot
+                y_off = s_off[p] / tot
+                if y_on > negligible and y_off > negligible:
+                    launches = keep * s_cross[p] + (1.0 - keep) * y_off * (keep * s_stay[p] + p_on[h, p])
+                    p_on[h, p] = launches / y_off
+                    p_off[h, p] = launches / y_on
