@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/cost_gaps.py dispersion [--trace azure2023_code.csv] [--rate 3] [--hours 3] [--service S]
     .venv/bin/python benchmarks/cost_gaps.py cluster --cluster 92 [--trace azure2023_code.csv] [--rate 30] [--hours 3]
     .venv/bin/python benchmarks/cost_gaps.py startup [--rate 150]
+    .venv/bin/python benchmarks/cost_gaps.py levels [--trace azure2023_code.csv] [--rate 0.3] [--hours 8]
 
 All from Tuesday 09:00 (hour 33), prod `assist` scaled to the rate, as tests/test_cost_model.py.
 
@@ -19,6 +20,12 @@ All from Tuesday 09:00 (hour 33), prod `assist` scaled to the rate, as tests/tes
 * startup: the start-up burst with the service times' spread, N = λ·max_u [c·(1 − F(u)) + ∫₀ᵘ (1 − F)]
   (requests arriving before the first container is ready start at c, later ones on arrival, each holding its
   place its own service time at the full batch), against the plan's bound λ·(c + S₁), in containers.
+* levels: the share of time each container level k is alive — the plan's (serverless-only, its measured
+  within_hour_correlation_s, 0 and an hour) against the plan's own idealisation run on the replayed arrivals: each
+  request in flight for the plan's service time, the k-th container started when in flight reaches its start level
+  and stopped once in flight has stayed below k for the scaledown window — as replayed and with each hour's
+  minutes shuffled. Where these two agree and the simulator does not, the simulator's routing or service times
+  differ; where the idealisation and the plan differ, the plan's traffic model does.
 """
 
 from __future__ import annotations
@@ -172,23 +179,119 @@ def startup(args) -> None:
               f"(in flight peaks {c + u[i]:.0f} s after the start); at the first 40 s' rate {lam40 * held[i] / T:.1f}")
 
 
+def levels(args) -> None:
+    from topology.plan import serverless as sv
+    from topology.plan.serverless import buffer_containers, expected_containers, gamma_alpha_for_peak
+
+    trace, ep, served, prep, pf, cluster = _endpoint(args.trace, args.rate, args.hours)
+    sls = prep.sls
+    T, cold, W = sls.planned_inflight, serverless_cold_start_s(ep), ep.serverless.scaledown_window_s
+    lam = prep.demand.mean_rps
+    alpha = gamma_alpha_for_peak(min(20.0, max(1.0, pf)))
+    buf = buffer_containers(prep.demand.peak_rps, sls.planning_rps, cold, served.serverless.max_containers_cap)
+    tau = ep.traffic.within_hour_correlation_s
+    h0, h1 = int(START_H), int(START_H + args.hours)
+    batch = np.full(len(lam), float(T))
+    for _ in range(2):  # the plan's service time at the batch its containers see (topology/plan/options.py)
+        S = service_time_s(served, sls, batch)
+        ch = expected_containers(lam, S, target_inputs=T, buffer_containers=buf, scaledown_window_s=W, alpha=alpha,
+                                 start_hour=h0, cluster_size=cluster, factor_correlation_s=tau)
+        batch = 1.0 + lam * S / np.maximum(ch.alive, 1.0)
+    top = 6
+    print(f"{args.trace} {args.rate:g} req/s {args.hours:g} h: target {T}, buffer {buf}, service {S[h0]:.1f} s, "
+          f"W {W:g} s, peak factor {pf:.2f}, cluster {cluster:.1f}, correlation {tau:.0f} s")
+    for t in (0.0, tau, 3600.0):
+        prev, row = 0.0, []
+        for K in range(1, top + 1):
+            a = float(expected_containers(lam, S, target_inputs=T, buffer_containers=buf, scaledown_window_s=W,
+                                          alpha=alpha, start_hour=h0, max_containers=K, cluster_size=cluster,
+                                          factor_correlation_s=t).alive[h0:h1].mean())
+            row.append(a - prev)
+            prev = a
+        print(f"  plan, correlation {t:4.0f} s: P(k-th alive) k = 1…{top}: " + " ".join(f"{x:.3f}" for x in row))
+    t_arr, _ = _replayed(ep, trace, args.hours)
+    # the plan with the replay's own minute rates for the factor (each minute's count over its hour's mean, in 32
+    # equal-probability bins; Poisson noise left in) instead of the Gamma the peak factor sets
+    counts = np.bincount((t_arr // 60).astype(int), minlength=int(args.hours * 60))[: int(args.hours * 60)]
+    by_hour = counts.reshape(-1, 60).astype(float)
+    g_emp = np.sort((by_hour / np.maximum(by_hour.mean(axis=1, keepdims=True), 1e-9)).ravel())
+    nodes = np.array([b.mean() for b in np.array_split(g_emp, 32)])
+    nodes, weights = nodes / nodes.mean(), np.full(32, 1 / 32)
+    print(f"  the replay's minutes: {np.mean(counts == 0):.0%} with no request; the Gamma puts "
+          f"{float(np.mean(sv.gamma_quadrature(alpha)[0] < 0.05)):.0%} of its nodes below 0.05 of the mean")
+    original = sv.gamma_quadrature
+    sv.gamma_quadrature = lambda a, n=32: (nodes, weights)
+    sv.clear_memos()
+    try:
+        for t in (0.0, tau):
+            prev, row = 0.0, []
+            for K in range(1, top + 1):
+                a = float(expected_containers(lam, S, target_inputs=T, buffer_containers=buf, scaledown_window_s=W,
+                                              alpha=alpha, start_hour=h0, max_containers=K, cluster_size=cluster,
+                                              factor_correlation_s=t).alive[h0:h1].mean())
+                row.append(a - prev)
+                prev = a
+            print(f"  plan, the replay's minute rates, correlation {t:4.0f} s: P(k-th alive) k = 1…{top}: "
+                  + " ".join(f"{x:.3f}" for x in row))
+    finally:
+        sv.gamma_quadrature = original
+        sv.clear_memos()
+    for label in ("as replayed", "minutes shuffled"):
+        if label == "minutes shuffled":
+            minute = (t_arr // 60).astype(int)
+            order = np.arange(int(args.hours * 60))
+            prng = np.random.default_rng(12345)
+            for h in range(0, len(order), 60):
+                block = order[h:h + 60].copy()
+                prng.shuffle(block)
+                order[h:h + 60] = block
+            t_arr = np.sort(order[minute] * 60 + (t_arr - minute * 60))
+        svc = S[h0 + (t_arr // 3600).astype(int)]
+        ev_t = np.concatenate([t_arr, t_arr + svc])
+        ev_d = np.concatenate([np.ones(len(t_arr)), -np.ones(len(t_arr))])
+        o = np.lexsort((ev_d, ev_t))  # a completion before an arrival at the same instant
+        ev_t, n = ev_t[o], np.cumsum(ev_d[o])
+        end = args.hours * 3600.0
+        row = []
+        for k in range(1, top + 1):
+            start = k if k <= buf else max(T * (k - 1 - buf) + 1, k)
+            on, last, t_on, alive = False, -math.inf, 0.0, 0.0
+            for i in range(len(ev_t)):
+                t = ev_t[i]
+                if t > end:
+                    break
+                if on and t - last > W:  # in flight below k for the whole window: stopped at last + W
+                    alive += last + W - t_on
+                    on = False
+                if n[i] >= k or (i > 0 and n[i - 1] >= k):
+                    last = t
+                if not on and n[i] >= start:
+                    on, t_on = True, t
+            if on:
+                alive += min(end, last + W) - t_on
+            row.append(alive / end)
+        print(f"  replayed arrivals, {label}: P(k-th alive) k = 1…{top}: " + " ".join(f"{x:.3f}" for x in row))
+
+
 def main() -> int:
     warnings.simplefilter("ignore")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("experiment", choices=["shuffle", "dispersion", "cluster", "startup"])
+    ap.add_argument("experiment", choices=["shuffle", "dispersion", "cluster", "startup", "levels"])
     ap.add_argument("--trace", default="azure2023_code.csv")
     ap.add_argument("--rate", type=float, default=None)
     ap.add_argument("--hours", type=float, default=None)
     ap.add_argument("--cluster", type=float, default=None)
     ap.add_argument("--service", type=float, default=None, help="dispersion: seconds a request holds its place")
     args = ap.parse_args()
-    defaults = {"shuffle": (0.3, 8.0), "dispersion": (3.0, 3.0), "cluster": (30.0, 3.0), "startup": (150.0, 2.0)}
+    defaults = {"shuffle": (0.3, 8.0), "dispersion": (3.0, 3.0), "cluster": (30.0, 3.0), "startup": (150.0, 2.0),
+                "levels": (0.3, 8.0)}
     rate, hours = defaults[args.experiment]
     args.rate = rate if args.rate is None else args.rate
     args.hours = hours if args.hours is None else args.hours
     if args.experiment == "cluster" and args.cluster is None:
         ap.error("cluster: --cluster FIGURE is required")
-    {"shuffle": shuffle, "dispersion": dispersion, "cluster": cluster, "startup": startup}[args.experiment](args)
+    {"shuffle": shuffle, "dispersion": dispersion, "cluster": cluster, "startup": startup,
+     "levels": levels}[args.experiment](args)
     return 0
 
 

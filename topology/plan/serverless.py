@@ -647,7 +647,11 @@ def _switching_block(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.n
     slack = np.expm1(neg_hW, out=neg_hW)
     slack *= F_dn
     np.subtract(above_dn, slack, out=slack)
-    never = ~(slack > 0)
+    # and at a minute factor of 0 (Wilson–Hilferty's nodes are 0 below its cube's root at α ≲ 0.6, busiest minute
+    # ≳ 5× the mean) no request comes: every level is left and stops W after its last request. (The mean's floor
+    # of 1e-300 left level 1 a tail P(N ≥ 1) of 1e-300 > 0, and with d = 0 its stop rate was 0: the container
+    # was held through every quiet minute)
+    never = ~(slack > 0) | (rate == 0.0)
     r_off = np.multiply(q, d, out=q)
     r_off /= np.maximum(slack, 1e-300, out=slack)
     np.copyto(r_off, 1.0 / max(W, 1e-9), where=never)

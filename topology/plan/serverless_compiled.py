@@ -254,7 +254,7 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                         em = math.expm1(-hW)
                         q = 1.0 + em if hW < 0.5 else math.exp(-hW)
                     slack = above[P + p] + F_dn * -em
-                    if slack > 0:
+                    if slack > 0 and r != 0.0:  # (no request at factor 0: stops W after its last, as numpy)
                         r_off = q * d / max(slack, 1e-300)
                     else:
                         r_off = 1.0 / max(W, 1e-9)
