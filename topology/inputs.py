@@ -178,8 +178,8 @@ class Traffic(_Inputs):
             "e^(-lag / this). 0 = each minute's rate independent of the last. Measurable from the gateway's "
             "request log: the lag-1 autocorrelation of per-minute counts, Poisson noise removed "
             "(topology.plan.serverless.correlation_s_from_minute_counts). Default 0: the simulator's synthetic "
-            "and rate-trace weeks draw minutes independently; replayed request traces measure 0-550 "
-            "(Azure code at 0.3 req/s about 110)."
+            "and rate-trace weeks draw minutes independently; replayed request traces measure 0 to 3600 "
+            "(Azure code at 0.3 req/s 106-123)."
         ),
     )
     rate_trace: RateTrace | None = Field(
