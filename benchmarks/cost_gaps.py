@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/cost_gaps.py cluster --cluster 92 [--trace azure2023_code.csv] [--rate 30] [--hours 3]
     .venv/bin/python benchmarks/cost_gaps.py startup [--rate 150]
     .venv/bin/python benchmarks/cost_gaps.py levels [--trace azure2023_code.csv] [--rate 0.3] [--hours 8]
+    .venv/bin/python benchmarks/cost_gaps.py levels --trace synthetic --peak-factor 3 --correlation 600 --rate 3 --hours 12
 
 All from Tuesday 09:00 (hour 33), prod `assist` scaled to the rate, as tests/test_cost_model.py.
 
@@ -25,7 +26,9 @@ All from Tuesday 09:00 (hour 33), prod `assist` scaled to the rate, as tests/tes
   request in flight for the plan's service time, the k-th container started when in flight reaches its start level
   and stopped once in flight has stayed below k for the scaledown window — as replayed and with each hour's
   minutes shuffled. Where these two agree and the simulator does not, the simulator's routing or service times
-  differ; where the idealisation and the plan differ, the plan's traffic model does.
+  differ; where the idealisation and the plan differ, the plan's traffic model does. `--trace synthetic`: the
+  simulator's synthetic week drawn with the given peak factor and correlation time (the plan is told what its
+  minute counts measure).
 """
 
 from __future__ import annotations
@@ -93,21 +96,31 @@ def shuffle(args) -> None:
     _rows(args.trace, args.rate, args.hours, "minutes shuffled")
 
 
+SYNTHETIC: dict = {}  # --trace synthetic: the traffic inputs the simulator's synthetic week is drawn from
+
+
 def _endpoint(trace_name: str, rate: float, hours: float):
-    """As costcheck.check builds it: the endpoint the simulator replays (the measured burstiness set, which its
-    random draws depend on) and the one the plan is told (the served token means)."""
-    trace = load_trace(ROOT / "traces" / trace_name)
-    inputs = costcheck.at_rate(load_inputs(STACK), "assist", rate, trace)
+    """As costcheck.check builds it: the endpoint the simulator replays (a trace's with the measured burstiness
+    set, which its random draws depend on; a synthetic week's with the inputs it is drawn from) and the one the
+    plan is told (the measured burstiness, the served token means)."""
+    base = load_inputs(STACK)
+    if trace_name == "synthetic":
+        trace = None
+        base = base.model_copy(update={"endpoints": [
+            e.model_copy(update={"traffic": e.traffic.model_copy(update=SYNTHETIC)}) for e in base.endpoints]})
+    else:
+        trace = load_trace(ROOT / "traces" / trace_name)
+    inputs = costcheck.at_rate(base, "assist", rate, trace)
     mt = costcheck.measured_traffic(inputs, trace, START_H, START_H + hours, 0)
     pf, cluster, in_mean, out_mean = mt.peak_factor, mt.cluster_size, mt.input_tokens_mean, mt.output_tokens_mean
     ep = inputs.endpoints[0]
-    ep = ep.model_copy(update={"traffic": ep.traffic.model_copy(update={
+    measured = ep.model_copy(update={"traffic": ep.traffic.model_copy(update={
         "within_hour_peak_factor": min(20.0, max(1.0, pf)), "arrival_cluster_size": min(1000.0, cluster),
         "within_hour_correlation_s": mt.correlation_s})})
-    served = ep.model_copy(update={"shape": ep.shape.model_copy(update={"input_tokens_mean": in_mean,
-                                                                         "output_tokens_mean": out_mean})})
+    served = measured.model_copy(update={"shape": ep.shape.model_copy(update={"input_tokens_mean": in_mean,
+                                                                               "output_tokens_mean": out_mean})})
     prep = prepare_endpoint(inputs.model_copy(update={"endpoints": [served]}), served, GPU_KINDS)
-    return trace, ep, served, prep, pf, cluster
+    return trace, (ep if trace is None else measured), served, prep, pf, cluster
 
 
 def _replayed(ep, trace, hours: float):
@@ -189,7 +202,7 @@ def levels(args) -> None:
     lam = prep.demand.mean_rps
     alpha = gamma_alpha_for_peak(min(20.0, max(1.0, pf)))
     buf = buffer_containers(prep.demand.peak_rps, sls.planning_rps, cold, served.serverless.max_containers_cap)
-    tau = ep.traffic.within_hour_correlation_s
+    tau = served.traffic.within_hour_correlation_s
     h0, h1 = int(START_H), int(START_H + args.hours)
     batch = np.full(len(lam), float(T))
     for _ in range(2):  # the plan's service time at the batch its containers see (topology/plan/options.py)
@@ -282,7 +295,11 @@ def main() -> int:
     ap.add_argument("--hours", type=float, default=None)
     ap.add_argument("--cluster", type=float, default=None)
     ap.add_argument("--service", type=float, default=None, help="dispersion: seconds a request holds its place")
+    ap.add_argument("--peak-factor", type=float, default=1.5, help="--trace synthetic: within_hour_peak_factor")
+    ap.add_argument("--correlation", type=float, default=0.0, help="--trace synthetic: within_hour_correlation_s")
     args = ap.parse_args()
+    SYNTHETIC.update(within_hour_peak_factor=args.peak_factor, within_hour_correlation_s=args.correlation,
+                     spike_warm_hours_fraction=0.0)
     defaults = {"shuffle": (0.3, 8.0), "dispersion": (3.0, 3.0), "cluster": (30.0, 3.0), "startup": (150.0, 2.0),
                 "levels": (0.3, 8.0)}
     rate, hours = defaults[args.experiment]

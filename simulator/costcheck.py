@@ -145,16 +145,17 @@ def measured_traffic(inputs: CostInputs, trace: Trace | None, start_h: float, en
 
 
 def check(
-    stack: str | Path, name: str, trace_name: str, mean_rps: float, start_h: float, end_h: float, *,
+    stack: str | Path, name: str, trace_name: str | None, mean_rps: float, start_h: float, end_h: float, *,
     seed: int = 0, base: CostInputs | None = None,
 ) -> list[OptionCheck]:
     """Every dedicated/serverless option of endpoint `name` at `mean_rps` on the trace, hours [start_h, end_h)
-    (whole hours: the plan bills by the hour)."""
+    (whole hours: the plan bills by the hour). trace_name None: the simulator's synthetic week from the
+    endpoint's traffic inputs (its burstiness then measured from those arrivals like a trace's)."""
     if start_h != int(start_h) or end_h != int(end_h):
         raise ValueError(f"whole hours only, got [{start_h}, {end_h})")
     from topology import load_inputs
 
-    trace = load_trace(ROOT / "traces" / trace_name)
+    trace = None if trace_name is None else load_trace(ROOT / "traces" / trace_name)
     inputs = at_rate(base or load_inputs(stack), name, mean_rps, trace)
     mt = measured_traffic(inputs, trace, start_h, end_h, seed)
     in_mean, out_mean = mt.input_tokens_mean, mt.output_tokens_mean
@@ -163,8 +164,9 @@ def check(
         "within_hour_peak_factor": min(20.0, max(1.0, mt.peak_factor)),
         "arrival_cluster_size": min(1000.0, mt.cluster_size), "within_hour_correlation_s": mt.correlation_s})})
     # the simulator replays the trace scaled to the stack's shape (then clipped to the product's limits); the
-    # planner is told the token means as served (below the shape's p99s, which stay the stack's)
-    replay_inputs = inputs.model_copy(update={"endpoints": [ep]})
+    # planner is told the token means as served (below the shape's p99s, which stay the stack's). A synthetic
+    # week is drawn from the traffic inputs as given (those the measurement above saw), not from what was measured
+    replay_inputs = inputs if trace is None else inputs.model_copy(update={"endpoints": [ep]})
     shape = ep.shape.model_copy(update={"input_tokens_mean": min(in_mean, ep.shape.input_tokens_p99),
                                         "output_tokens_mean": min(out_mean, ep.shape.output_tokens_p99)})
     ep = ep.model_copy(update={"shape": shape})
@@ -195,7 +197,7 @@ def check(
             sls_plan = float(by_hour[hours].sum())
         ded_plan = _dedicated_by_hour(o)[hours].sum()
         out.append(OptionCheck(
-            trace=trace_name, mean_rps=mean_rps, option=o.tier, chosen=o.tier == win.tier,
+            trace=trace_name or "synthetic", mean_rps=mean_rps, option=o.tier, chosen=o.tier == win.tier,
             planned_serverless_usd=sls_plan, simulated_serverless_usd=res.cost_usd["serverless"],
             planned_variable_usd=sls_plan + ded_plan,
             simulated_variable_usd=res.cost_usd["serverless"] + res.cost_usd["reserved"] + res.cost_usd["on_demand"],

@@ -4,7 +4,8 @@ Every source becomes the same thing: arrivals (seconds from Monday 00:00 local) 
 token counts, produced in time-ordered chunks so a week of millions of requests never sits in memory.
 
 - synthetic: the hour-of-week profile, each minute's rate multiplied by a Gamma(α, 1/α) factor (mean 1)
-  whose α makes the busiest of an hour's 60 minutes ≈ `within_hour_peak_factor` × the hour's mean;
+  whose α makes the busiest of an hour's 60 minutes ≈ `within_hour_peak_factor` × the hour's mean (kept
+  from one minute to the next with probability e^(−60/τ), τ = `within_hour_correlation_s`, 0 by default);
   Poisson arrivals inside each minute; token counts lognormal, fitted to the shape's mean and p99.
 - per-request traces (Azure 2023 CSV, Mooncake JSONL): the trace's arrival pattern is time-rescaled onto
   the endpoint's hour-of-week rate (arrival k of the tiled trace lands where the week's cumulative expected
@@ -30,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from topology.inputs import EndpointInputs
-from topology.minute_factors import gamma_alpha_for_peak
+from topology.minute_factors import factor_keep, gamma_alpha_for_peak
 from topology.loading import InputError
 from topology.timebase import HOURS_PER_WEEK, MINUTES_PER_HOUR, MINUTES_PER_WEEK, SECONDS_PER_MINUTE
 from topology.reading import loads_json, open_text_lines
@@ -260,6 +261,13 @@ def arrivals(
     if alpha is not None:
         # one Gamma factor per minute, renormalised within each hour so the hour keeps its mean
         g = rng.gamma(alpha, 1.0 / alpha, size=len(mins))
+        if ep.traffic.within_hour_correlation_s > 0:
+            # a minute keeps the previous minute's factor with probability e^(−60/τ), as the planner reads
+            # `traffic.within_hour_correlation_s` (topology/minute_factors.py); the extra draws only
+            # then, so a week without it replays as before
+            kept = rng.random(len(mins)) < factor_keep(ep.traffic.within_hour_correlation_s)
+            kept[0] = False
+            g = g[np.maximum.accumulate(np.where(kept, 0, np.arange(len(mins))))]
         hour = (mins // 60) - (first_min // 60)
         sums = np.bincount(hour, weights=g)
         counts = np.bincount(hour)

@@ -272,6 +272,19 @@ def test_peak_factor_measured_from_a_synthetic_week_recovers_the_input(root):
     assert tau < 30.0
 
 
+def test_a_synthetic_week_keeps_its_minute_factor_when_told(root):
+    """`traffic.within_hour_correlation_s` reaches the simulator's synthetic week: drawn with 600 s, its minute
+    counts measure a persisting factor (346–595 s over seeds 3–6 in 12 hours: each hour's factors are scaled to
+    mean 1, which takes part of a persistence that long), where independent minutes measure 0–21 s."""
+    inputs = load_inputs(root / "stacks/Pulumi.dev.yaml")
+    ep = inputs.endpoints[0]
+    ep = ep.model_copy(update={"traffic": ep.traffic.model_copy(update={
+        "hourly_mean_requests_per_s": [20.0] * 168, "within_hour_peak_factor": 2.0,
+        "within_hour_correlation_s": 600.0})})
+    tau = measured_traffic(inputs.model_copy(update={"endpoints": [ep]}), None, 0.0, 12.0, seed=4).correlation_s
+    assert 200.0 < tau < 900.0
+
+
 def test_cluster_size_of_bunched_arrivals():
     rng = np.random.default_rng(0)
     bunches = rng.poisson(2.0, size=(600, 6))  # bunches per 10-second window, rate constant in each minute

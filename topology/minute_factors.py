@@ -27,3 +27,9 @@ def gamma_alpha_for_peak(peak_factor: float) -> float | None:
         else:
             hi = mid
     return lo
+
+
+def factor_keep(correlation_s: float) -> float:
+    """The probability that a minute keeps the previous minute's factor, for a factor whose autocorrelation falls
+    as e^(−lag / correlation_s) (`traffic.within_hour_correlation_s`; 0 s: independent minutes)."""
+    return math.exp(-60.0 / correlation_s) if correlation_s > 0 else 0.0

@@ -62,7 +62,7 @@ from statistics import NormalDist
 import numpy as np
 
 from ..inputs import EndpointInputs
-from ..minute_factors import busiest_minute_factor, gamma_alpha_for_peak
+from ..minute_factors import busiest_minute_factor, factor_keep, gamma_alpha_for_peak
 from ..timebase import MINUTES_PER_HOUR, SECONDS_PER_MINUTE
 from .placement import Placement
 
@@ -254,12 +254,6 @@ def _block(x: np.ndarray, rows: np.ndarray | slice, cols: np.ndarray | slice) ->
 def log_fact_upto(n: int) -> np.ndarray:
     """ln j! for j = 0 … n − 1."""
     return np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n)))])
-
-
-def factor_keep(correlation_s: float) -> float:
-    """The probability that a minute keeps the previous minute's factor, for a factor whose autocorrelation falls
-    as e^(−lag / correlation_s) (0 s: independent minutes)."""
-    return math.exp(-SECONDS_PER_MINUTE / correlation_s) if correlation_s > 0 else 0.0
 
 
 @dataclass(frozen=True)
