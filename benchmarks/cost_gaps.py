@@ -5,7 +5,8 @@
     .venv/bin/python benchmarks/cost_gaps.py cluster --cluster 92 [--trace azure2023_code.csv] [--rate 30] [--hours 3]
     .venv/bin/python benchmarks/cost_gaps.py startup [--rate 150]
     .venv/bin/python benchmarks/cost_gaps.py levels [--trace azure2023_code.csv] [--rate 0.3] [--hours 8]
-    .venv/bin/python benchmarks/cost_gaps.py levels --trace synthetic --peak-factor 3 --correlation 600 --rate 3 --hours 12
+    .venv/bin/python benchmarks/cost_gaps.py levels --trace synthetic --peak-factor 3 --correlation 600 \
+        --rate 3 --hours 12
 
 All from Tuesday 09:00 (hour 33), prod `assist` scaled to the rate, as tests/test_cost_model.py.
 
