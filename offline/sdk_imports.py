@@ -37,7 +37,7 @@ from pathlib import Path
 
 # the service packages the program reads names from (others load as usual)
 PACKAGES = (
-    "pulumi_aws.ec2", "pulumi_aws.eks", "pulumi_aws.iam", "pulumi_aws.s3",
+    "pulumi_aws.autoscaling", "pulumi_aws.ec2", "pulumi_aws.eks", "pulumi_aws.iam", "pulumi_aws.s3",
     "pulumi_kubernetes.core.v1", "pulumi_kubernetes.apps.v1", "pulumi_kubernetes.policy.v1",
     "pulumi_kubernetes.helm.v3",
 )
