@@ -182,3 +182,23 @@ print(json.dumps({"inventory": inventory(rec), "objects": rec.kubernetes_objects
     plain = json.loads(run_python(record % "plain"))
     assert lazy.pop("lazy") and not plain.pop("lazy")
     assert lazy == plain
+
+
+def test_forward_refs_are_compiled_once_while_it_lasts_and_typing_is_left_as_it_was():
+    import typing
+
+    from offline.sdk_imports import forward_refs_compiled_once
+
+    text = "Optional[Sequence['ContainerArgs']]"
+    with forward_refs_compiled_once():
+        a, b = typing.ForwardRef(text), typing.ForwardRef(text)
+        assert a.__forward_code__ is b.__forward_code__  # one compile of the text
+        assert a == b and eval(a.__forward_code__, {"Optional": typing.Optional, "Sequence": typing.Sequence}) \
+            == typing.Optional[typing.Sequence[typing.ForwardRef("ContainerArgs")]]
+        with pytest.raises(SyntaxError):  # a bad annotation still fails as typing reports it
+            typing.ForwardRef("Optional[")
+    assert "compile" not in vars(typing)
+    assert typing.ForwardRef(text).__forward_code__ is not typing.ForwardRef(text).__forward_code__
+    with pytest.raises(RuntimeError), forward_refs_compiled_once():
+        raise RuntimeError("the program failed")
+    assert "compile" not in vars(typing)
