@@ -32,7 +32,7 @@ from pulumi.runtime import resource as pulumi_runtime_resource
 from pulumi.runtime import known_types, rpc, settings
 from pulumi.runtime.proto import provider_pb2, resource_pb2, source_pb2
 
-from .sdk_imports import load_on_demand
+from .sdk_imports import compile_annotations_lazily, forward_refs_compiled_once, load_on_demand
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = PROJECT_ROOT / "__main__.py"
@@ -504,6 +504,7 @@ def run_function(
     """Run `fn` (which declares resources) under mocks and record it; exceptions propagate."""
     if str(PROJECT_ROOT) not in sys.path:
         sys.path.insert(0, str(PROJECT_ROOT))
+    compile_annotations_lazily()  # the SDK files it imports skip building their annotations' typing objects
     load_on_demand()  # the program's SDK service packages import only the files it uses
     settings.ROOT.set(None)  # a fresh root stack: several programs may run in one process
     pulumi.runtime.set_all_config(
@@ -526,7 +527,8 @@ def run_function(
             return _resolved(dict(getattr(stack_resource, "outputs", {})), recording.outputs)
 
         with (_fewer_collections(), _without_source_positions(), _without_discarded_debug_log(),
-              _acyclic_unknowns_check(), _direct_plain_urns(), _remembered_type_unwrapping()):
+              _acyclic_unknowns_check(), _direct_plain_urns(), _remembered_type_unwrapping(),
+              forward_refs_compiled_once()):
             _run()
     finally:
         monitor.close()

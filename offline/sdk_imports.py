@@ -8,21 +8,36 @@ first read — the same file, so the same class as a full import gives — and b
 as the package's `__init__` would. A name it cannot place by the generators' file naming runs the package's
 own `__init__` in full, so every name a full import has stays reachable.
 
-Only the offline runner (offline/mockrun.py) calls it; `pulumi up` imports the SDKs as usual.
+`compile_annotations_lazily()` has the SDK files the runner imports compiled as if they began with `from
+__future__ import annotations`: their class bodies and `def`s then keep each annotation as its text instead of
+building its `typing` object (`pulumi.Input[Optional[Sequence[pulumi.Input['ContainerArgs']]]]`, three times a
+property, thousands a file), which was most of the time importing them takes. The runtime reads the
+annotations it needs through `typing.get_type_hints` with the class's module as globals, which evaluates the
+text to the same types (the generated files name every type at module level: `_builtins.str`, `'ObjectMetaArgs'`).
+
+Only the offline runner (offline/mockrun.py) calls them; `pulumi up` imports the SDKs as usual.
 """
 
 from __future__ import annotations
 
+import __future__
+import contextlib
+import hashlib
 import importlib
 import importlib.machinery
+import importlib.util
+import marshal
+import os
 import re
+import struct
 import sys
 import types
+import typing
 from pathlib import Path
 
 # the service packages the program reads names from (others load as usual)
 PACKAGES = (
-    "pulumi_aws.ec2", "pulumi_aws.eks", "pulumi_aws.iam", "pulumi_aws.s3",
+    "pulumi_aws.autoscaling", "pulumi_aws.ec2", "pulumi_aws.eks", "pulumi_aws.iam", "pulumi_aws.s3",
     "pulumi_kubernetes.core.v1", "pulumi_kubernetes.apps.v1", "pulumi_kubernetes.policy.v1",
     "pulumi_kubernetes.helm.v3",
 )
@@ -111,3 +126,102 @@ def load_on_demand(packages: tuple[str, ...] = PACKAGES) -> None:
         module.__path__, module.__package__ = list(spec.submodule_search_locations), full
         sys.modules[full] = module
         setattr(parent, child, module)
+
+
+# the SDK distributions whose files are compiled with annotations kept as text
+LAZY_ANNOTATION_ROOTS = ("pulumi_aws", "pulumi_kubernetes")
+# where that bytecode is kept: the project's cache folder, not the SDK's __pycache__ (which an installed SDK may
+# not let us write, and where the interpreter's own .pyc files stay as they are)
+CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache" / "sdk-bytecode" / sys.implementation.cache_tag
+
+
+class LazyAnnotationsLoader(importlib.machinery.SourceFileLoader):
+    """A source file compiled with `from __future__ import annotations` in effect, its bytecode cached in
+    CACHE_DIR (valid for the interpreter's magic number, the optimisation level and the source's path,
+    modification time and size, as a timestamp .pyc is). Where none is cached and none may be written (the
+    folder is read-only, or PYTHONDONTWRITEBYTECODE / -B forbids writing bytecode), the file's usual bytecode:
+    compiling a 40 000-line file on every import would cost more than its annotations."""
+
+    def get_code(self, fullname: str) -> types.CodeType:
+        source_path = self.get_filename(fullname)
+        st = os.stat(source_path)
+        header = (importlib.util.MAGIC_NUMBER + struct.pack("<qqb", st.st_mtime_ns, st.st_size, sys.flags.optimize)
+                  + os.fsencode(source_path) + b"\0")
+        cache = CACHE_DIR / f"{fullname}.{hashlib.sha256(os.fsencode(source_path)).hexdigest()[:16]}.pyc"
+        try:
+            data = cache.read_bytes()
+            if data[: len(header)] == header:
+                return marshal.loads(memoryview(data)[len(header):])
+        except (OSError, ValueError, EOFError, TypeError):
+            pass  # absent, unreadable or damaged: compiled afresh below
+        writable = False
+        if not sys.dont_write_bytecode:
+            try:
+                CACHE_DIR.mkdir(parents=True, exist_ok=True)
+                writable = os.access(CACHE_DIR, os.W_OK)
+            except OSError:
+                pass
+        if not writable:
+            return super().get_code(fullname)
+        code = compile(self.get_data(source_path), source_path, "exec", dont_inherit=True,
+                       flags=__future__.annotations.compiler_flag)
+        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_bytes(header + marshal.dumps(code))
+            os.replace(tmp, cache)  # whole or not at all, if two runs write it at once
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        return code
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        with forward_refs_compiled_once():
+            super().exec_module(module)
+
+
+_COMPILED_FORWARD_REFS: dict[str, types.CodeType] = {}
+
+
+def _compile_forward_ref(source, filename="<string>", mode="exec", *args, **kwargs):
+    """`compile` as `typing.ForwardRef` calls it, remembered per annotation text (code objects are immutable)."""
+    if args or kwargs or filename != "<string>" or mode != "eval" or type(source) is not str:
+        return compile(source, filename, mode, *args, **kwargs)
+    code = _COMPILED_FORWARD_REFS.get(source)
+    if code is None:
+        code = _COMPILED_FORWARD_REFS[source] = compile(source, filename, mode)
+    return code
+
+
+@contextlib.contextmanager
+def forward_refs_compiled_once():
+    """Each annotation text `typing` compiles into a ForwardRef is compiled once while this lasts (an SDK file
+    runs; the offline runner runs a program). Kept as text, every field of the files' TypedDicts becomes a
+    ForwardRef, which compiles its text: 3 700 times for the three largest files the program imports, of 720
+    distinct texts; and the runtime's `get_type_hints` turns each getter's annotation text into one."""
+    if typing.__dict__.get("compile") is not None:  # an enclosing SDK import has it in place already
+        yield
+        return
+    typing.compile = _compile_forward_ref  # typing looks `compile` up in its globals before the builtins
+    try:
+        yield
+    finally:
+        del typing.compile
+
+
+class LazyAnnotationsFinder:
+    """Finds the SDKs' modules as the path finder does and gives their source files the loader above."""
+
+    @staticmethod
+    def find_spec(fullname: str, path=None, target=None):
+        if fullname.partition(".")[0] not in LAZY_ANNOTATION_ROOTS:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is not None and type(spec.loader) is importlib.machinery.SourceFileLoader:
+            spec.loader = LazyAnnotationsLoader(spec.loader.name, spec.loader.path)
+        return spec
+
+
+def compile_annotations_lazily() -> None:
+    """From here on this process imports the SDKs' files not yet imported with annotations kept as text."""
+    if not any(isinstance(f, LazyAnnotationsFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, LazyAnnotationsFinder())

@@ -1,7 +1,8 @@
 """The offline runner imports only the SDK files a program uses (offline/sdk_imports.py, issue #17). A name
 must resolve to the very object a full import gives, every name of a full import must stay reachable, and a
-program must record the same resources either way. Each check runs in a fresh interpreter: in this test
-session the SDK packages may already be imported in full."""
+program must record the same resources either way. The files it imports are compiled with annotations kept as
+text: the runtime must resolve the same types from them, and the program record the same resources. Each check
+runs in a fresh interpreter: in this test session the SDK packages may already be imported in full."""
 
 from __future__ import annotations
 
@@ -104,3 +105,100 @@ assert all(type(sys.modules[p]) is types.ModuleType for p in PACKAGES)
     full = json.loads(run_python(record % full_imports))
     assert on_demand.pop("on_demand") and not full.pop("on_demand")
     assert on_demand == full
+
+
+# --- SDK files compiled with annotations kept as text (offline/sdk_imports.compile_annotations_lazily) ---
+
+_LAZY_SETUP = """
+import json, sys, warnings
+from pathlib import Path
+warnings.simplefilter("ignore")
+import offline.sdk_imports as sdk_imports
+sdk_imports.CACHE_DIR = Path(%r)
+"""
+
+# input and output types the program's resources use, from both SDKs (nested args, enums, outputs)
+_TYPED_CLASSES = """
+import typing
+from pulumi import _types
+import pulumi_kubernetes.apps.v1 as apps
+import pulumi_kubernetes.core.v1 as core
+from pulumi_aws.ec2 import launch_template
+from pulumi_aws.eks import node_group
+classes = [apps.DeploymentSpecArgs, apps.Deployment, core.ContainerArgs, core.PodSpecArgs, core.ServiceSpecArgs,
+           core.Service, launch_template.LaunchTemplateArgs, launch_template.LaunchTemplate,
+           node_group.NodeGroupArgs, node_group.NodeGroup]
+hints = {c.__qualname__: {k: repr(v) for k, v in sorted(_types._types_from_py_properties(c).items())}
+         for c in classes}
+init = core.ContainerArgs.__init__.__annotations__["image"]
+"""
+
+
+def test_sdk_files_keep_annotations_as_text_and_resolve_to_the_types_a_plain_import_gives(tmp_path):
+    plain = json.loads(run_python(_LAZY_SETUP % str(tmp_path / "unused") + _TYPED_CLASSES + """
+print(json.dumps({"hints": hints, "text": isinstance(init, str)}))
+"""))
+    lazy_code = _LAZY_SETUP % str(tmp_path / "cache") + """
+sdk_imports.compile_annotations_lazily()
+""" + _TYPED_CLASSES + """
+loader = type(sys.modules[core.ContainerArgs.__module__].__loader__).__name__
+print(json.dumps({"hints": hints, "text": isinstance(init, str), "loader": loader}))
+"""
+    first = json.loads(run_python(lazy_code))  # compiles the files and writes their bytecode
+    cached = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir()}
+    second = json.loads(run_python(lazy_code))  # reads that bytecode
+    assert not plain["text"] and first["text"] and second["text"]
+    assert first["loader"] == second["loader"] == "LazyAnnotationsLoader"
+    assert any(n.startswith("pulumi_kubernetes.core.v1._inputs.") for n in cached)
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir()} == cached  # not rewritten
+    # the runtime resolves every property's type (nested args classes, Optional, Sequence, Mapping, enums) the same
+    assert sum(len(h) for h in plain["hints"].values()) > 100
+    assert first["hints"] == second["hints"] == plain["hints"]
+
+
+def test_sdk_bytecode_is_not_written_when_bytecode_writing_is_off(tmp_path):
+    out = json.loads(run_python(_LAZY_SETUP % str(tmp_path / "cache") + """
+sys.dont_write_bytecode = True  # as PYTHONDONTWRITEBYTECODE or -B set it
+sdk_imports.compile_annotations_lazily()
+""" + _TYPED_CLASSES + """
+print(json.dumps({"text": isinstance(init, str), "hints": len(hints)}))
+"""))
+    assert out == {"text": False, "hints": 10}  # the file's usual bytecode: annotations evaluated as before
+    assert not (tmp_path / "cache").exists()
+
+
+def test_the_program_records_the_same_resources_with_annotations_kept_as_text(tmp_path):
+    record = _LAZY_SETUP % str(tmp_path / "cache") + """
+import offline.mockrun as mockrun
+if %r == "plain":
+    mockrun.compile_annotations_lazily = lambda: None
+from offline.render import inventory
+rec = mockrun.run_stack_file("stacks/Pulumi.prod.yaml")
+lazy = type(sys.modules["pulumi_kubernetes.core.v1._inputs"].__loader__).__name__ == "LazyAnnotationsLoader"
+print(json.dumps({"inventory": inventory(rec), "objects": rec.kubernetes_objects(), "outputs": rec.outputs,
+                  "lazy": lazy}, sort_keys=True))
+"""
+    lazy = json.loads(run_python(record % "lazy"))
+    plain = json.loads(run_python(record % "plain"))
+    assert lazy.pop("lazy") and not plain.pop("lazy")
+    assert lazy == plain
+
+
+def test_forward_refs_are_compiled_once_while_it_lasts_and_typing_is_left_as_it_was():
+    import typing
+
+    from offline.sdk_imports import forward_refs_compiled_once
+
+    text = "Optional[Sequence['ContainerArgs']]"
+    with forward_refs_compiled_once():
+        a, b = typing.ForwardRef(text), typing.ForwardRef(text)
+        assert a.__forward_code__ is b.__forward_code__  # one compile of the text
+        assert a == b and eval(a.__forward_code__, {"Optional": typing.Optional, "Sequence": typing.Sequence}) \
+            == typing.Optional[typing.Sequence[typing.ForwardRef("ContainerArgs")]]
+        with pytest.raises(SyntaxError):  # a bad annotation still fails as typing reports it
+            typing.ForwardRef("Optional[")
+    assert "compile" not in vars(typing)
+    assert typing.ForwardRef(text).__forward_code__ is not typing.ForwardRef(text).__forward_code__
+    with pytest.raises(RuntimeError), forward_refs_compiled_once():
+        raise RuntimeError("the program failed")
+    assert "compile" not in vars(typing)
