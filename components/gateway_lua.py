@@ -39,6 +39,7 @@ for c = 0, 31 do
 end
 local WS_CTL = { "\t", "\n", "\r" }
 local ws_next = { 0, 0, 0 }  -- per parse: next position of each WS_CTL character at or after the scan point
+local bs_next = 0  -- per parse: next backslash at or after the scan point (a body without one is scanned once)
 
 -- does [j, q) hold a tab, newline or carriage return? (inside a string: invalid)
 local function ws_ctl_before(s, j, q)
@@ -53,16 +54,22 @@ local function ws_ctl_before(s, j, q)
   return false
 end
 
-local function read_string(s, i)
-  -- s:byte(i) == '"'; returns the index after the closing quote and the raw inner text, or nil
+local function read_string(s, i, want_raw)
+  -- s:byte(i) == '"'; returns the index after the closing quote (and, with want_raw, the raw inner text:
+  -- a copy, so only member names ask for it), or nil
   local j = i + 1
   local q = find(s, '"', j, true)
   while true do
     if not q then return nil end
-    local b = find(s, "\\", j, true)
-    if not b or b > q then
+    local b = bs_next
+    if b < j then
+      b = find(s, "\\", j, true) or math.huge
+      bs_next = b
+    end
+    if b > q then
       if ws_ctl_before(s, j, q) then return nil end
-      return q + 1, sub(s, i + 1, q - 1)
+      if want_raw then return q + 1, sub(s, i + 1, q - 1) end
+      return q + 1
     end
     if ws_ctl_before(s, j, b) then return nil end
     local e = byte(s, b + 1)
@@ -78,47 +85,53 @@ local function read_string(s, i)
   end
 end
 
+-- most bodies are compact or single-spaced: a byte test first, the pattern (compiled per call) only on a run
 local function skip_ws(s, i)
-  return s:find("[^ \t\n\r]", i) or #s + 1
+  local c = byte(s, i)
+  if c ~= 32 and c ~= 9 and c ~= 10 and c ~= 13 then return c and i or #s + 1 end
+  return find(s, "[^ \t\n\r]", i + 1) or #s + 1
 end
 
 local function skip_number(s, i)
-  local _, e = s:find("^-?0", i)
-  if not e then _, e = s:find("^-?[1-9]%d*", i) end
+  local _, e = find(s, "^-?0", i)
+  if not e then _, e = find(s, "^-?[1-9]%d*", i) end
   if not e then return nil end
-  local _, f = s:find("^%.%d+", e + 1)
+  local _, f = find(s, "^%.%d+", e + 1)
   if f then e = f end
-  _, f = s:find("^[eE][+-]?%d+", e + 1)
+  _, f = find(s, "^[eE][+-]?%d+", e + 1)
   if f then e = f end
   return e + 1
 end
 
 local parse_value
 
--- Object at s:byte(i) == '{'. With `keys`, records each member: name (decoded) -> { raw = value
--- text (short values only: numbers, literals, small strings), dup = seen before }.
+-- the top-level members the gate reads; no other member costs a table or a decode
+local GATE_KEYS = { max_tokens = true, max_completion_tokens = true, stream = true, cache_salt = true }
+
+-- Object at byte(s, i) == '{'. With `keys`, records each member the gate reads (GATE_KEYS): name
+-- (decoded) -> { raw = value text (short values only: numbers, literals, small strings), dup = seen before }.
 local function parse_object(s, i, depth, keys)
   i = skip_ws(s, i + 1)
   local count = 0
-  if s:byte(i) == 125 then return i + 1, count end
+  if byte(s, i) == 125 then return i + 1, count end
   while true do
-    if s:byte(i) ~= 34 then return nil end
-    local j, raw = read_string(s, i)
+    if byte(s, i) ~= 34 then return nil end
+    local j, raw = read_string(s, i, keys)
     if not j then return nil end
     i = skip_ws(s, j)
-    if s:byte(i) ~= 58 then return nil end
+    if byte(s, i) ~= 58 then return nil end
     i = skip_ws(s, i + 1)
     local vstart = i
     i = parse_value(s, i, depth)
     if not i then return nil end
     count = count + 1
-    if keys then
-      local name = decode_key(raw)
-      keys[name] = { raw = (i - vstart <= 64) and s:sub(vstart, i - 1) or "", dup = keys[name] ~= nil,
+    local name = keys and (find(raw, "\\", 1, true) and decode_key(raw) or raw)
+    if name and GATE_KEYS[name] then
+      keys[name] = { raw = (i - vstart <= 64) and sub(s, vstart, i - 1) or "", dup = keys[name] ~= nil,
                      pos = vstart, len = i - vstart }
     end
     i = skip_ws(s, i)
-    local c = s:byte(i)
+    local c = byte(s, i)
     if c == 125 then return i + 1, count end
     if c ~= 44 then return nil end
     i = skip_ws(s, i + 1)
@@ -127,12 +140,12 @@ end
 
 local function parse_array(s, i, depth)
   i = skip_ws(s, i + 1)
-  if s:byte(i) == 93 then return i + 1 end
+  if byte(s, i) == 93 then return i + 1 end
   while true do
     i = parse_value(s, i, depth)
     if not i then return nil end
     i = skip_ws(s, i)
-    local c = s:byte(i)
+    local c = byte(s, i)
     if c == 93 then return i + 1 end
     if c ~= 44 then return nil end
     i = skip_ws(s, i + 1)
@@ -140,16 +153,16 @@ local function parse_array(s, i, depth)
 end
 
 parse_value = function(s, i, depth)
-  local c = s:byte(i)
+  local c = byte(s, i)
   if c == 34 then return (read_string(s, i)) end
   if c == 123 or c == 91 then
     if depth >= MAX_DEPTH then return nil end
     if c == 123 then return (parse_object(s, i, depth + 1)) end
     return parse_array(s, i, depth + 1)
   end
-  if c == 116 then return s:find("^true", i) and i + 4 or nil end
-  if c == 102 then return s:find("^false", i) and i + 5 or nil end
-  if c == 110 then return s:find("^null", i) and i + 4 or nil end
+  if c == 116 then return find(s, "^true", i) and i + 4 or nil end
+  if c == 102 then return find(s, "^false", i) and i + 5 or nil end
+  if c == 110 then return find(s, "^null", i) and i + 4 or nil end
   return skip_number(s, i)
 end
 
@@ -157,12 +170,13 @@ end
 -- (see parse_object) and their count, or nil and the error to answer with.
 local function top_level_keys(body)
   local i = skip_ws(body, 1)
-  if body:byte(i) ~= 123 then return nil, "the request body must be a JSON object" end
+  if byte(body, i) ~= 123 then return nil, "the request body must be a JSON object" end
   if not utf8.len(body) then return nil, "the request body is not valid UTF-8" end
   for c = 1, #BAD_CTL do
     if find(body, BAD_CTL[c], 1, true) then return nil, "the request body is not valid JSON" end
   end
   ws_next[1], ws_next[2], ws_next[3] = 0, 0, 0
+  bs_next = 0
   local keys = {}
   local j, count = parse_object(body, i, 1, keys)
   if not j then return nil, "the request body is not valid JSON" end
