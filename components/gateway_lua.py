@@ -570,13 +570,18 @@ end)
 -- Cost: every callback builds a fresh transaction object (hlua_filter_callback, 2.6 and 3.0: fetch, converter, channel and
 -- message tables), so the filter has no start_analyze and registers as a data filter (payload callbacks)
 -- from http_headers, only on the side that needs one: the request only when there is something to stamp,
--- the response only when it streams or is sampled for quality. A non-streamed request without a stamp
--- costs four callbacks (two http_headers, two end_analyze) and no payload callback.
+-- the response only when it streams or is sampled for quality. HAProxy skips a callback whose name does not
+-- resolve to a function on the filter's instance (hlua_filter_callback checks before it builds anything),
+-- so the request's http_headers shadows what this stream will not need with `false`: end_analyze unless an
+-- Idempotency-Key was claimed (its release) or the exchange is sampled (quality_begin turns it back on), and
+-- the response's http_headers when the response is neither streamed nor sampled. Every path that skips the
+-- request's http_headers (a request the rules answer themselves) keeps both. A non-streamed request without a
+-- stamp, key or sample costs one callback.
 local Llm = { id = "llm", flags = filter.FLT_CFG_FL_HTX }
 Llm.__index = Llm
 -- HAProxy calls new() on the per-declaration copy that holds the filter's arguments: inherit from it
 function Llm:new()
-  return setmetatable({ started = now_ms(), last = nil, active = false, ended = false, req_done = false },
+  return setmetatable({ started = now_ms(), last = nil, active = false, ended = false, req_done = false, wake_at = 0 },
     { __index = self })
 end
 function Llm:end_analyze(txn, chn)
@@ -599,11 +604,17 @@ function Llm:http_headers(txn, msg)
     else
       self.req_done = true
     end
+    if not txn:get_var("txn.idem") then self.end_analyze = false end
+    self.active = txn:get_var("txn.stream") == 1
+    self.sampled = txn:get_var("txn.q_user") ~= nil
+    if not self.active and not self.sampled then self.http_headers = false end
     return filter.CONTINUE
   end
   self.req_done = true
-  self.active = txn:get_var("txn.stream") == 1
-  if txn:get_var("txn.q_user") then self.q = quality_begin(txn, msg) end
+  if self.sampled then
+    self.q = quality_begin(txn, msg)
+    if self.q then self.end_analyze = nil end  -- the class's: quality_finish posts the record
+  end
   if self.active or self.q then filter.register_data_filter(self, txn.res) end
   if self.active then
     -- engines send headers before the first token: the first-byte clock keeps running, and a
@@ -613,6 +624,9 @@ function Llm:http_headers(txn, msg)
     local beat = self.started + self.args_beat - t
     if beat < wake then wake = beat end
     filter.wake_time(math.max(wake, 0) + 1)
+    -- not recorded in wake_at: when this callback returns, HAProxy ends the headers analyser and clears the
+    -- channel's analyse_exp with it (handle_analyzer_result, 3.0.11), so the payload callback that follows
+    -- at once must set it again
   end
   return filter.CONTINUE
 end
@@ -671,9 +685,10 @@ local function end_watch(self)
 end
 -- Ends the stream with an SSE event when it fits in the buffer (the blank lines close an event the
 -- upstream left half-written); when it does not fit yet, the next callback (50 ms at the latest) retries.
-local function end_with_event(self, msg, event)
+local function end_with_event(self, msg, event, t)
   if msg:append("\n\n" .. event) < 0 then
     filter.wake_time(50)
+    self.wake_at = t + 50
     return
   end
   msg:set_eom()
@@ -693,7 +708,7 @@ watch_gaps = function(self, txn, msg, n)
   -- Only for a stream whose framing carries its length (a close-delimited one ends by closing).
   if not msg:may_recv() and msg:input() < 65536 and txn:get_var("txn.res_len") then
     end_with_event(self, msg, 'event: error\ndata: {"error":{"message":"the upstream closed the ' ..
-      'stream before it ended","type":"upstream_error","code":502}}\n\n')
+      'stream before it ended","type":"upstream_error","code":502}}\n\n', t)
     return msg:input()
   end
   if n > 0 then self.last = t end
@@ -706,7 +721,7 @@ watch_gaps = function(self, txn, msg, n)
   local left = since + limit - t
   if left <= 0 then
     end_with_event(self, msg, 'event: error\ndata: {"error":{"message":"upstream sent nothing for ' ..
-      limit .. ' ms ' .. what .. '","type":"gateway_timeout","code":504}}\n\n')
+      limit .. ' ms ' .. what .. '","type":"gateway_timeout","code":504}}\n\n', t)
     return msg:input()
   end
   -- heartbeat: after args_beat ms with nothing sent to the client, an SSE comment line keeps idle
@@ -722,7 +737,16 @@ watch_gaps = function(self, txn, msg, n)
   end
   if beat_in < 1 then beat_in = 1 end
   if beat_in < left then left = beat_in end
-  filter.wake_time(left + 1)
+  -- A wake-up stays pending until it fires (the channel's analyse_exp): one still ahead and not later than
+  -- this deadline is kept, and when it fires early this callback sets the next. Most chunks move the
+  -- deadline later, so most skip the call. One due within 2 ms is replaced: core.now() and HAProxy's tick
+  -- clock may round a millisecond apart, and a fired wake-up left in place would wake the stream at once
+  -- again until it is replaced.
+  local at = t + left + 1
+  if self.wake_at <= t + 2 or at < self.wake_at then
+    self.wake_at = at
+    filter.wake_time(left + 1)
+  end
   return n
 end
 core.register_filter("llm", Llm, function(f, args)
