@@ -512,8 +512,12 @@ def _endpoint_sections(
             secret_env[salt_env] = t.cache_salt_secret_key
         # Idempotency-Key dedupe: at most max_connections keys per tenant (no more requests can be in
         # flight), each expiring after the endpoint's longest request plus the body wait
+        # with a floor, the gate also makes the floor pick (below), saving a Lua call per request
+        pick = (f"{be_floor} floor {_slot_count(floor_servers[e.name])} {pick_threshold} {g.sticky_hash_header}"
+                if has_floor else "- - - - -")
         fl.append(f"    http-request lua.llm_gate {g.max_tokens} {salt_env} {config_name(t.name)} {max_connections} "
-                  f"{whole_ms + BODY_WAIT_S * 1000} {ns_cap} if METH_POST {{ var(txn.tenant) -m str {config_name(t.name)} }}")
+                  f"{whole_ms + BODY_WAIT_S * 1000} {ns_cap} {pick} if METH_POST "
+                  f"{{ var(txn.tenant) -m str {config_name(t.name)} }}")
     fl.append("    http-request return status 400 content-type application/json "
               "lf-string '{\"error\":{\"message\":\"%[var(txn.gate_error)]\",\"type\":\"invalid_request_error\","
               "\"code\":400}}' if { var(txn.gate_error) -m found }")
@@ -572,9 +576,11 @@ def _endpoint_sections(
             route.append(f"    use_backend {be_canary} if canary_key canary_side")
     if has_floor:
         slots = _slot_count(floor_servers[e.name])
+        # requests the gate did not pick for (no POST body to gate); the pick's place among the rules does not
+        # matter: no rule in between changes a replica's load, and one thread runs them without a pause
         fl.append(f"    http-request set-var(txn.floor_server) lua.llm_pick_floor({be_floor},floor,{slots},"
-                  f"{pick_threshold},{g.sticky_hash_header})"
-                  + (" unless { var(txn.canary_server) -m beg canary }" if g.canary is not None else ""))
+                  f"{pick_threshold},{g.sticky_hash_header}) unless {{ var(txn.floor_server) -m found }}"
+                  + (" || { var(txn.canary_server) -m beg canary }" if g.canary is not None else ""))
     # where the request goes unless the floor or the candidate took it (both tiers checked natively)
     fl.append("    acl on_floor var(txn.floor_server) -m beg floor")
     fl.append("    acl on_canary var(txn.canary_server) -m beg canary")

@@ -37,6 +37,9 @@ local BAD_CTL = {}  -- control characters other than tab, newline, carriage retu
 for c = 0, 31 do
   if c ~= 9 and c ~= 10 and c ~= 13 then BAD_CTL[#BAD_CTL + 1] = string.char(c) end
 end
+-- the same characters as one class: one scan costs less than 29 plain finds' calls up to a few hundred bytes
+local BAD_CTL_CLASS = "[\0-\8\11\12\14-\31]"
+local SMALL_BODY = 256
 local WS_CTL = { "\t", "\n", "\r" }
 local ws_next = { 0, 0, 0 }  -- per parse: next position of each WS_CTL character at or after the scan point
 local bs_next = 0  -- per parse: next backslash at or after the scan point (a body without one is scanned once)
@@ -172,8 +175,12 @@ local function top_level_keys(body)
   local i = skip_ws(body, 1)
   if byte(body, i) ~= 123 then return nil, "the request body must be a JSON object" end
   if not utf8.len(body) then return nil, "the request body is not valid UTF-8" end
-  for c = 1, #BAD_CTL do
-    if find(body, BAD_CTL[c], 1, true) then return nil, "the request body is not valid JSON" end
+  if #body <= SMALL_BODY then
+    if find(body, BAD_CTL_CLASS) then return nil, "the request body is not valid JSON" end
+  else
+    for c = 1, #BAD_CTL do
+      if find(body, BAD_CTL[c], 1, true) then return nil, "the request body is not valid JSON" end
+    end
   end
   ws_next[1], ws_next[2], ws_next[3] = 0, 0, 0
   bs_next = 0
@@ -184,6 +191,7 @@ local function top_level_keys(body)
   return keys, nil, i, count
 end
 
+local LIMIT_FIELDS = { "max_tokens", "max_completion_tokens" }
 local salts = {}
 local function salt_from_env(name)
   local v = salts[name]
@@ -199,6 +207,17 @@ local function json_string(s)
     if c == '"' then return '\\"' elseif c == "\\" then return "\\\\" end
     return string.format("\\u%04x", c:byte())
   end) .. '"'
+end
+
+-- '"cache_salt":"<the tenant's salt>"', built once per salt (the environment does not change under a process)
+local salt_members = {}
+local function salt_member(env)
+  local m = salt_members[env]
+  if not m then
+    m = '"cache_salt":' .. json_string(salt_from_env(env))
+    salt_members[env] = m
+  end
+  return m
 end
 
 -- Idempotency keys in flight, per tenant: key -> expiry (ms). A request whose key is in flight
@@ -231,13 +250,70 @@ local function idem_release(claim)
   if tb and tb.keys[key] then tb.keys[key] = nil; tb.n = tb.n - 1 end
 end
 
+-- Floor replica choice: rendezvous (highest-random-weight) hashing of the session key over the
+-- floor's server slots, taking the first replica in the key's order whose in-flight (served +
+-- queued) is below the threshold. A session therefore stays on its replica (warm prefix cache)
+-- until that replica is full; only then does it move, and when every replica is full the fetch
+-- returns "" and the frontend routes to burst. Without a key: the least-loaded replica.
+-- lua.llm_pick_floor(<backend>,<server prefix>,<slots>,<threshold>,<key header>)
+-- Cost: one hash of the key, then per candidate three native fetches; usually the first has room.
+local function mix32(h)
+  h = h ~ (h >> 16); h = (h * 0x85ebca6b) & 0xffffffff
+  h = h ~ (h >> 13); h = (h * 0xc2b2ae35) & 0xffffffff
+  return h ~ (h >> 16)
+end
+local function key_hash(key)
+  local h = 0x811c9dc5
+  for k = 1, #key do h = ((h ~ key:byte(k)) * 0x01000193) & 0xffffffff end
+  return h
+end
+-- In-flight (served + queued) of slot i, nil when it is not up. Each fetch gets a freshly built
+-- "backend/server" string: 2.6 wrote a NUL into the string it parses, so one cannot be reused.
+-- srv_is_up reaches Lua as the integer 0 or 1 (hlua_smp2lua pushes SMP_T_BOOL as an integer), and 0
+-- is true in Lua: compare with 1, or a replica marked down by its health check would still be picked.
+local function load_of(f, sep, i)
+  if f:srv_is_up(sep .. i) ~= 1 then return nil end
+  return (f:srv_conn(sep .. i) or 0) + (f:srv_queue(sep .. i) or 0)
+end
+local function pick_floor(f, backend, prefix, slots, threshold, header)
+  local sep = backend .. "/" .. prefix
+  local key = f:req_fhdr(header)
+  if key and key ~= "" then
+    local h = key_hash(key)
+    local scores = {}
+    for i = 1, slots do scores[i] = mix32(h ~ ((i * 0x9e3779b1) & 0xffffffff)) end
+    for _ = 1, slots do  -- slots in the key's order, highest score first
+      local best, bi = -1, 1
+      for i = 1, slots do
+        if scores[i] > best then best, bi = scores[i], i end
+      end
+      scores[bi] = -1
+      local load = load_of(f, sep, bi)
+      if load and load < threshold then return prefix .. bi end
+    end
+    return ""  -- a nil return would still set the variable; "" means "no replica has room"
+  end
+  local best, best_load = nil, threshold
+  for i = 1, slots do
+    local load = load_of(f, sep, i)
+    if load and load < best_load then best, best_load = i, load end
+  end
+  return best and (prefix .. best) or ""
+end
+core.register_fetches("llm_pick_floor", function(txn, backend, prefix, slots_arg, threshold_arg, header)
+  return pick_floor(txn.f, backend, prefix, tonumber(slots_arg), tonumber(threshold_arg), header)
+end)
+
 -- http-request lua.llm_gate <max_tokens> <salt env var or "-"> <tenant> <idempotency cap> <ttl ms>
---   <non-streamed burst max_tokens, 0 = none>
+--   <non-streamed burst max_tokens, 0 = none> <floor backend> <server prefix> <slots> <threshold> <key header>
+-- (the floor pick's arguments, "-" without a floor: an accepted request's pick is made here, saving the
+-- llm_pick_floor call; HAProxy builds a transaction object per Lua call)
 -- Validates the buffered body and prepares the prefix the llm filter inserts. With a non-streamed
 -- cap it also prepares a second stamp for a non-streamed request that ends up on burst (Modal's web
 -- request cap): max_tokens lowered to the cap, by replacing the value in place (txn.gate_*_b); the
 -- burst backend marks such a request and the filter then applies that stamp instead.
-core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, salt_env, tenant, cap, ttl, ns_cap_arg)
+core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, salt_env, tenant, cap, ttl, ns_cap_arg,
+                                                         pick_be, pick_prefix, pick_slots, pick_threshold, pick_header)
   local body = txn.f:req_body() or ""
   local keys, err, _, count = top_level_keys(body)
   if not keys then txn:set_var("txn.gate_error", err) return end
@@ -248,7 +324,7 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
     return
   end
   local has_limit = false
-  for _, field in ipairs({ "max_tokens", "max_completion_tokens" }) do
+  for _, field in ipairs(LIMIT_FIELDS) do
     local k = keys[field]
     if k then
       local v = tonumber(k.raw)
@@ -280,7 +356,7 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
   local streamed = s and s.raw == "true"
   txn:set_var("txn.stream", streamed and 1 or 0)
   local salt_part
-  if stamp_salt then salt_part = '"cache_salt":' .. json_string(salt_from_env(salt_env)) end
+  if stamp_salt then salt_part = salt_member(salt_env) end
   local prefix = salt_part
   if not has_limit then
     prefix = (prefix and prefix .. "," or "") .. '"max_tokens":' .. max_tokens_arg
@@ -291,12 +367,16 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
     txn:set_var("txn.gate_prefix", prefix)
     txn:set_var("txn.gate_len", #body + #prefix)
   end
+  if pick_be ~= "-" then
+    txn:set_var("txn.floor_server", pick_floor(txn.f, pick_be, pick_prefix, tonumber(pick_slots),
+                                               tonumber(pick_threshold), pick_header))
+  end
   local ns_cap = tonumber(ns_cap_arg) or 0
   if ns_cap <= 0 or streamed then return end
   -- the burst stamp: every limit above the cap (or null) rewritten to it, or the cap stamped when absent
   local edits, grow, limited = {}, 0, false
   local cap_text = tostring(ns_cap)
-  for _, field in ipairs({ "max_tokens", "max_completion_tokens" }) do
+  for _, field in ipairs(LIMIT_FIELDS) do
     local k = keys[field]
     if k then
       if k.raw ~= "null" then limited = true end
@@ -314,7 +394,7 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
   txn:set_var("txn.gate_cap_b", cap_text)
   txn:set_var("txn.gate_len_b", #body + #(prefix_b or "") + grow)
   if #edits > 0 or not limited then txn:set_var("txn.gate_max_b", cap_text) end
-end, 6)
+end, 11)
 
 local function now_ms()
   local t = core.now()
@@ -508,58 +588,6 @@ core.register_action("llm_shadow", { "http-req" }, function(txn, name, dst, cap,
   end)
 end, 4)
 
--- Floor replica choice: rendezvous (highest-random-weight) hashing of the session key over the
--- floor's server slots, taking the first replica in the key's order whose in-flight (served +
--- queued) is below the threshold. A session therefore stays on its replica (warm prefix cache)
--- until that replica is full; only then does it move, and when every replica is full the fetch
--- returns "" and the frontend routes to burst. Without a key: the least-loaded replica.
--- lua.llm_pick_floor(<backend>,<server prefix>,<slots>,<threshold>,<key header>)
--- Cost: one hash of the key, then per candidate three native fetches; usually the first has room.
-local function mix32(h)
-  h = h ~ (h >> 16); h = (h * 0x85ebca6b) & 0xffffffff
-  h = h ~ (h >> 13); h = (h * 0xc2b2ae35) & 0xffffffff
-  return h ~ (h >> 16)
-end
-local function key_hash(key)
-  local h = 0x811c9dc5
-  for k = 1, #key do h = ((h ~ key:byte(k)) * 0x01000193) & 0xffffffff end
-  return h
-end
--- In-flight (served + queued) of slot i, nil when it is not up. Each fetch gets a freshly built
--- "backend/server" string: 2.6 wrote a NUL into the string it parses, so one cannot be reused.
--- srv_is_up reaches Lua as the integer 0 or 1 (hlua_smp2lua pushes SMP_T_BOOL as an integer), and 0
--- is true in Lua: compare with 1, or a replica marked down by its health check would still be picked.
-local function load_of(f, sep, i)
-  if f:srv_is_up(sep .. i) ~= 1 then return nil end
-  return (f:srv_conn(sep .. i) or 0) + (f:srv_queue(sep .. i) or 0)
-end
-core.register_fetches("llm_pick_floor", function(txn, backend, prefix, slots_arg, threshold_arg, header)
-  local slots, threshold = tonumber(slots_arg), tonumber(threshold_arg)
-  local f = txn.f
-  local sep = backend .. "/" .. prefix
-  local key = f:req_fhdr(header)
-  if key and key ~= "" then
-    local h = key_hash(key)
-    local scores = {}
-    for i = 1, slots do scores[i] = mix32(h ~ ((i * 0x9e3779b1) & 0xffffffff)) end
-    for _ = 1, slots do  -- slots in the key's order, highest score first
-      local best, bi = -1, 1
-      for i = 1, slots do
-        if scores[i] > best then best, bi = scores[i], i end
-      end
-      scores[bi] = -1
-      local load = load_of(f, sep, bi)
-      if load and load < threshold then return prefix .. bi end
-    end
-    return ""  -- a nil return would still set the variable; "" means "no replica has room"
-  end
-  local best, best_load = nil, threshold
-  for i = 1, slots do
-    local load = load_of(f, sep, i)
-    if load and load < best_load then best, best_load = i, load end
-  end
-  return best and (prefix .. best) or ""
-end)
 
 -- One filter per stream, both directions (fewer Lua calls per request than two filters).
 -- Request: inserts txn.gate_prefix right after the body's opening brace.
