@@ -587,6 +587,10 @@ def _endpoint_sections(
     fl.append("    acl nonstream var(txn.stream) -m int eq 0")  # set by llm_gate for every accepted POST
     off_floor = "!on_floor !on_canary" if has_floor else "!on_canary"
     if ns_rule == "require_streaming":
+        # the gate claimed the request's Idempotency-Key before its route was known; a request the rules
+        # answer themselves never reaches the filter's release, so it frees the key here (the client's
+        # streamed retry with the same key must not get a 409)
+        fl.append(f"    http-request lua.llm_idem_release if nonstream {off_floor} {{ var(txn.idem) -m found }}")
         fl.append("    " + _json_error(400, f"non-streamed requests are not served while this endpoint overflows to "
                                            f"its burst tier, which ends a web request after "
                                            f"{e.burst.web_request_cap_s} s: send stream true",

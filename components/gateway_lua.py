@@ -249,6 +249,15 @@ local function idem_release(claim)
   local tb = tenant and idem[tenant]
   if tb and tb.keys[key] then tb.keys[key] = nil; tb.n = tb.n - 1 end
 end
+-- http-request lua.llm_idem_release: frees the claim of a request that a later rule answers itself (it never
+-- reaches the llm filter's end_analyze); unsets txn.idem so nothing releases it twice
+core.register_action("llm_idem_release", { "http-req" }, function(txn)
+  local claim = txn:get_var("txn.idem")
+  if claim then
+    idem_release(claim)
+    txn:unset_var("txn.idem")
+  end
+end)
 
 -- Floor replica choice: rendezvous (highest-random-weight) hashing of the session key over the
 -- floor's server slots, taking the first replica in the key's order whose in-flight (served +
