@@ -111,14 +111,18 @@ print(json.dumps({"files": r.files, "secret_env": r.secret_env}))
 """
 
 
-# what `--without` deletes from the rendered config (regex on lines) or replaces in the Lua (exact text)
+# what `--without` deletes or rewrites in the rendered config ((regex, replacement) on lines) or replaces in the
+# Lua (exact text). The floor pick is made by the gate for accepted POSTs (its last five arguments) and by the
+# llm_pick_floor fetch for the rest: `pick` turns off both.
 WITHOUT_CONFIG = {
-    "gate": r"    http-request lua\.llm_gate .*\n",
-    "pick": r"    http-request set-var\(txn\.floor_server\) lua\.llm_pick_floor.*\n",
-    "quality": r"    http-request (lua\.llm_quality|set-var\(txn\.q_(user|mirror)\)) .*\n",
-    "shadow": r"    http-request lua\.llm_shadow .*\n",
+    "gate": [(r"    http-request lua\.llm_gate .*\n", "")],
+    "pick": [(r"    http-request set-var\(txn\.floor_server\) lua\.llm_pick_floor.*\n", ""),
+             (r"(    http-request lua\.llm_gate(?: \S+){6})(?: \S+){5} if ", r"\1 - - - - - if ")],
+    "quality": [(r"    http-request (lua\.llm_quality|set-var\(txn\.q_(user|mirror)\)) .*\n", "")],
+    "shadow": [(r"    http-request lua\.llm_shadow .*\n", "")],
 }
-WITHOUT_CONFIG["lua"] = "|".join([*WITHOUT_CONFIG.values(), r"    filter lua\.llm .*\n"])
+WITHOUT_CONFIG["lua"] = [rule for rules in WITHOUT_CONFIG.values() for rule in rules if rule[1] == ""] + [
+    (r"    filter lua\.llm .*\n", "")]
 WITHOUT_LUA = {"watch": ("  if self.active or self.q then filter.register_data_filter(self, txn.res) end\n", "")}
 
 
@@ -131,7 +135,10 @@ def without(rendered: RenderedGateway, features: str) -> RenderedGateway:
                 raise SystemExit(f"--without {f}: gateway_lua.py changed; update WITHOUT_LUA")
             lua = lua.replace(old, new)
         elif f in WITHOUT_CONFIG:
-            cfg, n = re.subn(WITHOUT_CONFIG[f], "", cfg)
+            n = 0
+            for pattern, repl in WITHOUT_CONFIG[f]:
+                cfg, k = re.subn(pattern, repl, cfg)
+                n += k
             if n == 0:
                 raise SystemExit(f"--without {f}: no such line in the rendered config; update WITHOUT_CONFIG")
         else:

@@ -512,8 +512,12 @@ def _endpoint_sections(
             secret_env[salt_env] = t.cache_salt_secret_key
         # Idempotency-Key dedupe: at most max_connections keys per tenant (no more requests can be in
         # flight), each expiring after the endpoint's longest request plus the body wait
+        # with a floor, the gate also makes the floor pick (below), saving a Lua call per request
+        pick = (f"{be_floor} floor {_slot_count(floor_servers[e.name])} {pick_threshold} {g.sticky_hash_header}"
+                if has_floor else "- - - - -")
         fl.append(f"    http-request lua.llm_gate {g.max_tokens} {salt_env} {config_name(t.name)} {max_connections} "
-                  f"{whole_ms + BODY_WAIT_S * 1000} {ns_cap} if METH_POST {{ var(txn.tenant) -m str {config_name(t.name)} }}")
+                  f"{whole_ms + BODY_WAIT_S * 1000} {ns_cap} {pick} if METH_POST "
+                  f"{{ var(txn.tenant) -m str {config_name(t.name)} }}")
     fl.append("    http-request return status 400 content-type application/json "
               "lf-string '{\"error\":{\"message\":\"%[var(txn.gate_error)]\",\"type\":\"invalid_request_error\","
               "\"code\":400}}' if { var(txn.gate_error) -m found }")
@@ -572,15 +576,21 @@ def _endpoint_sections(
             route.append(f"    use_backend {be_canary} if canary_key canary_side")
     if has_floor:
         slots = _slot_count(floor_servers[e.name])
+        # requests the gate did not pick for (no POST body to gate); the pick's place among the rules does not
+        # matter: no rule in between changes a replica's load, and one thread runs them without a pause
         fl.append(f"    http-request set-var(txn.floor_server) lua.llm_pick_floor({be_floor},floor,{slots},"
-                  f"{pick_threshold},{g.sticky_hash_header})"
-                  + (" unless { var(txn.canary_server) -m beg canary }" if g.canary is not None else ""))
+                  f"{pick_threshold},{g.sticky_hash_header}) unless {{ var(txn.floor_server) -m found }}"
+                  + (" || { var(txn.canary_server) -m beg canary }" if g.canary is not None else ""))
     # where the request goes unless the floor or the candidate took it (both tiers checked natively)
     fl.append("    acl on_floor var(txn.floor_server) -m beg floor")
     fl.append("    acl on_canary var(txn.canary_server) -m beg canary")
     fl.append("    acl nonstream var(txn.stream) -m int eq 0")  # set by llm_gate for every accepted POST
     off_floor = "!on_floor !on_canary" if has_floor else "!on_canary"
     if ns_rule == "require_streaming":
+        # the gate claimed the request's Idempotency-Key before its route was known; a request the rules
+        # answer themselves never reaches the filter's release, so it frees the key here (the client's
+        # streamed retry with the same key must not get a 409)
+        fl.append(f"    http-request lua.llm_idem_release if nonstream {off_floor} {{ var(txn.idem) -m found }}")
         fl.append("    " + _json_error(400, f"non-streamed requests are not served while this endpoint overflows to "
                                            f"its burst tier, which ends a web request after "
                                            f"{e.burst.web_request_cap_s} s: send stream true",

@@ -37,8 +37,12 @@ local BAD_CTL = {}  -- control characters other than tab, newline, carriage retu
 for c = 0, 31 do
   if c ~= 9 and c ~= 10 and c ~= 13 then BAD_CTL[#BAD_CTL + 1] = string.char(c) end
 end
+-- the same characters as one class: one scan costs less than 29 plain finds' calls up to a few hundred bytes
+local BAD_CTL_CLASS = "[\0-\8\11\12\14-\31]"
+local SMALL_BODY = 256
 local WS_CTL = { "\t", "\n", "\r" }
 local ws_next = { 0, 0, 0 }  -- per parse: next position of each WS_CTL character at or after the scan point
+local bs_next = 0  -- per parse: next backslash at or after the scan point (a body without one is scanned once)
 
 -- does [j, q) hold a tab, newline or carriage return? (inside a string: invalid)
 local function ws_ctl_before(s, j, q)
@@ -53,16 +57,22 @@ local function ws_ctl_before(s, j, q)
   return false
 end
 
-local function read_string(s, i)
-  -- s:byte(i) == '"'; returns the index after the closing quote and the raw inner text, or nil
+local function read_string(s, i, want_raw)
+  -- s:byte(i) == '"'; returns the index after the closing quote (and, with want_raw, the raw inner text:
+  -- a copy, so only member names ask for it), or nil
   local j = i + 1
   local q = find(s, '"', j, true)
   while true do
     if not q then return nil end
-    local b = find(s, "\\", j, true)
-    if not b or b > q then
+    local b = bs_next
+    if b < j then
+      b = find(s, "\\", j, true) or math.huge
+      bs_next = b
+    end
+    if b > q then
       if ws_ctl_before(s, j, q) then return nil end
-      return q + 1, sub(s, i + 1, q - 1)
+      if want_raw then return q + 1, sub(s, i + 1, q - 1) end
+      return q + 1
     end
     if ws_ctl_before(s, j, b) then return nil end
     local e = byte(s, b + 1)
@@ -78,47 +88,53 @@ local function read_string(s, i)
   end
 end
 
+-- most bodies are compact or single-spaced: a byte test first, the pattern (compiled per call) only on a run
 local function skip_ws(s, i)
-  return s:find("[^ \t\n\r]", i) or #s + 1
+  local c = byte(s, i)
+  if c ~= 32 and c ~= 9 and c ~= 10 and c ~= 13 then return c and i or #s + 1 end
+  return find(s, "[^ \t\n\r]", i + 1) or #s + 1
 end
 
 local function skip_number(s, i)
-  local _, e = s:find("^-?0", i)
-  if not e then _, e = s:find("^-?[1-9]%d*", i) end
+  local _, e = find(s, "^-?0", i)
+  if not e then _, e = find(s, "^-?[1-9]%d*", i) end
   if not e then return nil end
-  local _, f = s:find("^%.%d+", e + 1)
+  local _, f = find(s, "^%.%d+", e + 1)
   if f then e = f end
-  _, f = s:find("^[eE][+-]?%d+", e + 1)
+  _, f = find(s, "^[eE][+-]?%d+", e + 1)
   if f then e = f end
   return e + 1
 end
 
 local parse_value
 
--- Object at s:byte(i) == '{'. With `keys`, records each member: name (decoded) -> { raw = value
--- text (short values only: numbers, literals, small strings), dup = seen before }.
+-- the top-level members the gate reads; no other member costs a table or a decode
+local GATE_KEYS = { max_tokens = true, max_completion_tokens = true, stream = true, cache_salt = true }
+
+-- Object at byte(s, i) == '{'. With `keys`, records each member the gate reads (GATE_KEYS): name
+-- (decoded) -> { raw = value text (short values only: numbers, literals, small strings), dup = seen before }.
 local function parse_object(s, i, depth, keys)
   i = skip_ws(s, i + 1)
   local count = 0
-  if s:byte(i) == 125 then return i + 1, count end
+  if byte(s, i) == 125 then return i + 1, count end
   while true do
-    if s:byte(i) ~= 34 then return nil end
-    local j, raw = read_string(s, i)
+    if byte(s, i) ~= 34 then return nil end
+    local j, raw = read_string(s, i, keys)
     if not j then return nil end
     i = skip_ws(s, j)
-    if s:byte(i) ~= 58 then return nil end
+    if byte(s, i) ~= 58 then return nil end
     i = skip_ws(s, i + 1)
     local vstart = i
     i = parse_value(s, i, depth)
     if not i then return nil end
     count = count + 1
-    if keys then
-      local name = decode_key(raw)
-      keys[name] = { raw = (i - vstart <= 64) and s:sub(vstart, i - 1) or "", dup = keys[name] ~= nil,
+    local name = keys and (find(raw, "\\", 1, true) and decode_key(raw) or raw)
+    if name and GATE_KEYS[name] then
+      keys[name] = { raw = (i - vstart <= 64) and sub(s, vstart, i - 1) or "", dup = keys[name] ~= nil,
                      pos = vstart, len = i - vstart }
     end
     i = skip_ws(s, i)
-    local c = s:byte(i)
+    local c = byte(s, i)
     if c == 125 then return i + 1, count end
     if c ~= 44 then return nil end
     i = skip_ws(s, i + 1)
@@ -127,12 +143,12 @@ end
 
 local function parse_array(s, i, depth)
   i = skip_ws(s, i + 1)
-  if s:byte(i) == 93 then return i + 1 end
+  if byte(s, i) == 93 then return i + 1 end
   while true do
     i = parse_value(s, i, depth)
     if not i then return nil end
     i = skip_ws(s, i)
-    local c = s:byte(i)
+    local c = byte(s, i)
     if c == 93 then return i + 1 end
     if c ~= 44 then return nil end
     i = skip_ws(s, i + 1)
@@ -140,16 +156,16 @@ local function parse_array(s, i, depth)
 end
 
 parse_value = function(s, i, depth)
-  local c = s:byte(i)
+  local c = byte(s, i)
   if c == 34 then return (read_string(s, i)) end
   if c == 123 or c == 91 then
     if depth >= MAX_DEPTH then return nil end
     if c == 123 then return (parse_object(s, i, depth + 1)) end
     return parse_array(s, i, depth + 1)
   end
-  if c == 116 then return s:find("^true", i) and i + 4 or nil end
-  if c == 102 then return s:find("^false", i) and i + 5 or nil end
-  if c == 110 then return s:find("^null", i) and i + 4 or nil end
+  if c == 116 then return find(s, "^true", i) and i + 4 or nil end
+  if c == 102 then return find(s, "^false", i) and i + 5 or nil end
+  if c == 110 then return find(s, "^null", i) and i + 4 or nil end
   return skip_number(s, i)
 end
 
@@ -157,12 +173,17 @@ end
 -- (see parse_object) and their count, or nil and the error to answer with.
 local function top_level_keys(body)
   local i = skip_ws(body, 1)
-  if body:byte(i) ~= 123 then return nil, "the request body must be a JSON object" end
+  if byte(body, i) ~= 123 then return nil, "the request body must be a JSON object" end
   if not utf8.len(body) then return nil, "the request body is not valid UTF-8" end
-  for c = 1, #BAD_CTL do
-    if find(body, BAD_CTL[c], 1, true) then return nil, "the request body is not valid JSON" end
+  if #body <= SMALL_BODY then
+    if find(body, BAD_CTL_CLASS) then return nil, "the request body is not valid JSON" end
+  else
+    for c = 1, #BAD_CTL do
+      if find(body, BAD_CTL[c], 1, true) then return nil, "the request body is not valid JSON" end
+    end
   end
   ws_next[1], ws_next[2], ws_next[3] = 0, 0, 0
+  bs_next = 0
   local keys = {}
   local j, count = parse_object(body, i, 1, keys)
   if not j then return nil, "the request body is not valid JSON" end
@@ -170,6 +191,7 @@ local function top_level_keys(body)
   return keys, nil, i, count
 end
 
+local LIMIT_FIELDS = { "max_tokens", "max_completion_tokens" }
 local salts = {}
 local function salt_from_env(name)
   local v = salts[name]
@@ -185,6 +207,17 @@ local function json_string(s)
     if c == '"' then return '\\"' elseif c == "\\" then return "\\\\" end
     return string.format("\\u%04x", c:byte())
   end) .. '"'
+end
+
+-- '"cache_salt":"<the tenant's salt>"', built once per salt (the environment does not change under a process)
+local salt_members = {}
+local function salt_member(env)
+  local m = salt_members[env]
+  if not m then
+    m = '"cache_salt":' .. json_string(salt_from_env(env))
+    salt_members[env] = m
+  end
+  return m
 end
 
 -- Idempotency keys in flight, per tenant: key -> expiry (ms). A request whose key is in flight
@@ -216,14 +249,80 @@ local function idem_release(claim)
   local tb = tenant and idem[tenant]
   if tb and tb.keys[key] then tb.keys[key] = nil; tb.n = tb.n - 1 end
 end
+-- http-request lua.llm_idem_release: frees the claim of a request that a later rule answers itself (it never
+-- reaches the llm filter's end_analyze); unsets txn.idem so nothing releases it twice
+core.register_action("llm_idem_release", { "http-req" }, function(txn)
+  local claim = txn:get_var("txn.idem")
+  if claim then
+    idem_release(claim)
+    txn:unset_var("txn.idem")
+  end
+end)
+
+-- Floor replica choice: rendezvous (highest-random-weight) hashing of the session key over the
+-- floor's server slots, taking the first replica in the key's order whose in-flight (served +
+-- queued) is below the threshold. A session therefore stays on its replica (warm prefix cache)
+-- until that replica is full; only then does it move, and when every replica is full the fetch
+-- returns "" and the frontend routes to burst. Without a key: the least-loaded replica.
+-- lua.llm_pick_floor(<backend>,<server prefix>,<slots>,<threshold>,<key header>)
+-- Cost: one hash of the key, then per candidate three native fetches; usually the first has room.
+local function mix32(h)
+  h = h ~ (h >> 16); h = (h * 0x85ebca6b) & 0xffffffff
+  h = h ~ (h >> 13); h = (h * 0xc2b2ae35) & 0xffffffff
+  return h ~ (h >> 16)
+end
+local function key_hash(key)
+  local h = 0x811c9dc5
+  for k = 1, #key do h = ((h ~ key:byte(k)) * 0x01000193) & 0xffffffff end
+  return h
+end
+-- In-flight (served + queued) of slot i, nil when it is not up. Each fetch gets a freshly built
+-- "backend/server" string: 2.6 wrote a NUL into the string it parses, so one cannot be reused.
+-- srv_is_up reaches Lua as the integer 0 or 1 (hlua_smp2lua pushes SMP_T_BOOL as an integer), and 0
+-- is true in Lua: compare with 1, or a replica marked down by its health check would still be picked.
+local function load_of(f, sep, i)
+  if f:srv_is_up(sep .. i) ~= 1 then return nil end
+  return (f:srv_conn(sep .. i) or 0) + (f:srv_queue(sep .. i) or 0)
+end
+local function pick_floor(f, backend, prefix, slots, threshold, header)
+  local sep = backend .. "/" .. prefix
+  local key = f:req_fhdr(header)
+  if key and key ~= "" then
+    local h = key_hash(key)
+    local scores = {}
+    for i = 1, slots do scores[i] = mix32(h ~ ((i * 0x9e3779b1) & 0xffffffff)) end
+    for _ = 1, slots do  -- slots in the key's order, highest score first
+      local best, bi = -1, 1
+      for i = 1, slots do
+        if scores[i] > best then best, bi = scores[i], i end
+      end
+      scores[bi] = -1
+      local load = load_of(f, sep, bi)
+      if load and load < threshold then return prefix .. bi end
+    end
+    return ""  -- a nil return would still set the variable; "" means "no replica has room"
+  end
+  local best, best_load = nil, threshold
+  for i = 1, slots do
+    local load = load_of(f, sep, i)
+    if load and load < best_load then best, best_load = i, load end
+  end
+  return best and (prefix .. best) or ""
+end
+core.register_fetches("llm_pick_floor", function(txn, backend, prefix, slots_arg, threshold_arg, header)
+  return pick_floor(txn.f, backend, prefix, tonumber(slots_arg), tonumber(threshold_arg), header)
+end)
 
 -- http-request lua.llm_gate <max_tokens> <salt env var or "-"> <tenant> <idempotency cap> <ttl ms>
---   <non-streamed burst max_tokens, 0 = none>
+--   <non-streamed burst max_tokens, 0 = none> <floor backend> <server prefix> <slots> <threshold> <key header>
+-- (the floor pick's arguments, "-" without a floor: an accepted request's pick is made here, saving the
+-- llm_pick_floor call; HAProxy builds a transaction object per Lua call)
 -- Validates the buffered body and prepares the prefix the llm filter inserts. With a non-streamed
 -- cap it also prepares a second stamp for a non-streamed request that ends up on burst (Modal's web
 -- request cap): max_tokens lowered to the cap, by replacing the value in place (txn.gate_*_b); the
 -- burst backend marks such a request and the filter then applies that stamp instead.
-core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, salt_env, tenant, cap, ttl, ns_cap_arg)
+core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, salt_env, tenant, cap, ttl, ns_cap_arg,
+                                                         pick_be, pick_prefix, pick_slots, pick_threshold, pick_header)
   local body = txn.f:req_body() or ""
   local keys, err, _, count = top_level_keys(body)
   if not keys then txn:set_var("txn.gate_error", err) return end
@@ -234,7 +333,7 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
     return
   end
   local has_limit = false
-  for _, field in ipairs({ "max_tokens", "max_completion_tokens" }) do
+  for _, field in ipairs(LIMIT_FIELDS) do
     local k = keys[field]
     if k then
       local v = tonumber(k.raw)
@@ -266,7 +365,7 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
   local streamed = s and s.raw == "true"
   txn:set_var("txn.stream", streamed and 1 or 0)
   local salt_part
-  if stamp_salt then salt_part = '"cache_salt":' .. json_string(salt_from_env(salt_env)) end
+  if stamp_salt then salt_part = salt_member(salt_env) end
   local prefix = salt_part
   if not has_limit then
     prefix = (prefix and prefix .. "," or "") .. '"max_tokens":' .. max_tokens_arg
@@ -277,12 +376,16 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
     txn:set_var("txn.gate_prefix", prefix)
     txn:set_var("txn.gate_len", #body + #prefix)
   end
+  if pick_be ~= "-" then
+    txn:set_var("txn.floor_server", pick_floor(txn.f, pick_be, pick_prefix, tonumber(pick_slots),
+                                               tonumber(pick_threshold), pick_header))
+  end
   local ns_cap = tonumber(ns_cap_arg) or 0
   if ns_cap <= 0 or streamed then return end
   -- the burst stamp: every limit above the cap (or null) rewritten to it, or the cap stamped when absent
   local edits, grow, limited = {}, 0, false
   local cap_text = tostring(ns_cap)
-  for _, field in ipairs({ "max_tokens", "max_completion_tokens" }) do
+  for _, field in ipairs(LIMIT_FIELDS) do
     local k = keys[field]
     if k then
       if k.raw ~= "null" then limited = true end
@@ -300,7 +403,7 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
   txn:set_var("txn.gate_cap_b", cap_text)
   txn:set_var("txn.gate_len_b", #body + #(prefix_b or "") + grow)
   if #edits > 0 or not limited then txn:set_var("txn.gate_max_b", cap_text) end
-end, 6)
+end, 11)
 
 local function now_ms()
   local t = core.now()
@@ -494,58 +597,6 @@ core.register_action("llm_shadow", { "http-req" }, function(txn, name, dst, cap,
   end)
 end, 4)
 
--- Floor replica choice: rendezvous (highest-random-weight) hashing of the session key over the
--- floor's server slots, taking the first replica in the key's order whose in-flight (served +
--- queued) is below the threshold. A session therefore stays on its replica (warm prefix cache)
--- until that replica is full; only then does it move, and when every replica is full the fetch
--- returns "" and the frontend routes to burst. Without a key: the least-loaded replica.
--- lua.llm_pick_floor(<backend>,<server prefix>,<slots>,<threshold>,<key header>)
--- Cost: one hash of the key, then per candidate three native fetches; usually the first has room.
-local function mix32(h)
-  h = h ~ (h >> 16); h = (h * 0x85ebca6b) & 0xffffffff
-  h = h ~ (h >> 13); h = (h * 0xc2b2ae35) & 0xffffffff
-  return h ~ (h >> 16)
-end
-local function key_hash(key)
-  local h = 0x811c9dc5
-  for k = 1, #key do h = ((h ~ key:byte(k)) * 0x01000193) & 0xffffffff end
-  return h
-end
--- In-flight (served + queued) of slot i, nil when it is not up. Each fetch gets a freshly built
--- "backend/server" string: 2.6 wrote a NUL into the string it parses, so one cannot be reused.
--- srv_is_up reaches Lua as the integer 0 or 1 (hlua_smp2lua pushes SMP_T_BOOL as an integer), and 0
--- is true in Lua: compare with 1, or a replica marked down by its health check would still be picked.
-local function load_of(f, sep, i)
-  if f:srv_is_up(sep .. i) ~= 1 then return nil end
-  return (f:srv_conn(sep .. i) or 0) + (f:srv_queue(sep .. i) or 0)
-end
-core.register_fetches("llm_pick_floor", function(txn, backend, prefix, slots_arg, threshold_arg, header)
-  local slots, threshold = tonumber(slots_arg), tonumber(threshold_arg)
-  local f = txn.f
-  local sep = backend .. "/" .. prefix
-  local key = f:req_fhdr(header)
-  if key and key ~= "" then
-    local h = key_hash(key)
-    local scores = {}
-    for i = 1, slots do scores[i] = mix32(h ~ ((i * 0x9e3779b1) & 0xffffffff)) end
-    for _ = 1, slots do  -- slots in the key's order, highest score first
-      local best, bi = -1, 1
-      for i = 1, slots do
-        if scores[i] > best then best, bi = scores[i], i end
-      end
-      scores[bi] = -1
-      local load = load_of(f, sep, bi)
-      if load and load < threshold then return prefix .. bi end
-    end
-    return ""  -- a nil return would still set the variable; "" means "no replica has room"
-  end
-  local best, best_load = nil, threshold
-  for i = 1, slots do
-    local load = load_of(f, sep, i)
-    if load and load < best_load then best, best_load = i, load end
-  end
-  return best and (prefix .. best) or ""
-end)
 
 -- One filter per stream, both directions (fewer Lua calls per request than two filters).
 -- Request: inserts txn.gate_prefix right after the body's opening brace.
@@ -556,13 +607,18 @@ end)
 -- Cost: every callback builds a fresh transaction object (hlua_filter_callback, 2.6 and 3.0: fetch, converter, channel and
 -- message tables), so the filter has no start_analyze and registers as a data filter (payload callbacks)
 -- from http_headers, only on the side that needs one: the request only when there is something to stamp,
--- the response only when it streams or is sampled for quality. A non-streamed request without a stamp
--- costs four callbacks (two http_headers, two end_analyze) and no payload callback.
+-- the response only when it streams or is sampled for quality. HAProxy skips a callback whose name does not
+-- resolve to a function on the filter's instance (hlua_filter_callback checks before it builds anything),
+-- so the request's http_headers shadows what this stream will not need with `false`: end_analyze unless an
+-- Idempotency-Key was claimed (its release) or the exchange is sampled (quality_begin turns it back on), and
+-- the response's http_headers when the response is neither streamed nor sampled. Every path that skips the
+-- request's http_headers (a request the rules answer themselves) keeps both. A non-streamed request without a
+-- stamp, key or sample costs one callback.
 local Llm = { id = "llm", flags = filter.FLT_CFG_FL_HTX }
 Llm.__index = Llm
 -- HAProxy calls new() on the per-declaration copy that holds the filter's arguments: inherit from it
 function Llm:new()
-  return setmetatable({ started = now_ms(), last = nil, active = false, ended = false, req_done = false },
+  return setmetatable({ started = now_ms(), last = nil, active = false, ended = false, req_done = false, wake_at = 0 },
     { __index = self })
 end
 function Llm:end_analyze(txn, chn)
@@ -585,11 +641,17 @@ function Llm:http_headers(txn, msg)
     else
       self.req_done = true
     end
+    if not txn:get_var("txn.idem") then self.end_analyze = false end
+    self.active = txn:get_var("txn.stream") == 1
+    self.sampled = txn:get_var("txn.q_user") ~= nil
+    if not self.active and not self.sampled then self.http_headers = false end
     return filter.CONTINUE
   end
   self.req_done = true
-  self.active = txn:get_var("txn.stream") == 1
-  if txn:get_var("txn.q_user") then self.q = quality_begin(txn, msg) end
+  if self.sampled then
+    self.q = quality_begin(txn, msg)
+    if self.q then self.end_analyze = nil end  -- the class's: quality_finish posts the record
+  end
   if self.active or self.q then filter.register_data_filter(self, txn.res) end
   if self.active then
     -- engines send headers before the first token: the first-byte clock keeps running, and a
@@ -599,6 +661,9 @@ function Llm:http_headers(txn, msg)
     local beat = self.started + self.args_beat - t
     if beat < wake then wake = beat end
     filter.wake_time(math.max(wake, 0) + 1)
+    -- not recorded in wake_at: when this callback returns, HAProxy ends the headers analyser and clears the
+    -- channel's analyse_exp with it (handle_analyzer_result, 3.0.11), so the payload callback that follows
+    -- at once must set it again
   end
   return filter.CONTINUE
 end
@@ -657,9 +722,10 @@ local function end_watch(self)
 end
 -- Ends the stream with an SSE event when it fits in the buffer (the blank lines close an event the
 -- upstream left half-written); when it does not fit yet, the next callback (50 ms at the latest) retries.
-local function end_with_event(self, msg, event)
+local function end_with_event(self, msg, event, t)
   if msg:append("\n\n" .. event) < 0 then
     filter.wake_time(50)
+    self.wake_at = t + 50
     return
   end
   msg:set_eom()
@@ -679,7 +745,7 @@ watch_gaps = function(self, txn, msg, n)
   -- Only for a stream whose framing carries its length (a close-delimited one ends by closing).
   if not msg:may_recv() and msg:input() < 65536 and txn:get_var("txn.res_len") then
     end_with_event(self, msg, 'event: error\ndata: {"error":{"message":"the upstream closed the ' ..
-      'stream before it ended","type":"upstream_error","code":502}}\n\n')
+      'stream before it ended","type":"upstream_error","code":502}}\n\n', t)
     return msg:input()
   end
   if n > 0 then self.last = t end
@@ -692,7 +758,7 @@ watch_gaps = function(self, txn, msg, n)
   local left = since + limit - t
   if left <= 0 then
     end_with_event(self, msg, 'event: error\ndata: {"error":{"message":"upstream sent nothing for ' ..
-      limit .. ' ms ' .. what .. '","type":"gateway_timeout","code":504}}\n\n')
+      limit .. ' ms ' .. what .. '","type":"gateway_timeout","code":504}}\n\n', t)
     return msg:input()
   end
   -- heartbeat: after args_beat ms with nothing sent to the client, an SSE comment line keeps idle
@@ -708,7 +774,16 @@ watch_gaps = function(self, txn, msg, n)
   end
   if beat_in < 1 then beat_in = 1 end
   if beat_in < left then left = beat_in end
-  filter.wake_time(left + 1)
+  -- A wake-up stays pending until it fires (the channel's analyse_exp): one still ahead and not later than
+  -- this deadline is kept, and when it fires early this callback sets the next. Most chunks move the
+  -- deadline later, so most skip the call. One due within 2 ms is replaced: core.now() and HAProxy's tick
+  -- clock may round a millisecond apart, and a fired wake-up left in place would wake the stream at once
+  -- again until it is replaced.
+  local at = t + left + 1
+  if self.wake_at <= t + 2 or at < self.wake_at then
+    self.wake_at = at
+    filter.wake_time(left + 1)
+  end
   return n
 end
 core.register_filter("llm", Llm, function(f, args)

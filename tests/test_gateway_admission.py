@@ -76,11 +76,13 @@ def test_full_floor_and_burst_wait_then_429_with_retry_after(planned_stacks, tmp
             on_burst = hold(2, ("burst",))  # overflow to burst, at once: nothing queued while burst has room
             admitted = hold(2, ("floor1", "floor2"))  # burst full: the floor's spare slots (3 per replica)
             # now every slot is taken: the next request waits, bounded, then is told when to come back
-            status, headers, content, _ = post(gw.port, body(stream=True))
+            key = {"Idempotency-Key": "told-to-come-back"}
+            status, headers, content, _ = post(gw.port, body(stream=True), headers=key)
             assert status == 429 and headers["retry-after"] == "7"
             assert json.loads(content)["error"]["type"] == "overloaded_error"
-            # a request that finds a slot freed while it waits is served
-            queued = pool.submit(post, gw.port, body(stream=True))
+            # a request that finds a slot freed while it waits is served (the 429'd request's retry: its
+            # Idempotency-Key was freed with the 429, not held as if it were in flight)
+            queued = pool.submit(post, gw.port, body(stream=True), headers=key)
             time.sleep(0.4)  # it is in HAProxy's queue (timeout 1 s)
             for u in ups.values():
                 u.release()
@@ -198,10 +200,13 @@ def test_require_streaming_answers_400_instead_of_sending_a_non_streamed_request
         assert status == 200 and headers["x-served-by"] == "floor"  # floor has room: served
         with cf.ThreadPoolExecutor(max_workers=8) as pool:
             held = fill_floor(gw, ups, pool)
-            status, _, content, rid = post(gw.port, body())
+            # with an Idempotency-Key: the gate claims it before the route is known; the 400 that the rules
+            # answer with must free it, so the client's streamed retry with the same key is served, not a 409
+            key = {"Idempotency-Key": "retry-me-streamed"}
+            status, _, content, rid = post(gw.port, body(), headers=key)
             assert status == 400 and "stream" in json.loads(content)["error"]["message"]
             assert received(ups, "burst", rid) == []
-            streamed = post(gw.port, body(stream=True))
+            streamed = post(gw.port, body(stream=True), headers=key)
             assert streamed[0] == 200 and streamed[1]["x-served-by"] == "burst"
             for u in ups.values():
                 u.release()
