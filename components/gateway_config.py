@@ -332,8 +332,10 @@ def render_gateway_config(
         sections.append(_quality_sections(quality_servers, quality_bind, health_check_interval_ms))
 
     head = [
+        # no inputs hash here: the pods roll when this text changes, and a price or another endpoint's input
+        # that leaves the gateway as it was must not restart it (the spec's hash is in the stack outputs)
         "# Rendered by components/gateway_config.py from the TopologySpec "
-        f"(project {spec.project}, environment {spec.environment}, inputs {spec.inputs_sha256[:12]}).",
+        f"(project {spec.project}, environment {spec.environment}).",
         "# Do not edit: re-render.",
         *_secret_guards(secret_env),
         "global",

@@ -78,6 +78,31 @@ def test_configmap_is_the_rendered_config(prod):
     assert cm["data"] == expected.files
 
 
+def test_an_input_that_leaves_the_gateway_as_it_was_does_not_roll_its_pods(planned_stacks):
+    """A dated price update changes the inputs (and their hash) but not how the gateway routes: the config text,
+    whose hash the pod template carries, must stay the same, or every price bump restarts the gateway's pods."""
+    from topology import plan
+
+    inputs, spec = planned_stacks["prod"]
+    prices = inputs.prices.model_copy(update={"platform_fixed_usd_per_month":
+                                              inputs.prices.platform_fixed_usd_per_month + 1.0})
+    spec2 = plan(inputs.model_copy(update={"prices": prices}))
+    assert spec2.inputs_sha256 != spec.inputs_sha256
+    assert [e.tier for e in spec2.endpoints] == [e.tier for e in spec.endpoints]
+
+    def cfg(s):
+        floor = {e.name: DnsServers(floor_dns(s)[e.name], e.engine.port, e.autoscaling.max_replicas)
+                 for e in s.endpoints if e.tier in ("dedicated_only", "floor_plus_burst")}
+        canary = {n: DnsServers(h, s.endpoint(n).engine.port, s.endpoint(n).autoscaling.max_replicas)
+                  for n, h in candidate_dns(s).items()}
+        return render_gateway_config(s, burst_urls={k: URLS[k] for k in ("assist", "autocomplete")},
+                                     floor_servers=floor, canary_servers=canary,
+                                     lua_path=f"/usr/local/etc/haproxy/{LUA_FILE}", gateway_replicas=2,
+                                     quality_servers=DnsServers(RECORDER.rsplit(":", 1)[0], 8080, 1)).files
+
+    assert cfg(spec2) == cfg(spec)
+
+
 def test_deployment_replicated_pinned_and_secrets_referenced(prod):
     spec, rec = prod
     objs = rec.kubernetes_objects()
