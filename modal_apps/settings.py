@@ -24,7 +24,7 @@ import os
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -79,8 +79,12 @@ class BurstAppConfig(BaseModel):
             engine=endpoint.engine,
         )
 
+    # what the plan reports about the burst, not how it runs: left out of what the app is shipped (and of the
+    # deploy trigger), so a dated price update re-deploys nothing (a redeploy restarts containers: cold starts)
+    REPORT_ONLY: ClassVar[dict[str, set[str]]] = {"burst": {"spike_warm_usd_per_month"}}
+
     def to_json(self) -> str:
-        return self.model_dump_json()
+        return self.model_dump_json(exclude=self.REPORT_ONLY)
 
     def sha256(self) -> str:
         """Changes whenever anything the deployed app depends on changes: the deploy trigger."""

@@ -124,7 +124,9 @@ def test_records_a_deploy_command_with_update_and_secret_token(prod_assist):
     assert inputs["triggers"] == [config.sha256(), code_sha256()]
 
     env = unwrap(inputs["environment"])
-    assert BurstAppConfig.model_validate_json(env[ENV_SPEC]) == config
+    # the config but the price it reports (a price update redeploys nothing: test below)
+    assert BurstAppConfig.model_validate_json(env[ENV_SPEC]) == config.model_copy(update={
+        "burst": config.burst.model_copy(update={"spike_warm_usd_per_month": 0.0})})
     assert (unwrap(env["MODAL_TOKEN_ID"]), unwrap(env["MODAL_TOKEN_SECRET"])) == ("ak-test", "as-test")
     for value in ("ak-test", "as-test"):  # on the wire, the token exists only inside a Pulumi secret
         assert plain_occurrences(inputs, value) == 0 and value in json.dumps(inputs)
@@ -194,3 +196,23 @@ def test_url_is_empty_not_an_error_before_any_deploy_output(prod_assist, monkeyp
     monkeypatch.setattr(Mocks, "new_resource", lambda self, args: (f"{args.name}-id", dict(args.inputs)))
     _, out = run_program(deploy_assist(prod_assist))
     assert out["url"] == ""
+
+
+def test_a_price_update_that_leaves_the_burst_as_it_was_redeploys_nothing(planned_stacks):
+    """Modal's serverless price up 2%: prod assist's burst runs exactly as before (same containers, windows,
+    engine) and only the reported price of its spike-warm minimum moves. The deploy trigger and the config the
+    app is shipped must not move with it: a redeploy restarts the app's containers (a wave of cold starts)."""
+    from topology import plan
+
+    inputs, spec = planned_stacks["prod"]
+    pr = inputs.prices
+    dearer = pr.model_copy(update={"serverless_usd_per_gpu_second": {
+        k: v * 1.02 for k, v in pr.serverless_usd_per_gpu_second.items()}})
+    before = BurstAppConfig.from_endpoint(spec.endpoint("assist"))
+    after = BurstAppConfig.from_endpoint(plan(inputs.model_copy(update={"prices": dearer})).endpoint("assist"))
+    assert after.burst.spike_warm_usd_per_month > before.burst.spike_warm_usd_per_month > 0
+    assert (after.burst.model_dump(exclude={"spike_warm_usd_per_month"})
+            == before.burst.model_dump(exclude={"spike_warm_usd_per_month"}))
+    assert after.sha256() == before.sha256() and after.to_json() == before.to_json()
+    # what the app is shipped still reads back as its config
+    assert BurstAppConfig.model_validate_json(before.to_json()).burst.max_containers == before.burst.max_containers
