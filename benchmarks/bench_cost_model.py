@@ -15,7 +15,8 @@ A full week at 150 req/s is ~90 M requests per option (minutes each here): `--ho
 
 As tests/test_cost_model.py, the endpoint's `traffic.spike_warm_hours_fraction` is set to 0 unless given (prod
 assist keeps the burst warm for a 3× spike in the busiest 10% of hours: a warm minimum that is priced but is not
-the cost model under test, and moves the decision); the README table is measured so.
+the cost model under test, and moves the decision); the README's first table is measured so, its second with
+`--spike-warm-hours-fraction 0.1` (the stack's own; where its gap arises: `benchmarks/cost_gaps.py hours`).
 """
 
 from __future__ import annotations

@@ -7,8 +7,10 @@
     .venv/bin/python benchmarks/cost_gaps.py levels [--trace azure2023_code.csv] [--rate 0.3] [--hours 8]
     .venv/bin/python benchmarks/cost_gaps.py levels --trace synthetic --peak-factor 3 --correlation 600 \
         --rate 3 --hours 12
+    .venv/bin/python benchmarks/cost_gaps.py hours [--trace azure2023_conv.csv] [--rate 3] [--hours 168] [--start 0]
+        [--option serverless_only] [--spike-warm-hours-fraction 0.1]
 
-All from Tuesday 09:00 (hour 33), prod `assist` scaled to the rate, as tests/test_cost_model.py.
+All but `hours` from Tuesday 09:00 (hour 33), prod `assist` scaled to the rate, as tests/test_cost_model.py.
 
 * shuffle: the cost check (simulator/costcheck.py) with the replayed arrivals' minutes put in a random order
   within each hour — the same minute counts and the same within-minute bunching, no correlation from one minute
@@ -30,6 +32,11 @@ All from Tuesday 09:00 (hour 33), prod `assist` scaled to the rate, as tests/tes
   differ; where the idealisation and the plan differ, the plan's traffic model does. `--trace synthetic`: the
   simulator's synthetic week drawn with the given peak factor and correlation time (the plan is told what its
   minute counts measure).
+* hours: the cost check over [start, start + hours) (from Monday 00:00 by default: the whole week, as
+  bench_cost_model.py), with the stack's spike warm minimum (`traffic.spike_warm_hours_fraction`, prod's 0.1 by
+  default), one option's serverless bill hour by hour, planned against simulated: the hours the warm minimum
+  holds, the hour before each of its rises (the schedule's lead) and the rest, summed apart, and the hours
+  where the two part most. `--trace synthetic` draws the week from the stack's traffic inputs (or those given).
 """
 
 from __future__ import annotations
@@ -287,10 +294,45 @@ def levels(args) -> None:
         print(f"  replayed arrivals, {label}: P(k-th alive) k = 1…{top}: " + " ".join(f"{x:.3f}" for x in row))
 
 
+def hourly(args) -> None:
+    base = load_inputs(STACK)
+    upd = {"spike_warm_hours_fraction": args.spike_warm_hours_fraction}
+    if args.trace == "synthetic":
+        upd.update(within_hour_peak_factor=args.peak_factor, within_hour_correlation_s=args.correlation)
+    base = base.model_copy(update={"endpoints": [
+        e.model_copy(update={"traffic": e.traffic.model_copy(update=upd)}) for e in base.endpoints]})
+    trace = None if args.trace == "synthetic" else args.trace
+    start = args.start if args.start is not None else 0.0
+    rows = costcheck.check(STACK, "assist", trace, args.rate, start, start + args.hours, base=base)
+    r = next((x for x in rows if x.option == args.option), None)
+    if r is None or not r.planned_serverless_usd_by_hour:
+        print(f"{args.option}: no serverless bill in this check")
+        return
+    plan, sim = np.array(r.planned_serverless_usd_by_hour), np.array(r.simulated_serverless_usd_by_hour)
+    warm = np.array(r.warm_min_by_hour) if r.warm_min_by_hour else np.zeros(len(plan), int)
+    base_min = int(warm.min())
+    held = warm > base_min
+    lead = np.zeros(len(plan), bool)
+    lead[:-1] = warm[1:] > warm[:-1]
+    lead &= ~held
+    rest = ~held & ~lead
+    print(f"{args.trace} {args.rate:g} req/s [{start:g}, {start + args.hours:g}) {args.option}, spike warm "
+          f"{args.spike_warm_hours_fraction:g}: serverless planned ${plan.sum():,.0f} simulated ${sim.sum():,.0f} "
+          f"({r.serverless_error:+.1%})")
+    for label, sel in (("warm minimum above its base", held), ("hour before a rise (its lead), not itself held", lead),
+                       ("the other hours", rest)):
+        p, q = plan[sel].sum(), sim[sel].sum()
+        print(f"  {label}: {int(sel.sum())} h, planned ${p:,.1f} simulated ${q:,.1f} (gap ${q - p:+,.1f})")
+    gap = sim - plan
+    print("  hour: warm, planned, simulated (the 12 that part most; $ per hour)")
+    for h in np.argsort(-np.abs(gap), kind="stable")[:12]:
+        print(f"    {int(start) + int(h):3d}: {int(warm[h]):2d}  ${plan[h]:8,.1f}  ${sim[h]:8,.1f}  {gap[h]:+8,.1f}")
+
+
 def main() -> int:
     warnings.simplefilter("ignore")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("experiment", choices=["shuffle", "dispersion", "cluster", "startup", "levels"])
+    ap.add_argument("experiment", choices=["shuffle", "dispersion", "cluster", "startup", "levels", "hours"])
     ap.add_argument("--trace", default="azure2023_code.csv")
     ap.add_argument("--rate", type=float, default=None)
     ap.add_argument("--hours", type=float, default=None)
@@ -298,18 +340,24 @@ def main() -> int:
     ap.add_argument("--service", type=float, default=None, help="dispersion: seconds a request holds its place")
     ap.add_argument("--peak-factor", type=float, default=1.5, help="--trace synthetic: within_hour_peak_factor")
     ap.add_argument("--correlation", type=float, default=0.0, help="--trace synthetic: within_hour_correlation_s")
+    ap.add_argument("--start", type=float, default=None, help="hours: the first hour (0 = Monday 00:00)")
+    ap.add_argument("--option", default="serverless_only", help="hours: which option's bill")
+    ap.add_argument("--spike-warm-hours-fraction", type=float, default=0.1,
+                    help="hours: the endpoint's traffic.spike_warm_hours_fraction (the stack's 0.1)")
     args = ap.parse_args()
+    if args.experiment == "hours" and args.trace == "azure2023_code.csv" and "--trace" not in sys.argv:
+        args.trace = "azure2023_conv.csv"
     SYNTHETIC.update(within_hour_peak_factor=args.peak_factor, within_hour_correlation_s=args.correlation,
                      spike_warm_hours_fraction=0.0)
     defaults = {"shuffle": (0.3, 8.0), "dispersion": (3.0, 3.0), "cluster": (30.0, 3.0), "startup": (150.0, 2.0),
-                "levels": (0.3, 8.0)}
+                "levels": (0.3, 8.0), "hours": (3.0, 168.0)}
     rate, hours = defaults[args.experiment]
     args.rate = rate if args.rate is None else args.rate
     args.hours = hours if args.hours is None else args.hours
     if args.experiment == "cluster" and args.cluster is None:
         ap.error("cluster: --cluster FIGURE is required")
     {"shuffle": shuffle, "dispersion": dispersion, "cluster": cluster, "startup": startup,
-     "levels": levels}[args.experiment](args)
+     "levels": levels, "hours": hourly}[args.experiment](args)
     return 0
 
 

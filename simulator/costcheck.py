@@ -55,6 +55,11 @@ class OptionCheck:
     end_h: float
     fixed_usd: float = 0.0  # the option's fixed shares (platform, serverless) over the hours
     before_serverless_usd: float = 0.0  # the replaced PEAKS_PER_HOUR formula on the same option (comparison)
+    # the serverless bill hour by hour over [start_h, end_h), planned and simulated (container-seconds billed in
+    # each hour × the container's price): where in the span a gap arises
+    planned_serverless_usd_by_hour: tuple[float, ...] = ()
+    simulated_serverless_usd_by_hour: tuple[float, ...] = ()
+    warm_min_by_hour: tuple[int, ...] = ()  # the option's warm minimum over the same hours (spike's included)
 
     @property
     def simulated_total_usd(self) -> float:
@@ -188,13 +193,19 @@ def check(
         spec = skeleton.model_copy(update={"endpoints": (plan_ep.spec,)})
         res = simulate_endpoint(replay_inputs, spec, ep.name, seed=seed, trace=trace, start_h=start_h, end_h=end_h)
         sls_plan = 0.0
+        plan_h: tuple[float, ...] = ()
+        sim_h: tuple[float, ...] = ()
         if o.uses_burst:
             # the plan's expectation for exactly these hours, starting as the simulation does: no container up
-            by_hour = serverless_usd_by_hour(o.tier, ep, prep.demand, o.placement, prep.sls,
-                                             prices_for(inputs, ep, o.placement, prep.sls), o.floor_by_hour,
+            pr = prices_for(inputs, ep, o.placement, prep.sls)
+            by_hour = serverless_usd_by_hour(o.tier, ep, prep.demand, o.placement, prep.sls, pr, o.floor_by_hour,
                                              o.warm_min_by_hour, o.burst_max_containers,
                                              start_hour=None if full_week else int(start_h))
             sls_plan = float(by_hour[hours].sum())
+            plan_h = tuple(float(x) for x in by_hour[hours])
+            # the simulator's containers by hour (container-seconds / the hour's length) × the hour's length
+            sim_h = tuple(float(c) * min(SECONDS_PER_HOUR, (end_h - start_h - i) * SECONDS_PER_HOUR) / SECONDS_PER_HOUR
+                          * pr.serverless_container_hour for i, c in enumerate(res.hourly_burst_containers))
         ded_plan = _dedicated_by_hour(o)[hours].sum()
         out.append(OptionCheck(
             trace=trace_name or "synthetic", mean_rps=mean_rps, option=o.tier, chosen=o.tier == win.tier,
@@ -204,6 +215,9 @@ def check(
             start_h=start_h, end_h=end_h,
             fixed_usd=sum(v for k, v in o.breakdown_weekly.items() if k.endswith("_fixed")) * len(hours) / HOURS_PER_WEEK,
             before_serverless_usd=_before(o, ep, prep, inputs, hours) if o.uses_burst else 0.0,
+            planned_serverless_usd_by_hour=plan_h, simulated_serverless_usd_by_hour=sim_h,
+            warm_min_by_hour=(tuple(int(x) for x in o.warm_min_by_hour[hours]) if o.warm_min_by_hour is not None
+                              else ()),
         ))
     return out
 

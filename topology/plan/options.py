@@ -18,7 +18,7 @@ from .. import costs
 from ..catalog import GpuKind
 from ..inputs import CostInputs, EndpointInputs
 from ..spec import CapacityLayer, HerdSpec, Tier
-from ..timebase import HOURS_PER_WEEK
+from ..timebase import HOURS_PER_WEEK, SECONDS_PER_MINUTE
 from ..feasibility import dedicated_cap_shortfall
 from .demand import Demand, demand_of
 from .errors import PlanningError
@@ -85,6 +85,9 @@ def serverless_usd_by_hour(
     if max_containers <= 0 and not warm_min.any():
         return np.zeros(HOURS_PER_WEEK)
     cold = serverless_cold_start_s(ep)
+    # the burst schedule starts each rise of the warm minimum the cold start early, in whole minutes
+    # (topology/windows.py, as burst.burst_spec deploys it): those minutes bill the containers it launches
+    lead_s = math.ceil(cold / SECONDS_PER_MINUTE) * SECONDS_PER_MINUTE
     cap = max(1, min(ep.serverless.max_containers_cap, max_containers))  # the BurstSpec's planned max_containers
     target = sls.planned_inflight  # its target_inputs
     alpha = _alpha_of_peak(ep.traffic.within_hour_peak_factor)
@@ -99,7 +102,7 @@ def serverless_usd_by_hour(
                                      scaledown_window_s=window, alpha=alpha, warm_min=warm_min, max_containers=cap,
                                      start_hour=start_hour, cluster_size=ep.traffic.arrival_cluster_size,
                                      startup=(cold, float(service_time_s(ep, sls, 1))),
-                                     factor_correlation_s=ep.traffic.within_hour_correlation_s)
+                                     factor_correlation_s=ep.traffic.within_hour_correlation_s, warm_lead_s=lead_s)
             batch = 1.0 + demand.mean_rps * service / np.maximum(ch.alive, 1.0)
     else:
         # the gateway sends to burst what the floor's replicas × overflow threshold places cannot hold
@@ -113,7 +116,7 @@ def serverless_usd_by_hour(
                                  scaledown_window_s=window, alpha=alpha, warm_min=warm_min, max_containers=cap,
                                  start_hour=start_hour, cluster_size=ep.traffic.arrival_cluster_size,
                                  floor_service_line=line, startup=(cold, float(service_time_s(ep, sls, 1))),
-                                 factor_correlation_s=ep.traffic.within_hour_correlation_s)
+                                 factor_correlation_s=ep.traffic.within_hour_correlation_s, warm_lead_s=lead_s)
     # billed launch to stop: the time alive, plus each launch's cold start before it serves
     return (ch.alive + ch.launches * cold / 3600.0) * pr.serverless_container_hour
 

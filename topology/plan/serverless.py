@@ -63,7 +63,7 @@ import numpy as np
 
 from ..inputs import EndpointInputs
 from ..minute_factors import busiest_minute_factor, factor_keep, gamma_alpha_for_peak
-from ..timebase import MINUTES_PER_HOUR, SECONDS_PER_MINUTE
+from ..timebase import MINUTES_PER_HOUR, SECONDS_PER_HOUR, SECONDS_PER_MINUTE
 from .placement import Placement
 
 QUADRATURE_NODES = 32  # equal-probability nodes over the minute factor g
@@ -267,7 +267,7 @@ def expected_containers(
     target_inputs: int, buffer_containers: int = 0, scaledown_window_s: float, alpha: float | None,
     warm_min: np.ndarray | int = 0, max_containers: int | None = None, start_hour: int | None = None,
     cluster_size: float = 1.0, floor_service_line: tuple[float, float, np.ndarray, int] | None = None,
-    startup: tuple[float, float] | None = None, factor_correlation_s: float = 0.0,
+    startup: tuple[float, float] | None = None, factor_correlation_s: float = 0.0, warm_lead_s: float = 0.0,
 ) -> ContainerHours:
     """Expected containers alive and launches in each hour (see the module docstring for the derivation).
 
@@ -285,6 +285,9 @@ def expected_containers(
     burst, step 5); None: no start-up burst.
     factor_correlation_s: how long the minute factor persists (`traffic.within_hour_correlation_s`): a minute
     keeps the previous minute's factor with probability e^(−60 / it) (step 3); 0: independent minutes.
+    warm_lead_s: how long before its hour a rise of the warm minimum is deployed (the burst schedule's windows
+    start a whole number of minutes ahead, topology/windows.py): the containers it launches then (the levels up
+    to the new minimum that were off at the end of the hour before) are billed that long in the hour before.
 
     A pure function of its arguments, memoised on them (`_CALLS`): the planner asks again for the same
     endpoint's week (copies of an endpoint, candidate schedules that land on the same floor). The returned
@@ -292,7 +295,7 @@ def expected_containers(
     line = floor_service_line
     key = (_key_array(rate_rps), _key_array(service_s), _key_array(floor_inflight), int(target_inputs),
            int(buffer_containers), float(scaledown_window_s), alpha, _key_array(warm_min),
-           max_containers, start_hour, float(cluster_size), startup, float(factor_correlation_s),
+           max_containers, start_hour, float(cluster_size), startup, float(factor_correlation_s), float(warm_lead_s),
            None if line is None else (float(line[0]), float(line[1]), _key_array(line[2]), int(line[3])))
     hit = _CALLS.get(key)
     if hit is None:
@@ -300,7 +303,8 @@ def expected_containers(
                                    buffer_containers=buffer_containers, scaledown_window_s=scaledown_window_s,
                                    alpha=alpha, warm_min=warm_min, max_containers=max_containers,
                                    start_hour=start_hour, cluster_size=cluster_size, floor_service_line=line,
-                                   startup=startup, factor_correlation_s=factor_correlation_s)
+                                   startup=startup, factor_correlation_s=factor_correlation_s,
+                                   warm_lead_s=warm_lead_s)
         hit.alive.flags.writeable = hit.launches.flags.writeable = False
         _remember(_CALLS, key, hit, MEMO_CALLS)
     return hit
@@ -349,7 +353,7 @@ def _level_grid(K: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _expected_containers(
     rate_rps, service_s, *, floor_inflight, target_inputs, buffer_containers, scaledown_window_s, alpha, warm_min,
-    max_containers, start_hour, cluster_size, floor_service_line, startup, factor_correlation_s,
+    max_containers, start_hour, cluster_size, floor_service_line, startup, factor_correlation_s, warm_lead_s=0.0,
 ) -> ContainerHours:
     lam = np.atleast_1d(np.asarray(rate_rps, dtype=float))
     H = lam.shape[0]
@@ -400,7 +404,9 @@ def _expected_containers(
     m_h = mean.max(axis=(1, 2))
     act = np.flatnonzero((lam > 0) & (m_h + 10 * np.sqrt(m_h) + 10 >= np.ceil((Q + 1) / B)))
     p_on = np.zeros((H, len(k)))
-    p_off = np.where(lam > 0, -math.expm1(-SECONDS_PER_MINUTE / max(W, 1e-9)), 1.0)[:, None] * np.ones((1, len(k)))
+    # a container alive in an hour with no traffic (carried over, or released by the warm minimum) stops W after
+    # its last request like any other, not at once (it was 1 per minute here: the plan billed none of those W)
+    p_off = np.full((H, len(k)), -math.expm1(-SECONDS_PER_MINUTE / max(W, 1e-9)))
     if act.size:
         p_on[act], p_off[act] = _switching_rows(act, lam, S, Q, reps_key, rate, mean, up, k, K, T, b, B, W, alpha,
                                                 line_key, wg, keep)
@@ -419,6 +425,7 @@ def _expected_containers(
     mean_decay = np.where(on_warm, 0.0, mean_decay)
     rho60 = np.where(on_warm, 0.0, rho60)
     avg = np.zeros((H, len(k)))
+    lead = np.zeros((H, len(k)))
     burst0 = np.zeros(len(k))
     if order.size:
         # the start-up burst (step 5): the levels launched before the first request completes
@@ -430,6 +437,12 @@ def _expected_containers(
         last = order[-H:] if start_hour is None else order
         pi_last = pi[-len(last):]
         avg[last] = star[last] + (pi_last - star[last]) * mean_decay[last]
+        if warm_lead_s > 0 and len(last) > 1:
+            # a rise of the warm minimum is deployed warm_lead_s before its hour: the levels up to it that were off
+            # at the end of the hour before (1 − P(on) at the hour's start) are launched then and billed that
+            # long in the hour before (its cold start inside the lead); the first billed hour has none before it
+            off = np.where(on_warm[last[1:]], 1.0 - pi_last[1:], 0.0)
+            lead[last[:-1]] = off * (warm_lead_s / SECONDS_PER_HOUR)
     launch = (1.0 - avg) * p_on * MINUTES_PER_HOUR
     if order.size and (start_hour is not None or WARMUP_WEEKS == 0):
         launch[int(order[0])] += burst0  # each launched once, at the start
@@ -437,7 +450,7 @@ def _expected_containers(
         avg[:start_hour] = 0.0
         launch[:start_hour] = 0.0
     # back onto every level 1 … K (interpolation is linear in the row: the summed hat weights)
-    alive = avg @ hat_sum
+    alive = (avg + lead) @ hat_sum
     launches = launch @ hat_sum
     return ContainerHours(alive=alive, launches=launches)
 
