@@ -145,6 +145,7 @@ def main() -> int:
     print(f"\ngrowth, copies of endpoint {args.template!r} (median of {args.repeats}):")
     print(f"{'endpoints':>9} {'resources':>9} {'wall s':>8} {'CPU s':>8} {'CPU ms/endpoint':>16} "
           f"{'of it: plan':>12} {'floor':>6} {'rest':>5}")
+    by_size: list[tuple[int, float]] = []
     for n in (int(x) for x in args.sizes.split(",")):
         cfg = synthetic_config(config, args.template, n)
         wall, cpu = timed(lambda: run_program(stack, cfg), args.repeats)
@@ -155,8 +156,13 @@ def main() -> int:
         per = [1000 * x / n for x in (cpu, plan_cpu, floor_cpu, cpu - plan_cpu - floor_cpu)]
         print(f"{n:>9} {len(rec.resources):>9} {wall:>8.2f} {cpu:>8.2f} {per[0]:>16.0f} {per[1]:>12.0f} {per[2]:>6.0f} "
               f"{per[3]:>5.0f}")
+        by_size.append((n, cpu))
     print("(ms per endpoint, CPU: plan = inputs and planning alone; floor = the same resources declared bare under "
           "the same runner, Pulumi's runtime and the mock monitor; rest = our components, typed SDK classes, exports)")
+    # the average above carries the stack's fixed part (cluster, gateway, monitoring) divided by n; what one more
+    # endpoint costs is the slope between sizes
+    for (n0, c0), (n1, c1) in zip(by_size, by_size[1:]):
+        print(f"one more endpoint, {n0} -> {n1}: {1000 * (c1 - c0) / (n1 - n0):.0f} ms CPU")
     print(f"1-minute load average at end: {os.getloadavg()[0]:.1f}")
     return 0
 
