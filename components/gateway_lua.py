@@ -9,17 +9,19 @@ body, so the rewrite is a request *filter*; per-gap stream timeouts are a respon
 
 GATEWAY_LUA = r'''
 -- Member names decoded (so "max\u005ftokens" cannot slip past).
+-- One left-to-right pass, as a JSON parser reads it: an escaped backslash is consumed before what follows it
+-- can be read as an escape ("max\\u005ftokens" is the name max\u005ftokens to the engine, not max_tokens; two
+-- passes, \u first, read it as max_tokens and let the body past the cap unstamped).
+local KEY_ESC = { n = "\n", t = "\t", r = "\r", b = "\b", f = "\f" }
 local function decode_key(s)
-  local out = s:gsub("\\u(%x%x%x%x)", function(h)
-    local c = tonumber(h, 16)
-    if c < 128 then return string.char(c) end
-    return "\0" -- non-ASCII never spells a key we care about; keep it distinct
-  end)
-  out = out:gsub('\\(.)', function(c)
-    local map = { n = "\n", t = "\t", r = "\r", b = "\b", f = "\f" }
-    return map[c] or c
-  end)
-  return out
+  return (s:gsub("\\(.)(%x?%x?%x?%x?)", function(c, hex)
+    if c == "u" then  -- the parser has checked four hex digits follow
+      local n = tonumber(hex, 16)
+      if n < 128 then return string.char(n) end
+      return "\0"  -- non-ASCII never spells a key we care about; keep it distinct
+    end
+    return (KEY_ESC[c] or c) .. hex
+  end))
 end
 
 -- A validating JSON parser (RFC 8259 grammar, UTF-8 checked up front): the engine must never

@@ -406,6 +406,12 @@ def test_max_tokens_cap_enforced_and_stamped(gw):
     sneaky = b'{"model":"m","max\\u005ftokens":999999,"messages":[]}'
     status, _, _, rid = post(gw["ports"]["assist"], sneaky)
     assert status == 400 and records(gw, rid) == []
+    # an escaped backslash before "u005f" is a backslash in the name, not an escape: to the engine's parser this
+    # body has no max_tokens at all (its own default would apply), so the gateway must stamp the cap
+    lookalike = b'{"model":"m","max\\\\u005ftokens":5,"messages":[]}'
+    assert "max_tokens" not in json.loads(lookalike)
+    status, _, _, rid = post(gw["ports"]["assist"], lookalike)
+    assert status == 200 and records(gw, rid)[0][1].body["max_tokens"] == cap
     status, _, _, rid = post(gw["ports"]["assist"], body(max_tokens=7))
     assert status == 200 and records(gw, rid)[0][1].body["max_tokens"] == 7
     status, _, _, rid = post(gw["ports"]["assist"], body())
