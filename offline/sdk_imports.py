@@ -135,6 +135,10 @@ LAZY_ANNOTATION_ROOTS = ("pulumi_aws", "pulumi_kubernetes")
 CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache" / "sdk-bytecode" / sys.implementation.cache_tag
 
 
+# how the cached code was compiled (the flags below): bumped when they change, so no older file is read as current
+LOADER_VERSION = b"lazy-annotations-1\0"
+
+
 class LazyAnnotationsLoader(importlib.machinery.SourceFileLoader):
     """A source file compiled with `from __future__ import annotations` in effect, its bytecode cached in
     CACHE_DIR (valid for the interpreter's magic number, the optimisation level and the source's path,
@@ -145,13 +149,16 @@ class LazyAnnotationsLoader(importlib.machinery.SourceFileLoader):
     def get_code(self, fullname: str) -> types.CodeType:
         source_path = self.get_filename(fullname)
         st = os.stat(source_path)
-        header = (importlib.util.MAGIC_NUMBER + struct.pack("<qqb", st.st_mtime_ns, st.st_size, sys.flags.optimize)
+        header = (importlib.util.MAGIC_NUMBER + LOADER_VERSION
+                  + struct.pack("<qqb", st.st_mtime_ns, st.st_size, sys.flags.optimize)
                   + os.fsencode(source_path) + b"\0")
         cache = CACHE_DIR / f"{fullname}.{hashlib.sha256(os.fsencode(source_path)).hexdigest()[:16]}.pyc"
         try:
             data = cache.read_bytes()
             if data[: len(header)] == header:
-                return marshal.loads(memoryview(data)[len(header):])
+                code = marshal.loads(memoryview(data)[len(header):])
+                if isinstance(code, types.CodeType):
+                    return code  # else a damaged body under a good header: compiled afresh below
         except (OSError, ValueError, EOFError, TypeError):
             pass  # absent, unreadable or damaged: compiled afresh below
         writable = False

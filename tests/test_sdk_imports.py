@@ -7,6 +7,7 @@ runs in a fresh interpreter: in this test session the SDK packages may already b
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -202,3 +203,23 @@ def test_forward_refs_are_compiled_once_while_it_lasts_and_typing_is_left_as_it_
     with pytest.raises(RuntimeError), forward_refs_compiled_once():
         raise RuntimeError("the program failed")
     assert "compile" not in vars(typing)
+
+
+def test_a_damaged_cached_file_under_a_good_header_is_compiled_afresh(tmp_path):
+    """A cached file whose header still matches but whose body is not code (a torn write the rename did not
+    cover, a disk error) must not break every later render: it is compiled again and rewritten."""
+    import marshal
+
+    code = _LAZY_SETUP % str(tmp_path / "cache") + """
+sdk_imports.compile_annotations_lazily()
+""" + _TYPED_CLASSES + """
+print(json.dumps({"hints": hints, "file": sys.modules[core.ContainerArgs.__module__].__file__}))
+"""
+    first = json.loads(run_python(code))
+    src = os.fsencode(first["file"]) + b"\0"
+    (cached,) = [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("pulumi_kubernetes.core.v1._inputs.")]
+    data = cached.read_bytes()
+    cached.write_bytes(data[: data.index(src) + len(src)] + marshal.dumps(42))  # the header kept, the body not code
+    second = json.loads(run_python(code))
+    assert second["hints"] == first["hints"]
+    assert cached.read_bytes() == data  # rewritten whole
