@@ -228,28 +228,36 @@ end
 -- longest request) is the backstop. At most `cap` keys per tenant (the gateway's maxconn: no more
 -- requests can be in flight), so memory stays bounded. HAProxy's own retry (connection refused)
 -- happens inside the same stream, so it keeps the key.
+-- Each claim has its own number, and a release frees the key only while that claim holds it: a request that
+-- outlives its expiry (queued, then streaming longer than the backstop) must not free the claim its client's
+-- retry took after the expiry, which would let a third copy start beside the retry.
 local idem = {}
+local idem_serial = 0
 local MAX_IDEM_KEY = 255
 local function idem_claim(tenant, key, cap, ttl_ms, t)
   local tb = idem[tenant]
-  if not tb then tb = { n = 0, keys = {} } idem[tenant] = tb end
+  if not tb then tb = { n = 0, keys = {}, claim = {} } idem[tenant] = tb end
   local exp = tb.keys[key]
   if exp and exp > t then return "busy" end
-  if exp then tb.keys[key] = nil; tb.n = tb.n - 1 end
+  if exp then tb.keys[key] = nil; tb.claim[key] = nil; tb.n = tb.n - 1 end
   if tb.n >= cap then
     for k, e in pairs(tb.keys) do
-      if e <= t then tb.keys[k] = nil; tb.n = tb.n - 1 end
+      if e <= t then tb.keys[k] = nil; tb.claim[k] = nil; tb.n = tb.n - 1 end
     end
     if tb.n >= cap then return "full" end
   end
+  idem_serial = idem_serial + 1
   tb.keys[key] = t + ttl_ms
+  tb.claim[key] = idem_serial
   tb.n = tb.n + 1
-  return nil
+  return nil, idem_serial
 end
 local function idem_release(claim)
-  local tenant, key = claim:match("^([^\n]*)\n(.*)$")
+  local tenant, serial, key = claim:match("^([^\n]*)\n(%d+)\n(.*)$")
   local tb = tenant and idem[tenant]
-  if tb and tb.keys[key] then tb.keys[key] = nil; tb.n = tb.n - 1 end
+  if tb and tb.keys[key] and tb.claim[key] == tonumber(serial) then
+    tb.keys[key] = nil; tb.claim[key] = nil; tb.n = tb.n - 1
+  end
 end
 -- http-request lua.llm_idem_release: frees the claim of a request that a later rule answers itself (it never
 -- reaches the llm filter's end_analyze); unsets txn.idem so nothing releases it twice
@@ -359,9 +367,9 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
       return
     end
     local t = core.now()
-    local refused = idem_claim(tenant, idem_key, tonumber(cap), tonumber(ttl), t.sec * 1000 + t.usec // 1000)
+    local refused, serial = idem_claim(tenant, idem_key, tonumber(cap), tonumber(ttl), t.sec * 1000 + t.usec // 1000)
     if refused then txn:set_var("txn.idem_refused", refused) return end
-    txn:set_var("txn.idem", tenant .. "\n" .. idem_key)
+    txn:set_var("txn.idem", tenant .. "\n" .. serial .. "\n" .. idem_key)
   end
   local s = keys["stream"]
   local streamed = s and s.raw == "true"

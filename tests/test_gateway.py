@@ -14,7 +14,8 @@ import uuid
 
 import pytest
 
-from components.gateway_config import DnsServers, StaticServers, env_name, floor_capacity, render_gateway_config
+from components.gateway_config import (BODY_WAIT_S, DnsServers, StaticServers, env_name, floor_capacity,
+                                       render_gateway_config, request_limit_s)
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_harness import HaproxyProcess, free_port, lua_path, pod_ca_dir, require_haproxy, no_recorder
 from topology.spec import CanarySpec
@@ -51,8 +52,11 @@ def scaled_spec(spec):
 
 @pytest.fixture(scope="module")
 def gw(planned_stacks, tmp_path_factory):
+    yield from _gateway(scaled_spec(planned_stacks["prod"][1]), tmp_path_factory)
+
+
+def _gateway(spec, tmp_path_factory):
     require_haproxy()
-    spec = scaled_spec(planned_stacks["prod"][1])
     ups = {n: FakeUpstream(n).start() for n in ("floor1", "floor2", "burst", "canary", "guard")}
     dead = [free_port(), free_port(), free_port()]  # nothing listens: connections are refused
     ports = {"assist": free_port(), "autocomplete": free_port(), "guard": free_port()}
@@ -535,6 +539,41 @@ def test_gateway_retry_keeps_the_key_and_frees_it_after(gw):
     assert wait_until(lambda: len([ln for ln in gw["proc"].log_lines() if "fe_guard" in ln]) >= before + 16)
     lines = [ln for ln in gw["proc"].log_lines() if "fe_guard" in ln][before:]
     assert any(ln.split()[8].split("/")[-1].lstrip("+") == "1" for ln in lines)  # some were retried
+
+
+def test_a_request_that_outlives_its_key_never_frees_the_retry_s_claim(planned_stacks, tmp_path_factory):
+    """A stream that keeps sending outlives its key's expiry (the longest request plus the body wait: the server
+    timeout is idle time, not total). The client's retry may then claim the key; when the first stream ends its
+    release must free its own claim only, or a third copy starts beside the retry."""
+    import concurrent.futures as cf
+
+    spec = scaled_spec(planned_stacks["prod"][1])
+    spec = spec.model_copy(update={"endpoints": tuple(
+        e.model_copy(update={"gateway": e.gateway.model_copy(update={"max_request_s": 1})}) for e in spec.endpoints)})
+    fixture = _gateway(spec, tmp_path_factory)
+    g = next(fixture)
+    try:
+        port, ups = g["ports"]["assist"], g["ups"]
+        key = {"Idempotency-Key": f"outlived-{uuid.uuid4()}"}
+        ttl_s = request_limit_s(spec.endpoint("assist")) + BODY_WAIT_S  # the key's expiry (llm_gate's ttl)
+        with cf.ThreadPoolExecutor(max_workers=2) as pool:
+            t0 = time.monotonic()
+            first = pool.submit(post, port, body(stream=True), headers={
+                **key, "X-Fake-Chunks": str(int((ttl_s + 2) / 0.4)), "X-Fake-Interval-Ms": "400"}, timeout=30)
+            time.sleep(0.5)
+            assert post(port, body(stream=True), headers=key)[0] == 409  # in flight, not expired
+            time.sleep(max(0.0, ttl_s + 0.3 - (time.monotonic() - t0)))
+            # the retry streams on past the first's end (a held stream would meet the 1 s inter-chunk limit)
+            retry = pool.submit(post, port, body(stream=True), headers={
+                **key, "X-Fake-Chunks": "12", "X-Fake-Interval-Ms": "400"}, timeout=30)
+            assert wait_until(lambda: sum(r.headers.get("idempotency-key") == key["Idempotency-Key"]
+                                          for u in ups.values() for r in u.log.completions()) == 2, timeout_s=3)
+            assert first.result(timeout=15)[0] == 200 and not retry.done()  # the first ended; the retry streams
+            status, _, _, rid = post(port, body(stream=True), headers=key)
+            assert status == 409 and records(g, rid) == []  # the retry's claim still holds
+            assert retry.result(timeout=10)[0] == 200
+    finally:
+        next(fixture, None)
 
 
 def test_overlong_idempotency_key_is_refused(gw):
