@@ -258,8 +258,10 @@ def test_idle_share_measured_from_minute_counts_recovers_the_input(p, per_minute
     g = rng.gamma(2.0, 0.5, n) / (1.0 - p) * (rng.random(n) >= p)
     counts = rng.poisson(per_minute * g).reshape(500, 60).astype(float)
     pf = sv.peak_factor_from_minute_counts(counts)
-    assert idle_share_from_minute_counts(counts, 1.0, pf) == pytest.approx(p, abs=0.025)
+    got = idle_share_from_minute_counts(counts, 1.0, pf)
+    assert got == pytest.approx(p, abs=0.025)
     if p == 0.0:
+        assert got == 0.0  # the empty minutes beyond the Gamma's are within its count's noise
         poisson_excess = np.maximum((counts == 0).mean(axis=1) - np.exp(-counts.mean(axis=1)), 0.0).mean()
         assert poisson_excess > 0.08
 
@@ -438,8 +440,8 @@ KNOWN_GAPS: dict[tuple[str, float, str], tuple[float, str]] = {
     # at 3 req/s bunches larger than the live containers' slots wait for a cold start (526 requests in these 3 h,
     # up to 144 at once), holding their places c + S₁, not S: a start-up burst at every overflowing bunch, which
     # the model lacks; shuffling minutes changes nothing here (+18.0%)
-    # (+14.8% before the idle share: the 5.6% it measures here lowers the plan a little more)
-    ("azure2023_code.csv", 3.0, "serverless_only"): (0.25, "+17.3%: overflowing bunches wait on cold starts"),
+    # (the idle-minute share reads 0 in these 3 hours: within its count's noise; 0.03 over the week)
+    ("azure2023_code.csv", 3.0, "serverless_only"): (0.25, "+14.8%: overflowing bunches wait on cold starts"),
     # the plan's start-up burst (serverless.py step 5) is at the hour's mean rate; ServeGen's rate trace runs
     # the first minutes of 09:00 about a quarter below its hour's mean (21.7 vs 28.7 req/s in the first 30 s),
     # and in a one-hour run from no container that start is most of the bill
