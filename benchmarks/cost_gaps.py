@@ -124,7 +124,7 @@ def _endpoint(trace_name: str, rate: float, hours: float):
     ep = inputs.endpoints[0]
     measured = ep.model_copy(update={"traffic": ep.traffic.model_copy(update={
         "within_hour_peak_factor": min(20.0, max(1.0, pf)), "arrival_cluster_size": min(1000.0, cluster),
-        "within_hour_correlation_s": mt.correlation_s})})
+        "within_hour_correlation_s": mt.correlation_s, "idle_minute_share": min(0.99, mt.idle_share)})})
     served = measured.model_copy(update={"shape": ep.shape.model_copy(update={"input_tokens_mean": in_mean,
                                                                                "output_tokens_mean": out_mean})})
     prep = prepare_endpoint(inputs.model_copy(update={"endpoints": [served]}), served, GPU_KINDS)
@@ -208,28 +208,35 @@ def levels(args) -> None:
     sls = prep.sls
     T, cold, W = sls.planned_inflight, serverless_cold_start_s(ep), ep.serverless.scaledown_window_s
     lam = prep.demand.mean_rps
-    alpha = gamma_alpha_for_peak(min(20.0, max(1.0, pf)))
+    from topology.minute_factors import gamma_alpha_for_peak_with_idle
+
+    alpha = gamma_alpha_for_peak(min(20.0, max(1.0, pf)))  # the factor without idle minutes (the model before)
+    idle = served.traffic.idle_minute_share
+    alpha_idle = gamma_alpha_for_peak_with_idle(min(20.0, max(1.0, pf)), idle)
     buf = buffer_containers(prep.demand.peak_rps, sls.planning_rps, cold, served.serverless.max_containers_cap)
     tau = served.traffic.within_hour_correlation_s
     h0, h1 = int(START_H), int(START_H + args.hours)
     batch = np.full(len(lam), float(T))
     for _ in range(2):  # the plan's service time at the batch its containers see (topology/plan/options.py)
         S = service_time_s(served, sls, batch)
-        ch = expected_containers(lam, S, target_inputs=T, buffer_containers=buf, scaledown_window_s=W, alpha=alpha,
-                                 start_hour=h0, cluster_size=cluster, factor_correlation_s=tau)
+        ch = expected_containers(lam, S, target_inputs=T, buffer_containers=buf, scaledown_window_s=W,
+                                 alpha=alpha_idle, start_hour=h0, cluster_size=cluster, factor_correlation_s=tau,
+                                 idle_share=idle)
         batch = 1.0 + lam * S / np.maximum(ch.alive, 1.0)
     top = 6
     print(f"{args.trace} {args.rate:g} req/s {args.hours:g} h: target {T}, buffer {buf}, service {S[h0]:.1f} s, "
-          f"W {W:g} s, peak factor {pf:.2f}, cluster {cluster:.1f}, correlation {tau:.0f} s")
-    for t in (0.0, tau, 3600.0):
+          f"W {W:g} s, peak factor {pf:.2f}, cluster {cluster:.1f}, correlation {tau:.0f} s, idle minutes {idle:.3f}")
+    for t, p_idle in ((0.0, 0.0), (tau, 0.0), (3600.0, 0.0), (0.0, idle), (tau, idle)):
         prev, row = 0.0, []
         for K in range(1, top + 1):
             a = float(expected_containers(lam, S, target_inputs=T, buffer_containers=buf, scaledown_window_s=W,
-                                          alpha=alpha, start_hour=h0, max_containers=K, cluster_size=cluster,
-                                          factor_correlation_s=t).alive[h0:h1].mean())
+                                          alpha=alpha_idle if p_idle > 0 else alpha, start_hour=h0, max_containers=K,
+                                          cluster_size=cluster, factor_correlation_s=t,
+                                          idle_share=p_idle).alive[h0:h1].mean())
             row.append(a - prev)
             prev = a
-        print(f"  plan, correlation {t:4.0f} s: P(k-th alive) k = 1…{top}: " + " ".join(f"{x:.3f}" for x in row))
+        print(f"  plan, correlation {t:4.0f} s, idle share {p_idle:.3f}: P(k-th alive) k = 1…{top}: "
+              + " ".join(f"{x:.3f}" for x in row))
     t_arr, _ = _replayed(ep, trace, args.hours)
     # the plan with the replay's own minute rates for the factor (each minute's count over its hour's mean, in 32
     # equal-probability bins; Poisson noise left in) instead of the Gamma the peak factor sets
@@ -240,8 +247,8 @@ def levels(args) -> None:
     nodes, weights = nodes / nodes.mean(), np.full(32, 1 / 32)
     print(f"  the replay's minutes: {np.mean(counts == 0):.0%} with no request; the Gamma puts "
           f"{float(np.mean(sv.gamma_quadrature(alpha)[0] < 0.05)):.0%} of its nodes below 0.05 of the mean")
-    original = sv.gamma_quadrature
-    sv.gamma_quadrature = lambda a, n=32: (nodes, weights)
+    original = sv.factor_quadrature  # (memoised: the replay's nodes replace it, not gamma_quadrature under it)
+    sv.factor_quadrature = lambda a, p=0.0, n=32: (nodes, weights)
     sv.clear_memos()
     try:
         for t in (0.0, tau):
@@ -255,7 +262,7 @@ def levels(args) -> None:
             print(f"  plan, the replay's minute rates, correlation {t:4.0f} s: P(k-th alive) k = 1…{top}: "
                   + " ".join(f"{x:.3f}" for x in row))
     finally:
-        sv.gamma_quadrature = original
+        sv.factor_quadrature = original
         sv.clear_memos()
     for label in ("as replayed", "minutes shuffled"):
         if label == "minutes shuffled":

@@ -6,7 +6,8 @@ a spec as if it had won, its traffic replayed through the simulator, and the ser
 option's variable bill compared with the plan's for exactly those hours.
 
 The planner is told the within-hour burstiness and the token means the way a user would measure them: from the
-replayed arrivals' per-minute counts (`peak_factor_from_minute_counts`, `correlation_s_from_minute_counts`) and
+replayed arrivals' per-minute counts (`peak_factor_from_minute_counts`, `correlation_s_from_minute_counts`,
+`idle_share_from_minute_counts`) and
 the tokens they carry, not from the simulator's settings.
 """
 
@@ -28,6 +29,7 @@ from topology.plan.serverless import (
     CLUSTER_WINDOW_S,
     cluster_size_from_counts,
     correlation_s_from_minute_counts,
+    idle_share_from_minute_counts,
     peak_factor_from_minute_counts,
 )
 from topology.timebase import HOURS_PER_WEEK, MINUTES_PER_HOUR, SECONDS_PER_HOUR
@@ -117,6 +119,7 @@ class MeasuredTraffic:
     correlation_s: float  # traffic.within_hour_correlation_s
     input_tokens_mean: float
     output_tokens_mean: float
+    idle_share: float = 0.0  # traffic.idle_minute_share
 
 
 def measured_traffic(inputs: CostInputs, trace: Trace | None, start_h: float, end_h: float,
@@ -144,9 +147,10 @@ def measured_traffic(inputs: CostInputs, trace: Trace | None, start_h: float, en
     by_hour = minutes[: hours * MINUTES_PER_HOUR].reshape(hours, MINUTES_PER_HOUR)
     pf = peak_factor_from_minute_counts(by_hour, b)
     tau = correlation_s_from_minute_counts(by_hour, b)
+    idle = idle_share_from_minute_counts(by_hour, b, min(20.0, max(1.0, pf)))
     if n_req == 0:
-        return MeasuredTraffic(pf, b, tau, ep.shape.input_tokens_mean, ep.shape.output_tokens_mean)
-    return MeasuredTraffic(pf, b, tau, in_sum / n_req, out_sum / n_req)
+        return MeasuredTraffic(pf, b, tau, ep.shape.input_tokens_mean, ep.shape.output_tokens_mean, idle)
+    return MeasuredTraffic(pf, b, tau, in_sum / n_req, out_sum / n_req, idle)
 
 
 def check(
@@ -167,7 +171,8 @@ def check(
     ep = inputs.endpoints[0]
     ep = ep.model_copy(update={"traffic": ep.traffic.model_copy(update={
         "within_hour_peak_factor": min(20.0, max(1.0, mt.peak_factor)),
-        "arrival_cluster_size": min(1000.0, mt.cluster_size), "within_hour_correlation_s": mt.correlation_s})})
+        "arrival_cluster_size": min(1000.0, mt.cluster_size), "within_hour_correlation_s": mt.correlation_s,
+        "idle_minute_share": min(0.99, mt.idle_share)})})
     # the simulator replays the trace scaled to the stack's shape (then clipped to the product's limits); the
     # planner is told the token means as served (below the shape's p99s, which stay the stack's). A synthetic
     # week is drawn from the traffic inputs as given (those the measurement above saw), not from what was measured

@@ -59,6 +59,32 @@ def test_kernel_agrees_with_numpy_on_random_hours(seed):
     _assert_close(*_both(rate, mean, Q, up, k, B, W, wg, keep))
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_kernel_agrees_with_numpy_with_idle_minutes(seed):
+    """With idle minutes (traffic.idle_minute_share): a node at factor 0 of weight p before the active minutes'
+    Gamma nodes of weight (1 − p)/32 (unequal weights, a rate-0 node in every hour), kept or not."""
+    rng = np.random.default_rng(100 + seed)
+    H = int(rng.integers(1, 30))
+    p = float(rng.uniform(0.05, 0.9))
+    alpha = None if seed == 0 else float(rng.uniform(0.5, 20))
+    g, wg = sv.factor_quadrature(alpha, p)
+    assert g[0] == 0.0 and wg[0] == pytest.approx(p)
+    lam = 10 ** rng.uniform(-3, 2.5, H)
+    S = 10 ** rng.uniform(-1, 1.3, H)
+    B = float(rng.choice([1.0, 2.0]))
+    rate = lam[:, None, None] * g[None, None, :] / B
+    mean = rate * S[:, None, None]
+    Q = np.round(rng.choice([0.0, 0.0, 10.0, 80.0]) * rng.random(H))
+    K = int(rng.integers(1, 200))
+    T = int(rng.integers(1, 9))
+    b = int(rng.integers(0, 3))
+    k, _ = sv._level_grid(K)
+    up = np.where(k <= b, k, np.maximum(T * (k - 1 - b) + 1, k))
+    W = float(rng.choice([60.0, 120.0, 600.0]))
+    keep = float(rng.choice([0.0, 0.9]))
+    _assert_close(*_both(rate, mean, Q, up, k, B, W, wg, keep))
+
+
 def test_kernel_agrees_where_values_underflow():
     """Levels far above and far below the mean (P(N = L − 1) below the least double, P(N < L) exactly 0 or 1):
     the kernel's shortcuts there give what numpy's full arithmetic gives."""

@@ -182,6 +182,20 @@ class Traffic(_Inputs):
             "(Azure code at 0.3 req/s 106-123)."
         ),
     )
+    idle_minute_share: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description=(
+            "Share of minutes in which the endpoint gets no request beyond what Poisson noise explains (clients "
+            "that come and go): the within-hour rate is 0 in them, and the busiest minute "
+            "(within_hour_peak_factor) is that of the minutes with traffic. Measurable from the gateway's request "
+            "log: the share of empty minutes beyond those Poisson arrivals at the within-hour rate leave "
+            "(topology.plan.serverless.idle_share_from_minute_counts). Default 0: every minute's rate from the "
+            "within-hour factor alone (the simulator's synthetic and rate-trace weeks); the bundled Azure code "
+            "trace replayed at 0.3 req/s measures about 0.6."
+        ),
+    )
     rate_trace: RateTrace | None = Field(
         default=None,
         description="Derive the profile from a rate trace instead (resolved by topology.load_inputs before planning).",

@@ -33,12 +33,13 @@ from .schedule import (
     prices_for,
     solve_floor_problems,
 )
-from .serverless import buffer_containers, expected_containers, gamma_alpha_for_peak, service_time_s
+from .serverless import buffer_containers, expected_containers, service_time_s
+from ..minute_factors import gamma_alpha_for_peak_with_idle
 from .limits import SpikeWarm, spike_warm_for
 from .timing import herd_limits, lead_time_s, serverless_cold_start_s, ttft_budget_s
 
 # α of the minute factors from the peak factor is a bisection; every option of an endpoint asks for the same one
-_alpha_of_peak = functools.lru_cache(maxsize=256)(gamma_alpha_for_peak)
+_alpha_of_peak = functools.lru_cache(maxsize=256)(gamma_alpha_for_peak_with_idle)
 
 
 def _previous_hour(x: np.ndarray) -> np.ndarray:
@@ -90,7 +91,8 @@ def serverless_usd_by_hour(
     lead_s = math.ceil(cold / SECONDS_PER_MINUTE) * SECONDS_PER_MINUTE
     cap = max(1, min(ep.serverless.max_containers_cap, max_containers))  # the BurstSpec's planned max_containers
     target = sls.planned_inflight  # its target_inputs
-    alpha = _alpha_of_peak(ep.traffic.within_hour_peak_factor)
+    idle = ep.traffic.idle_minute_share
+    alpha = _alpha_of_peak(ep.traffic.within_hour_peak_factor, idle)
     window = ep.serverless.scaledown_window_s
     if tier == "serverless_only":
         buffer = buffer_containers(demand.peak_rps, sls.planning_rps, cold, cap)
@@ -102,7 +104,8 @@ def serverless_usd_by_hour(
                                      scaledown_window_s=window, alpha=alpha, warm_min=warm_min, max_containers=cap,
                                      start_hour=start_hour, cluster_size=ep.traffic.arrival_cluster_size,
                                      startup=(cold, float(service_time_s(ep, sls, 1))),
-                                     factor_correlation_s=ep.traffic.within_hour_correlation_s, warm_lead_s=lead_s)
+                                     factor_correlation_s=ep.traffic.within_hour_correlation_s, warm_lead_s=lead_s,
+                                     idle_share=idle)
             batch = 1.0 + demand.mean_rps * service / np.maximum(ch.alive, 1.0)
     else:
         # the gateway sends to burst what the floor's replicas × overflow threshold places cannot hold
@@ -116,7 +119,8 @@ def serverless_usd_by_hour(
                                  scaledown_window_s=window, alpha=alpha, warm_min=warm_min, max_containers=cap,
                                  start_hour=start_hour, cluster_size=ep.traffic.arrival_cluster_size,
                                  floor_service_line=line, startup=(cold, float(service_time_s(ep, sls, 1))),
-                                 factor_correlation_s=ep.traffic.within_hour_correlation_s, warm_lead_s=lead_s)
+                                 factor_correlation_s=ep.traffic.within_hour_correlation_s, warm_lead_s=lead_s,
+                                 idle_share=idle)
     # billed launch to stop: the time alive, plus each launch's cold start before it serves
     return (ch.alive + ch.launches * cold / 3600.0) * pr.serverless_container_hour
 

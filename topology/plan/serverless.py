@@ -12,7 +12,14 @@ bills its cold start on top. The expected value follows from the arrival process
 
 1. In flight. Requests arrive as a Poisson process whose rate in each minute is the hour's mean × a factor g,
    g ~ Gamma(α, 1/α) (mean 1; independent per minute, or persisting: step 3), α set so the busiest of 60 minutes is
-   `traffic.within_hour_peak_factor` × the mean (Wilson–Hilferty, the simulator's definition). Each request
+   `traffic.within_hour_peak_factor` × the mean (Wilson–Hilferty, the simulator's definition). Idle minutes
+   (`traffic.idle_minute_share` p > 0: clients that come and go, minutes with no request that Poisson noise does
+   not explain) make it a mixture: g = 0 with probability p, else G/(1 − p) with G ~ Gamma(α, 1/α), so E g = 1
+   still. The peak factor keeps its meaning, the busiest minute of the hour over the hour's mean: that is the
+   busiest of the n = 60·(1 − p) active minutes, G's n/(n + 1) quantile (the rule that reads the largest of 60 at
+   60/61) over 1 − p, and α solves (1 − 1/(9α) + z_n/(3√α))³ = peak × (1 − p), z_n = Φ⁻¹(n/(n + 1))
+   (minute_factors.gamma_alpha_for_peak_with_idle; the active minutes flat where peak × (1 − p) ≤ 1). The node at
+   g = 0 is a minute with no request: every level is left and stops a window after its last request. Each request
    holds its place for its service time S (prefill + output × decode gap at the container's batch), so in a
    minute at rate λg the number in flight is Poisson(λ·g·S) (M/G/∞). With a floor in front, the gateway
    overflows to serverless only what the floor's Q = replicas × overflow_inflight_per_replica places cannot
@@ -89,6 +96,21 @@ def gamma_quadrature(alpha: float | None, n: int = QUADRATURE_NODES) -> tuple[np
         g = np.maximum(1 - 1 / (9 * alpha) + z / (3 * math.sqrt(alpha)), 0.0) ** 3
         g, w = g / g.mean(), np.full(n, 1.0 / n)
     g.flags.writeable = w.flags.writeable = False  # cached: shared by every call
+    return g, w
+
+
+@functools.lru_cache(maxsize=64)
+def factor_quadrature(alpha: float | None, idle_share: float = 0.0, n: int = QUADRATURE_NODES
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes and weights of the minute factor with a share p = idle_share of idle minutes (step 1): a node at 0 of
+    weight p, then the active minutes' Gamma nodes (gamma_quadrature) × 1/(1 − p) of weight (1 − p)/n each, so
+    the factor's mean stays 1. p = 0: gamma_quadrature(alpha) itself."""
+    if idle_share <= 0.0:
+        return gamma_quadrature(alpha, n)
+    g, w = gamma_quadrature(alpha, n)
+    g = np.concatenate([[0.0], g / (1.0 - idle_share)])
+    w = np.concatenate([[idle_share], w * (1.0 - idle_share)])
+    g.flags.writeable = w.flags.writeable = False
     return g, w
 
 
@@ -268,6 +290,7 @@ def expected_containers(
     warm_min: np.ndarray | int = 0, max_containers: int | None = None, start_hour: int | None = None,
     cluster_size: float = 1.0, floor_service_line: tuple[float, float, np.ndarray, int] | None = None,
     startup: tuple[float, float] | None = None, factor_correlation_s: float = 0.0, warm_lead_s: float = 0.0,
+    idle_share: float = 0.0,
 ) -> ContainerHours:
     """Expected containers alive and launches in each hour (see the module docstring for the derivation).
 
@@ -288,6 +311,9 @@ def expected_containers(
     warm_lead_s: how long before its hour a rise of the warm minimum is deployed (the burst schedule's windows
     start a whole number of minutes ahead, topology/windows.py): the containers it launches then (the levels up
     to the new minimum that were off at the end of the hour before) are billed that long in the hour before.
+    idle_share: the share p of minutes with no request (`traffic.idle_minute_share`): the factor is 0 in them and
+    the Gamma of α (already solved for the peak factor with p, gamma_alpha_for_peak_with_idle) over 1 − p in the
+    others (step 1, factor_quadrature); 0: every minute's factor from the Gamma.
 
     A pure function of its arguments, memoised on them (`_CALLS`): the planner asks again for the same
     endpoint's week (copies of an endpoint, candidate schedules that land on the same floor). The returned
@@ -296,7 +322,7 @@ def expected_containers(
     key = (_key_array(rate_rps), _key_array(service_s), _key_array(floor_inflight), int(target_inputs),
            int(buffer_containers), float(scaledown_window_s), alpha, _key_array(warm_min),
            max_containers, start_hour, float(cluster_size), startup, float(factor_correlation_s), float(warm_lead_s),
-           None if line is None else (float(line[0]), float(line[1]), _key_array(line[2]), int(line[3])))
+           float(idle_share), None if line is None else (float(line[0]), float(line[1]), _key_array(line[2]), int(line[3])))
     hit = _CALLS.get(key)
     if hit is None:
         hit = _expected_containers(rate_rps, service_s, floor_inflight=floor_inflight, target_inputs=target_inputs,
@@ -304,7 +330,7 @@ def expected_containers(
                                    alpha=alpha, warm_min=warm_min, max_containers=max_containers,
                                    start_hour=start_hour, cluster_size=cluster_size, floor_service_line=line,
                                    startup=startup, factor_correlation_s=factor_correlation_s,
-                                   warm_lead_s=warm_lead_s)
+                                   warm_lead_s=warm_lead_s, idle_share=idle_share)
         hit.alive.flags.writeable = hit.launches.flags.writeable = False
         _remember(_CALLS, key, hit, MEMO_CALLS)
     return hit
@@ -354,6 +380,7 @@ def _level_grid(K: int) -> tuple[np.ndarray, np.ndarray]:
 def _expected_containers(
     rate_rps, service_s, *, floor_inflight, target_inputs, buffer_containers, scaledown_window_s, alpha, warm_min,
     max_containers, start_hour, cluster_size, floor_service_line, startup, factor_correlation_s, warm_lead_s=0.0,
+    idle_share=0.0,
 ) -> ContainerHours:
     lam = np.atleast_1d(np.asarray(rate_rps, dtype=float))
     H = lam.shape[0]
@@ -361,8 +388,9 @@ def _expected_containers(
     Q = np.broadcast_to(np.asarray(floor_inflight, dtype=float), (H,)).round()
     warm = np.broadcast_to(np.asarray(warm_min), (H,)).astype(int)
     T, b, W = max(1, int(target_inputs)), max(0, int(buffer_containers)), float(scaledown_window_s)
-    g, wg = gamma_quadrature(alpha)
-    keep = factor_keep(factor_correlation_s) if alpha is not None else 0.0
+    p_idle = min(max(float(idle_share), 0.0), 1.0 - 1e-9)
+    g, wg = factor_quadrature(alpha, p_idle)
+    keep = factor_keep(factor_correlation_s) if alpha is not None or p_idle > 0 else 0.0
     # levels that can matter: up to mean + 10 sd of in flight at the largest g, in the busiest hour
     m_top = float((lam * S).max(initial=0.0) * g.max())
     order = (np.tile(np.arange(H), WARMUP_WEEKS + 1) if start_hour is None else np.arange(start_hour, H))
@@ -408,8 +436,8 @@ def _expected_containers(
     # its last request like any other, not at once (it was 1 per minute here: the plan billed none of those W)
     p_off = np.full((H, len(k)), -math.expm1(-SECONDS_PER_MINUTE / max(W, 1e-9)))
     if act.size:
-        p_on[act], p_off[act] = _switching_rows(act, lam, S, Q, reps_key, rate, mean, up, k, K, T, b, B, W, alpha,
-                                                line_key, wg, keep)
+        p_on[act], p_off[act] = _switching_rows(act, lam, S, Q, reps_key, rate, mean, up, k, K, T, b, B, W,
+                                                (alpha, p_idle), line_key, wg, keep)
     # each level a two-state chain by minute; closed form over an hour's 60 steps
     tot = p_on + p_off
     star = np.where(tot > 0, p_on / np.maximum(tot, 1e-300), 0.0)
@@ -838,6 +866,52 @@ def correlation_s_from_minute_counts(counts: np.ndarray, cluster_size: float = 1
         lo, hi = (mid, hi) if expected_ratio(mid) < ratio else (lo, mid)
     r = 0.5 * (lo + hi)
     return -SECONDS_PER_MINUTE / math.log(r) if r > 0 else 0.0
+
+
+IDLE_NOISE_SD = 2.0  # empty minutes beyond the Gamma's within this many standard deviations of its count: noise
+
+
+def idle_share_from_minute_counts(counts: np.ndarray, cluster_size: float = 1.0, peak_factor: float = 1.0) -> float:
+    """`traffic.idle_minute_share` measured from a request log: counts[h, m] = requests in minute m of hour h, with
+    the log's arrival_cluster_size B and within_hour_peak_factor. The share p of idle minutes is the one with which
+    the plan's own factor (step 1: 0 in a share p of minutes, else G/(1 − p) with G ~ Gamma(α_p, 1/α_p) keeping
+    the peak factor) leaves as many minutes empty as the log shows: at an hour's mean c̄ a minute is empty with
+    probability p + (1 − p)·(1 + c̄/(B·(1 − p)·α_p))^(−α_p) (the Gamma's Laplace transform; e^(−c̄/(B(1 − p)))
+    where the active minutes are flat), summed over the hours with traffic (c̄ ≥ 1, as
+    peak_factor_from_minute_counts) against their empty minutes. 0 where the Gamma alone leaves as many, or where
+    the empty minutes beyond it are within IDLE_NOISE_SD binomial standard deviations of its count (noise: the model
+    then stops levels in idle minutes that are not there; a ServeGen week at 0.3 req/s reads 5e-5).
+
+    Not the excess over Poisson at each hour's mean alone: a bursty rate leaves minutes empty by itself (a
+    Gamma(2) rate at 3 requests a minute 16% of them, Poisson at the mean 5%), and that excess would count them
+    twice, once in the Gamma and once as idle minutes. At 18 requests a minute and a peak factor of 7.3 (Azure
+    code replayed at 0.3 req/s) the Gamma alone leaves 30% empty against the replay's 61%."""
+    from ..minute_factors import gamma_alpha_for_peak_with_idle
+
+    c = np.asarray(counts, dtype=float)
+    mean = c.mean(axis=1)
+    busy = mean >= 1.0
+    if not busy.any():
+        return 0.0
+    seen = float((c[busy] == 0).mean())
+    per = mean[busy] / max(1.0, float(cluster_size))
+
+    def excess(p: float) -> float:
+        a = gamma_alpha_for_peak_with_idle(peak_factor, p)
+        act = per / (1.0 - p)
+        empty = np.exp(-act) if a is None else (1.0 + act / a) ** -a
+        return float(np.mean(p + (1.0 - p) * empty)) - seen
+
+    a0 = gamma_alpha_for_peak_with_idle(peak_factor, 0.0)
+    e0 = np.exp(-per) if a0 is None else (1.0 + per / a0) ** -a0
+    n = c.shape[1]
+    if (seen - float(np.mean(e0))) * n * e0.size <= IDLE_NOISE_SD * math.sqrt(float(np.sum(n * e0 * (1.0 - e0)))):
+        return 0.0
+    lo, hi = 0.0, 0.999
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if excess(mid) < 0.0 else (lo, mid)
+    return 0.5 * (lo + hi)
 
 
 MAX_CORRELATION_S = 3600.0  # `traffic.within_hour_correlation_s`'s upper limit: a within-hour factor
