@@ -5,7 +5,8 @@ token counts, produced in time-ordered chunks so a week of millions of requests 
 
 - synthetic: the hour-of-week profile, each minute's rate multiplied by a Gamma(α, 1/α) factor (mean 1)
   whose α makes the busiest of an hour's 60 minutes ≈ `within_hour_peak_factor` × the hour's mean (kept
-  from one minute to the next with probability e^(−60/τ), τ = `within_hour_correlation_s`, 0 by default);
+  from one minute to the next with probability e^(−60/τ), τ = `within_hour_correlation_s`, 0 by default; 0 in
+  a share `idle_minute_share` of minutes, the Gamma then that of the minutes with traffic, as the planner reads it);
   Poisson arrivals inside each minute; token counts lognormal, fitted to the shape's mean and p99.
 - per-request traces (Azure 2023 CSV, Mooncake JSONL): the trace's arrival pattern is time-rescaled onto
   the endpoint's hour-of-week rate (arrival k of the tiled trace lands where the week's cumulative expected
@@ -31,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from topology.inputs import EndpointInputs
-from topology.minute_factors import factor_keep, gamma_alpha_for_peak
+from topology.minute_factors import factor_keep, gamma_alpha_for_peak, gamma_alpha_for_peak_with_idle
 from topology.loading import InputError
 from topology.timebase import HOURS_PER_WEEK, MINUTES_PER_HOUR, MINUTES_PER_WEEK, SECONDS_PER_MINUTE
 from topology.reading import loads_json, open_text_lines
@@ -194,11 +195,23 @@ def minute_rates(ep: EndpointInputs, trace: Trace | None) -> tuple[np.ndarray, f
         hours = base.reshape(HOURS_PER_WEEK, MINUTES_PER_HOUR)
         hmean = hours.mean(axis=1)
         shown = float(np.mean(hours.max(axis=1)[hmean > 0] / hmean[hmean > 0])) if (hmean > 0).any() else 1.0
-        return base, gamma_alpha_for_peak(pf / shown)
+        return base, _alpha(pf / shown, ep.traffic.idle_minute_share)
     base = np.repeat(profile, 60)
     if isinstance(trace, RequestTrace):
         return base, None  # the trace carries its own burstiness
-    return base, gamma_alpha_for_peak(pf)
+    return base, _alpha(pf, ep.traffic.idle_minute_share)
+
+
+FLAT = float("inf")  # α of minutes with traffic that all run at one rate (the idle share alone makes the peak)
+
+
+def _alpha(peak_factor: float, idle_share: float) -> float | None:
+    """The Gamma α of the minutes with traffic, as the planner reads the two inputs (topology/minute_factors.py);
+    FLAT where the idle share alone reaches the peak factor."""
+    if idle_share <= 0:
+        return gamma_alpha_for_peak(peak_factor)
+    a = gamma_alpha_for_peak_with_idle(peak_factor, idle_share)
+    return FLAT if a is None else a
 
 
 def _clip_tokens(ep: EndpointInputs, ins: np.ndarray, outs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -260,7 +273,12 @@ def arrivals(
     rates = base[mins % MINUTES_PER_WEEK]
     if alpha is not None:
         # one Gamma factor per minute, renormalised within each hour so the hour keeps its mean
-        g = rng.gamma(alpha, 1.0 / alpha, size=len(mins))
+        g = rng.gamma(alpha, 1.0 / alpha, size=len(mins)) if alpha != FLAT else np.ones(len(mins))
+        if ep.traffic.idle_minute_share > 0:
+            # a share of minutes with no request (`traffic.idle_minute_share`), the rest's factor scaled so the
+            # hour keeps its mean (below), as the planner's zero node; drawn with the factor, so a minute that
+            # keeps its factor (next) stays idle; the extra draws only then, so a week without it replays as before
+            g = np.where(rng.random(len(mins)) < ep.traffic.idle_minute_share, 0.0, g)
         if ep.traffic.within_hour_correlation_s > 0:
             # a minute keeps the previous minute's factor with probability e^(−60/τ), as the planner reads
             # `traffic.within_hour_correlation_s` (topology/minute_factors.py); the extra draws only
@@ -271,7 +289,9 @@ def arrivals(
         hour = (mins // 60) - (first_min // 60)
         sums = np.bincount(hour, weights=g)
         counts = np.bincount(hour)
-        g = g / (sums[hour] / counts[hour])
+        mean_g = sums[hour] / counts[hour]
+        # an hour drawn all idle (p⁶⁰ of them) keeps its mean flat: the profile's hour mean is the input
+        g = np.where(mean_g > 0, g / np.where(mean_g > 0, mean_g, 1.0), 1.0)
         rates = rates * g
     if spike is not None:
         mid = (mins + 0.5) * 60.0

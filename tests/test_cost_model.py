@@ -407,6 +407,35 @@ def test_a_synthetic_week_keeps_its_minute_factor_when_told(root):
     assert 200.0 < tau < 900.0
 
 
+@pytest.mark.parametrize("share,peak", [(0.4, 3.0), (0.6, 2.0)])
+def test_a_synthetic_week_has_the_idle_minutes_it_is_told(root, share, peak):
+    """`traffic.idle_minute_share` reaches the simulator's synthetic week as the planner reads it: at 10 req/s
+    (600 requests a minute: Poisson noise and the Gamma leave no minute empty) the share of empty minutes is the
+    input, each hour keeps its mean (its factors scaled to mean 1), and the minutes with traffic spread as the
+    planner's Gamma for them (topology/minute_factors.gamma_alpha_for_peak_with_idle; at 0.6 idle the minutes with
+    traffic, at 2.5× the mean, already exceed a peak of 2: flat). 24 hours, 1,440 minutes: the share's binomial
+    spread is ±0.013."""
+    from simulator.traffic import arrivals
+
+    inputs = load_inputs(root / "stacks/Pulumi.dev.yaml")
+    ep = inputs.endpoints[0]
+    ep = ep.model_copy(update={"traffic": ep.traffic.model_copy(update={
+        "hourly_mean_requests_per_s": [10.0] * 168, "within_hour_peak_factor": peak, "idle_minute_share": share})})
+    counts = np.zeros(24 * 60)
+    for ch in arrivals(ep, None, 0.0, 24 * 3600.0, np.random.default_rng(7)):
+        counts += np.bincount((ch.arrival_s // 60).astype(int), minlength=24 * 60)[: 24 * 60]
+    assert np.mean(counts == 0) == pytest.approx(share, abs=0.04)
+    by_hour = counts.reshape(24, 60)
+    assert by_hour.sum(axis=1) == pytest.approx(np.full(24, 36_000.0), rel=0.02)
+    # the minutes with traffic spread as the planner's Gamma for them: (Var − mean) / mean² = 1/α, Poisson removed
+    alpha = gamma_alpha_for_peak_with_idle(peak, share)
+    excess = [(h[h > 0].var(ddof=1) - h[h > 0].mean()) / h[h > 0].mean() ** 2 for h in by_hour]
+    if alpha is None:  # 0.6 idle: the minutes with traffic all at 2.5× the mean, Poisson noise alone
+        assert abs(float(np.mean(excess))) < 0.01
+    else:
+        assert float(np.mean(excess)) == pytest.approx(1 / alpha, rel=0.25)
+
+
 def test_cluster_size_of_bunched_arrivals():
     rng = np.random.default_rng(0)
     bunches = rng.poisson(2.0, size=(600, 6))  # bunches per 10-second window, rate constant in each minute
