@@ -194,16 +194,6 @@ local function top_level_keys(body)
 end
 
 local LIMIT_FIELDS = { "max_tokens", "max_completion_tokens" }
-local salts = {}
-local function salt_from_env(name)
-  local v = salts[name]
-  if v == nil then
-    v = os.getenv(name) or ""
-    salts[name] = v
-  end
-  return v
-end
-
 local function json_string(s)
   return '"' .. s:gsub('[%c"\\]', function(c)
     if c == '"' then return '\\"' elseif c == "\\" then return "\\\\" end
@@ -211,12 +201,13 @@ local function json_string(s)
   end) .. '"'
 end
 
--- '"cache_salt":"<the tenant's salt>"', built once per salt (the environment does not change under a process)
+-- '"cache_salt":"<the tenant's salt>"' from the salt's environment variable, built once per variable (the
+-- environment does not change under a process)
 local salt_members = {}
 local function salt_member(env)
   local m = salt_members[env]
   if not m then
-    m = '"cache_salt":' .. json_string(salt_from_env(env))
+    m = '"cache_salt":' .. json_string(os.getenv(env) or "")
     salt_members[env] = m
   end
   return m
@@ -234,15 +225,18 @@ end
 local idem = {}
 local idem_serial = 0
 local MAX_IDEM_KEY = 255
+local function idem_drop(tb, key)  -- keys (expiry) and claim (its number) are kept in step
+  tb.keys[key] = nil; tb.claim[key] = nil; tb.n = tb.n - 1
+end
 local function idem_claim(tenant, key, cap, ttl_ms, t)
   local tb = idem[tenant]
   if not tb then tb = { n = 0, keys = {}, claim = {} } idem[tenant] = tb end
   local exp = tb.keys[key]
   if exp and exp > t then return "busy" end
-  if exp then tb.keys[key] = nil; tb.claim[key] = nil; tb.n = tb.n - 1 end
+  if exp then idem_drop(tb, key) end
   if tb.n >= cap then
     for k, e in pairs(tb.keys) do
-      if e <= t then tb.keys[k] = nil; tb.claim[k] = nil; tb.n = tb.n - 1 end
+      if e <= t then idem_drop(tb, k) end  -- clearing a field while pairs walks the table is allowed
     end
     if tb.n >= cap then return "full" end
   end
@@ -255,9 +249,7 @@ end
 local function idem_release(claim)
   local tenant, serial, key = claim:match("^([^\n]*)\n(%d+)\n(.*)$")
   local tb = tenant and idem[tenant]
-  if tb and tb.keys[key] and tb.claim[key] == tonumber(serial) then
-    tb.keys[key] = nil; tb.claim[key] = nil; tb.n = tb.n - 1
-  end
+  if tb and tb.keys[key] and tb.claim[key] == tonumber(serial) then idem_drop(tb, key) end
 end
 -- http-request lua.llm_idem_release: frees the claim of a request that a later rule answers itself (it never
 -- reaches the llm filter's end_analyze); unsets txn.idem so nothing releases it twice

@@ -139,6 +139,19 @@ CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache" / "sdk-bytecode" /
 LOADER_VERSION = b"lazy-annotations-1\0"
 
 
+def _cached_code(cache: Path, header: bytes) -> types.CodeType | None:
+    """The code cached under `header`; None when the file is absent, unreadable, of another header or damaged
+    (a body that is not code under a good header included): the caller compiles afresh."""
+    try:
+        data = cache.read_bytes()
+        if data[: len(header)] != header:
+            return None
+        code = marshal.loads(memoryview(data)[len(header):])
+    except (OSError, ValueError, EOFError, TypeError):
+        return None
+    return code if isinstance(code, types.CodeType) else None
+
+
 class LazyAnnotationsLoader(importlib.machinery.SourceFileLoader):
     """A source file compiled with `from __future__ import annotations` in effect, its bytecode cached in
     CACHE_DIR (valid for the interpreter's magic number, the optimisation level and the source's path,
@@ -153,14 +166,9 @@ class LazyAnnotationsLoader(importlib.machinery.SourceFileLoader):
                   + struct.pack("<qqb", st.st_mtime_ns, st.st_size, sys.flags.optimize)
                   + os.fsencode(source_path) + b"\0")
         cache = CACHE_DIR / f"{fullname}.{hashlib.sha256(os.fsencode(source_path)).hexdigest()[:16]}.pyc"
-        try:
-            data = cache.read_bytes()
-            if data[: len(header)] == header:
-                code = marshal.loads(memoryview(data)[len(header):])
-                if isinstance(code, types.CodeType):
-                    return code  # else a damaged body under a good header: compiled afresh below
-        except (OSError, ValueError, EOFError, TypeError):
-            pass  # absent, unreadable or damaged: compiled afresh below
+        code = _cached_code(cache, header)
+        if code is not None:
+            return code
         writable = False
         if not sys.dont_write_bytecode:
             try:

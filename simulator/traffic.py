@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from topology.inputs import EndpointInputs
-from topology.minute_factors import factor_keep, gamma_alpha_for_peak, gamma_alpha_for_peak_with_idle
+from topology.minute_factors import factor_keep, gamma_alpha_for_peak_with_idle
 from topology.loading import InputError
 from topology.timebase import HOURS_PER_WEEK, MINUTES_PER_HOUR, MINUTES_PER_WEEK, SECONDS_PER_MINUTE
 from topology.reading import loads_json, open_text_lines
@@ -207,11 +207,10 @@ FLAT = float("inf")  # α of minutes with traffic that all run at one rate (the 
 
 def _alpha(peak_factor: float, idle_share: float) -> float | None:
     """The Gamma α of the minutes with traffic, as the planner reads the two inputs (topology/minute_factors.py);
-    FLAT where the idle share alone reaches the peak factor."""
-    if idle_share <= 0:
-        return gamma_alpha_for_peak(peak_factor)
+    without idle minutes None (no factor at all) where the peak factor is 1, FLAT where the idle share alone
+    reaches the peak factor."""
     a = gamma_alpha_for_peak_with_idle(peak_factor, idle_share)
-    return FLAT if a is None else a
+    return FLAT if a is None and idle_share > 0 else a
 
 
 def _clip_tokens(ep: EndpointInputs, ins: np.ndarray, outs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -16,8 +16,9 @@ from topology.plan import erlang_c
 from simulator.drills import peak_hour
 from simulator.engine import Engine, EndpointSim, Overrides
 from simulator.traffic import (
-    Chunk, RateTrace, RequestTrace, Spike, arrivals, gamma_alpha_for_peak, lognormal_params, load_trace,
+    Chunk, RateTrace, RequestTrace, Spike, arrivals, lognormal_params, load_trace,
 )
+from topology.minute_factors import gamma_alpha_for_peak
 from simulator.simulate import (
     COST_TOLERANCE_FRACTION, GOODPUT_TARGET, compare_with_plan, format_plan_check, plot_week, simulate_endpoint,
     simulate_week, summary,

@@ -11,23 +11,29 @@ from statistics import NormalDist
 Z_PEAK_MINUTE = 2.13  # standard normal quantile at 60/61: the expected largest of 60 draws
 
 
-def busiest_minute_factor(alpha: float) -> float:
-    """The expected busiest of 60 Gamma(α, 1/α) minute factors over their mean (Wilson–Hilferty)."""
-    return (1 - 1 / (9 * alpha) + Z_PEAK_MINUTE / (3 * math.sqrt(alpha))) ** 3
+def busiest_minute_factor(alpha: float, z: float = Z_PEAK_MINUTE) -> float:
+    """The expected busiest of 60 Gamma(α, 1/α) minute factors over their mean (Wilson–Hilferty); with z, the
+    Gamma's quantile at that standard normal quantile."""
+    return (1 - 1 / (9 * alpha) + z / (3 * math.sqrt(alpha))) ** 3
+
+
+def _alpha_for_busiest(target: float, z: float, lo: float) -> float:
+    """The α ≥ lo at which busiest_minute_factor(α, z) is `target`, by bisection in log α (it falls with α there)."""
+    hi = 1e7
+    for _ in range(100):
+        mid = math.sqrt(lo * hi)
+        if busiest_minute_factor(mid, z) > target:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def gamma_alpha_for_peak(peak_factor: float) -> float | None:
     """α of a mean-1 Gamma whose expected largest of 60 draws is `peak_factor` (Wilson–Hilferty); None = flat."""
     if peak_factor <= 1.0 + 1e-9:
         return None
-    lo, hi = 0.05, 1e7
-    for _ in range(100):
-        mid = math.sqrt(lo * hi)
-        if busiest_minute_factor(mid) > peak_factor:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return _alpha_for_busiest(peak_factor, Z_PEAK_MINUTE, 0.05)
 
 
 def factor_keep(correlation_s: float) -> float:
@@ -58,19 +64,9 @@ def gamma_alpha_for_peak_with_idle(peak_factor: float, idle_share: float) -> flo
     if target <= 1.0 + 1e-9:
         return None
     z = active_minute_z(idle_share)
-
-    def busiest(alpha: float) -> float:
-        return (1 - 1 / (9 * alpha) + z / (3 * math.sqrt(alpha))) ** 3
-
     # the transform falls with α only above 4/(9z²), where it peaks at (1 + z²/4)³: a larger target is taken there
     # (the most bursty Gamma Wilson–Hilferty reads)
-    lo, hi = 4.0 / (9.0 * z * z), 1e7
-    if target >= busiest(lo):
+    lo = 4.0 / (9.0 * z * z)
+    if target >= busiest_minute_factor(lo, z):
         return lo
-    for _ in range(100):
-        mid = math.sqrt(lo * hi)
-        if busiest(mid) > target:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return _alpha_for_busiest(target, z, lo)

@@ -69,7 +69,7 @@ from statistics import NormalDist
 import numpy as np
 
 from ..inputs import EndpointInputs
-from ..minute_factors import busiest_minute_factor, factor_keep, gamma_alpha_for_peak
+from ..minute_factors import busiest_minute_factor, factor_keep, gamma_alpha_for_peak, gamma_alpha_for_peak_with_idle
 from ..timebase import MINUTES_PER_HOUR, SECONDS_PER_HOUR, SECONDS_PER_MINUTE
 from .placement import Placement
 
@@ -322,7 +322,8 @@ def expected_containers(
     key = (_key_array(rate_rps), _key_array(service_s), _key_array(floor_inflight), int(target_inputs),
            int(buffer_containers), float(scaledown_window_s), alpha, _key_array(warm_min),
            max_containers, start_hour, float(cluster_size), startup, float(factor_correlation_s), float(warm_lead_s),
-           float(idle_share), None if line is None else (float(line[0]), float(line[1]), _key_array(line[2]), int(line[3])))
+           float(idle_share),
+           None if line is None else (float(line[0]), float(line[1]), _key_array(line[2]), int(line[3])))
     hit = _CALLS.get(key)
     if hit is None:
         hit = _expected_containers(rate_rps, service_s, floor_inflight=floor_inflight, target_inputs=target_inputs,
@@ -813,10 +814,10 @@ def peak_factor_from_minute_counts(counts: np.ndarray, cluster_size: float = 1.0
     1 for Poisson), i.e. 1/α = (Var − B·c̄)/c̄², averaged over the hours with traffic, then turned into the
     busiest-minute factor the input means. Read within each hour, around that hour's own mean, on purpose: the
     plan multiplies the hour-of-week profile's mean by the factor, so the part of a slowly drifting rate that
-    moves the hour's mean is in the profile already. Corrected to the factor's whole variance for a persisting
-    factor (÷ n(1 − V)/(n − 1), V the hour mean's share of it: at τ = 10 min a peak of 3 reads 2.68 without it)
-    the bundled replays' week-long drifts (Azure conversation at 3 req/s: τ ≈ 44 min) were counted twice, and its
-    3-hour cell in tests/test_cost_model.py planned 11% over the simulated bill."""
+    moves the hour's mean is in the profile already. A persisting factor therefore reads lower than its whole
+    variance (at τ = 10 min a peak of 3 reads 2.68); correcting for that (÷ n(1 − V)/(n − 1), V the hour mean's
+    share of the variance) counted the bundled replays' slow drifts twice (Azure conversation at 3 req/s:
+    τ ≈ 44 min), and its 3-hour cell in tests/test_cost_model.py planned 11% over the simulated bill."""
     c = np.asarray(counts, dtype=float)
     mean = c.mean(axis=1)
     busy = mean >= 1.0
@@ -891,8 +892,6 @@ def idle_share_from_minute_counts(counts: np.ndarray, cluster_size: float = 1.0,
     Gamma(2) rate at 3 requests a minute 16% of them, Poisson at the mean 5%), and that excess would count them
     twice, once in the Gamma and once as idle minutes. At 18 requests a minute and a peak factor of 7.3 (Azure
     code replayed at 0.3 req/s) the Gamma alone leaves 30% empty against the replay's 61%."""
-    from ..minute_factors import gamma_alpha_for_peak_with_idle
-
     c = np.asarray(counts, dtype=float)
     mean = c.mean(axis=1)
     busy = mean >= 1.0
@@ -901,14 +900,16 @@ def idle_share_from_minute_counts(counts: np.ndarray, cluster_size: float = 1.0,
     seen = float((c[busy] == 0).mean())
     per = mean[busy] / max(1.0, float(cluster_size))
 
-    def excess(p: float) -> float:
+    def active_empty(p: float) -> np.ndarray:
+        """Each hour's chance that a minute with traffic comes out empty, at an idle share p."""
         a = gamma_alpha_for_peak_with_idle(peak_factor, p)
         act = per / (1.0 - p)
-        empty = np.exp(-act) if a is None else (1.0 + act / a) ** -a
-        return float(np.mean(p + (1.0 - p) * empty)) - seen
+        return np.exp(-act) if a is None else (1.0 + act / a) ** -a
 
-    a0 = gamma_alpha_for_peak_with_idle(peak_factor, 0.0)
-    e0 = np.exp(-per) if a0 is None else (1.0 + per / a0) ** -a0
+    def excess(p: float) -> float:
+        return float(np.mean(p + (1.0 - p) * active_empty(p))) - seen
+
+    e0 = active_empty(0.0)
     n = c.shape[1]
     if (seen - float(np.mean(e0))) * n * e0.size <= IDLE_NOISE_SD * math.sqrt(float(np.sum(n * e0 * (1.0 - e0)))):
         return 0.0
