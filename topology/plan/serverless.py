@@ -680,9 +680,20 @@ def _switching_block(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.n
     # tail taken as 1 − F was lost; a level the hour never reaches again: its container stops W after the last
     # request, rate 1/W)
     # slack = above_dn + F_dn·(−expm1(−hW)) = above_dn − F_dn·expm1(−hW)
+    # nodes with no request (an idle minute, or a Gamma node at 0) in an hour with requests at others: a run of
+    # them stops a level only once it lasts the window, which the minute-by-minute rates cannot say
+    # (idle_run_switching); (H, G)
+    idle = rate[:, 0, :] == 0.0
+    idle[idle.all(axis=1)] = False  # an hour with no request at all: every level stops W after its last
+    if idle.any():
+        hW_dn = -neg_hW  # for the quiet time before a run of idle minutes (idle_run_switching)
     slack = np.expm1(neg_hW, out=neg_hW)
     slack *= F_dn
     np.subtract(above_dn, slack, out=slack)
+    if idle.any():
+        # on at the end of a minute: in flight at or above the level (P(N ≥ L), no quiet yet) or below it for less
+        # than W (F·(1 − e^(−hW))): slack is their sum
+        at_level = np.divide(above_dn, slack, out=np.zeros_like(slack), where=slack > 0)
     # and at a minute factor of 0 (Wilson–Hilferty's nodes are 0 below its cube's root at α ≲ 0.6, busiest minute
     # ≳ 5× the mean) no request comes: every level is left and stops W after its last request. (The mean's floor
     # of 1e-300 left level 1 a tail P(N ≥ 1) of 1e-300 > 0, and with d = 0 its stop rate was 0: the container
@@ -705,7 +716,7 @@ def _switching_block(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.n
     S = np.divide(m, rate, out=np.full(rate.shape, np.inf), where=rate > 0)
     on_low = np.minimum(m - REACH_SD * np.sqrt(m) - REACH_ABOVE, m - S)
     cols = np.arange(P)[None, :]
-    if keep > 0.0:
+    if keep > 0.0 or idle.any():
         # each minute factor's own switching probabilities, then the levels' chains with the factor persisting
         pn, pf = np.zeros(both.shape), np.zeros(both.shape)
         pn[:, a:c] = h_on * settle[:, a:c]
@@ -714,7 +725,20 @@ def _switching_block(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.n
         pn[np.broadcast_to((cols >= reach[:, None])[:, :, None], pn.shape)] = 0.0
         pn[np.broadcast_to((cols < on[:, None])[:, :, None], pn.shape)] = 1.0
         pf[np.broadcast_to((cols < held[:, None])[:, :, None], pf.shape)] = 0.0
-        return persistent_switching(pn, pf, wg, keep)
+        if not idle.any():
+            return persistent_switching(pn, pf, wg, keep)
+        # the stop levels never left (before lo) are at or above: no quiet before a run
+        a_full, h_full = np.ones(pn.shape), np.zeros(pn.shape)
+        a_full[:, lo:], h_full[:, lo:] = at_level, hW_dn
+        rows = idle.any(axis=1)
+        p_on, p_off = np.empty((rate.shape[0], P)), np.empty((rate.shape[0], P))
+        p_on[rows], p_off[rows] = idle_run_switching(pn[rows], pf[rows], wg, keep, idle[rows], W, a_full[rows],
+                                                     h_full[rows])
+        if not rows.all():  # hours with a request in every minute (a block mixes them only in tests)
+            rest = ~rows
+            p_on[rest], p_off[rest] = (persistent_switching(pn[rest], pf[rest], wg, keep) if keep > 0.0 else
+                                       ((wg * pn[rest]).sum(axis=-1), (wg * pf[rest]).sum(axis=-1)))
+        return p_on, p_off
     w = wg[None, None, :]
     h_on *= w
     h_on *= settle[:, a:c]
@@ -779,6 +803,100 @@ def persistent_switching(pn: np.ndarray, pf: np.ndarray, wg: np.ndarray, keep: f
     p_on = np.where(ok, launches / y_off, p_bar_on)
     p_off = np.where(ok, launches / y_on, p_bar_off)
     return p_on, p_off
+
+
+def idle_run_switching(pn: np.ndarray, pf: np.ndarray, wg: np.ndarray, keep: float, idle: np.ndarray, W: float,
+                       at_level: np.ndarray | None = None, hW: np.ndarray | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """persistent_switching where some nodes (`idle`, a mask over the last axis) bring no request: a level on when
+    a run of them begins stays on until the run has lasted the window W, then stops — not at the rate 1/W a minute,
+    which stops it in an isolated quiet minute 1 − e^(−60/W) of the time (39% at W = 120 s) where it never stops,
+    and keeps it in a long run's minutes after W.
+
+    The factor's chain as in persistent_switching (each minute keeps the factor with probability κ = `keep`, else
+    draws it afresh), with the idle nodes (weight p) one state counted by the run's age: a run goes on with
+    probability s = κ + (1 − κ)·p a minute, and a level on at its start is on through its first A − 1 minutes and
+    for φ of its A-th, A = ⌈W/60⌉, φ = (W − 60·(A − 1))/60 (the run taken to begin at a request: the quiet before it,
+    at most the active minute's last seconds, is not counted). With the sums over the active nodes
+    S_on = Σ w·pn/d, S_ρ = Σ w·ρ/d, S_× = Σ w·pn·pf/d (ρ = 1 − pn − pf, d = 1 − κ·ρ), y_a the probability that a
+    minute ends on at an active node: the on mass entering a run is (1 − κ)·p·y_a, that still on at the end of its
+    minutes before the A-th (which leave it as the active nodes' redraw would) (1 − κ)·p·y_a·(1 − s^(A−1))/(1 − s) =
+    c·y_a, c = p·(1 − s^(A−1))/(1 − p), and stationary
+
+        y_a = S_on / (1 − (1 − κ)·(1 + c)·S_ρ),   Z = (1 + c)·y_a,
+        P(on) = Z + φ·(1 − κ)·p·s^(A−1)·y_a,      launches = κ·S_× + (1 − κ)·(1 − Z)·S_on
+
+    (persistent_switching's forms, with the on mass at the end of a minute that draws afresh Z in place of P(on);
+    p = 0 gives them back). Returned as the two-state chain with that P(on) and launch rate. A level on or off
+    less than PERSIST_NEGLIGIBLE of the time keeps the minute-by-minute sums (every node's own rates, the idle
+    nodes' 1 − e^(−60/W) included)."""
+    w = np.asarray(wg, dtype=float)
+    idle = np.asarray(idle, dtype=bool)
+    if idle.ndim >= 2:
+        idle = idle[..., None, :]  # (H, 1, G): an hour's idle nodes, the same for each level
+    p = np.asarray((w * idle).sum(axis=-1))[..., None]  # each hour's idle share, (H, 1, 1)
+    wa = w * ~idle  # the sums run over the active nodes
+    pna, pfa = pn, pf
+    rho = 1.0 - pna - pfa
+    d = 1.0 - keep * rho
+    s = keep + (1.0 - keep) * p
+    if at_level is None:
+        at_level, hW = np.ones(pn.shape), np.zeros(pn.shape)
+    ret, ont = idle_run_on(at_level, hW, s, W)
+    p = p[..., 0]
+    s_on = (wa * pna / d).sum(axis=-1)
+    s_rho = (wa * rho / d).sum(axis=-1)
+    s_cross = (wa * pna * pfa / d).sum(axis=-1)
+    into = (1.0 - keep) * p  # a minute's on mass at an active node that enters a run next
+    r_on, r_rho = (wa * pna * ret / d).sum(axis=-1), (wa * rho * ret / d).sum(axis=-1)
+    o_on, o_rho = (wa * pna * ont / d).sum(axis=-1), (wa * rho * ont / d).sum(axis=-1)
+    Z = (s_on + into * r_on) / np.maximum(1.0 - (1.0 - keep) * (s_rho + into * r_rho), 1e-300)
+    y_a = s_on + (1.0 - keep) * Z * s_rho
+    y_on = y_a + into * (o_on + (1.0 - keep) * Z * o_rho)
+    y_off = 1.0 - y_on
+    launches = keep * s_cross + (1.0 - keep) * (1.0 - Z) * s_on
+    ok = (y_on > PERSIST_NEGLIGIBLE) & (y_off > PERSIST_NEGLIGIBLE) & (launches > 0)
+    p_bar_on, p_bar_off = (w * pn).sum(axis=-1), (w * pf).sum(axis=-1)
+    p_on = np.where(ok, launches / np.where(ok, y_off, 1.0), p_bar_on)
+    p_off = np.where(ok, launches / np.where(ok, y_on, 1.0), p_bar_off)
+    return p_on, p_off
+
+
+def idle_run_on(at_level: np.ndarray, hW: np.ndarray, s: float, W: float) -> tuple[np.ndarray, np.ndarray]:
+    """For a level on at the end of an active minute that a run of idle minutes follows (the run goes on with
+    probability s a minute): the expected on mass at the ends of the run's minutes (each weighted by the chance the
+    run lasts to it: what returns to the active minutes, over 1 − s) and the expected minutes on within the run.
+
+    It stops once the quiet has lasted W: T = W − q₀ into the run, q₀ the quiet before it — 0 with probability
+    `at_level` (in flight at or above the level), else the age of a sojourn below it, Exp(h) (hW = h·W, the
+    level's hazard of being reached again, as _switching_block's stop rate reads it) cut at W. On through n = ⌈T/60⌉
+    − 1 whole minutes and T/60 − n of the next: returns Σ_{r ≤ n} s^(r−1) = (1 − sⁿ)/(1 − s) and is on that plus
+    sⁿ·(T/60 − n), averaged over q₀ interval by interval (T in (60n, 60(n + 1)]), each with the cut exponential's
+    mass and mean there (uniform where h·W → 0)."""
+    per = float(SECONDS_PER_MINUTE)
+    A = max(1, math.ceil(W / per - 1e-9))
+    s = np.asarray(s, dtype=float)
+    geo = [(1.0 - s ** n) / (1.0 - s) for n in range(A)]
+    # q₀ = 0: T = W
+    ret = at_level * geo[A - 1]
+    ont = at_level * (geo[A - 1] + s ** (A - 1) * (W / per - (A - 1)))
+    below = 1.0 - at_level
+    h = hW / max(W, 1e-9)
+    whole = -np.expm1(-hW)
+    tiny = hW < 1e-9
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for n in range(A):
+            lo, hi = max(0.0, W - per * (n + 1)), W - per * n
+            width = hi - lo
+            t = h * width
+            mass = np.where(tiny, width / max(W, 1e-9),
+                            np.exp(-h * lo) * -np.expm1(-t) / np.where(tiny, 1.0, whole))
+            # mean of an exponential cut to [lo, hi): lo + width·(1/t − 1/(e^t − 1)) (→ width/2 as t → 0)
+            share = np.where(t < 1e-4, 0.5 - t / 12.0, 1.0 / t - 1.0 / np.expm1(t))
+            frac = (W - (lo + width * share)) / per - n
+            ret += below * mass * geo[n]
+            ont += below * mass * (geo[n] + s ** n * frac)
+    return ret, ont
 
 
 def service_time_s(ep: EndpointInputs, pl: Placement, batch: np.ndarray | float) -> np.ndarray:

@@ -34,13 +34,16 @@ def _kernel():
         except ImportError:
             _KERNEL = False
         else:
-            global _upper_series
+            global _upper_series, _idle_run_on
             try:
-                # the kernel calls _upper_series: compiled first (numba resolves the global when it compiles)
+                # the kernel calls _upper_series and _idle_run_on: compiled first (numba resolves the globals when it
+                # compiles)
                 _upper_series = numba.njit(cache=True, nogil=True)(_upper_series_py)
+                _idle_run_on = numba.njit(cache=True, nogil=True)(_idle_run_on_py)
                 _KERNEL = numba.njit(cache=True, nogil=True)(_switching_kernel)
             except RuntimeError:  # "cannot cache function …: no locator available"
                 _upper_series = numba.njit(nogil=True)(_upper_series_py)
+                _idle_run_on = numba.njit(nogil=True)(_idle_run_on_py)
                 _KERNEL = numba.njit(nogil=True)(_switching_kernel)
     return _KERNEL or None
 
@@ -103,6 +106,41 @@ def _upper_series(L, m, at, terms, stop):
 _upper_series_py = _upper_series
 
 
+def _idle_run_on(at_level, hW, s, W, per, A):
+    """serverless.idle_run_on for one level and node: (returning on mass, minutes on) over a run of idle minutes
+    that goes on with probability s a minute, the same terms in the same order."""
+    geo_last = (1.0 - s ** (A - 1)) / (1.0 - s)
+    ret = at_level * geo_last
+    ont = at_level * (geo_last + s ** (A - 1) * (W / per - (A - 1)))
+    below = 1.0 - at_level
+    h = hW / max(W, 1e-9)
+    tiny = hW < 1e-9
+    whole = 1.0 if tiny else -math.expm1(-hW)
+    for n in range(A):
+        geo = (1.0 - s ** n) / (1.0 - s)
+        lo = max(0.0, W - per * (n + 1))
+        hi = W - per * n
+        width = hi - lo
+        t = h * width
+        if tiny:
+            mass = width / max(W, 1e-9)
+        else:
+            mass = math.exp(-h * lo) * -math.expm1(-t) / whole
+        if t < 1e-4:
+            share = 0.5 - t / 12.0
+        elif t > 700.0:
+            share = 1.0 / t  # 1/(e^t − 1) is 0 in doubles (numpy: inf, then 0)
+        else:
+            share = 1.0 / t - 1.0 / math.expm1(t)
+        frac = (W - (lo + width * share)) / per - n
+        ret += below * mass * geo
+        ont += below * mass * (geo + s ** n * frac)
+    return ret, ont
+
+
+_idle_run_on_py = _idle_run_on
+
+
 def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, spm, upper_direct_below,
                       upper_series_terms, upper_series_stop, on, reach, held, reach_sd, reach_above, keep, negligible,
                       p_on, p_off):
@@ -129,12 +167,32 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
     s_off = np.zeros(P)
     s_cross = np.zeros(P)
     s_stay = np.zeros(P)
+    # and with idle nodes (a minute factor of 0: serverless.idle_run_switching) Σ w·ρ/d and the run's returning on
+    # mass and minutes on, each times pn/d and ρ/d (over the nodes with requests)
+    s_rho = np.zeros(P)
+    r_on = np.zeros(P)
+    r_rho = np.zeros(P)
+    o_on = np.zeros(P)
+    o_rho = np.zeros(P)
+    A = max(1, math.ceil(W / spm - 1e-9))
     for h in range(H):
-        if keep > 0.0:
+        p_idle = 0.0
+        for g in range(G):
+            if rate[h, g] == 0.0:
+                p_idle += wg[g]
+        idle = p_idle > 0.0
+        s_run = keep + (1.0 - keep) * p_idle
+        chain = keep > 0.0 or idle
+        if chain:
             s_on[:] = 0.0
             s_off[:] = 0.0
             s_cross[:] = 0.0
             s_stay[:] = 0.0
+            s_rho[:] = 0.0
+            r_on[:] = 0.0
+            r_rho[:] = 0.0
+            o_on[:] = 0.0
+            o_rho[:] = 0.0
         n_exact = 0
         a = on[h]  # start levels before a are surely on: p_on the weights' sum
         c = reach[h]  # start levels from c on are beyond the hour's reach: not worked out, h_on = 0
@@ -235,11 +293,17 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                 if p < a_g:  # surely on at this node (its stop level held)
                     p_on[h, p] += w
                     s_on[p] += w  # pn = 1, pf = 0: d = 1
+                    if idle:  # ρ = 0; no quiet before a run
+                        ret, ont = _idle_run_on(1.0, 0.0, s_run, W, spm, A)
+                        r_on[p] += w * ret
+                        o_on[p] += w * ont
                     continue
                 h_on = r * at[p] / max(below[p], 1e-300) if p < c_g else 0.0
+                at_level = 1.0  # on at the minute's end with in flight at or above the stop level (idle runs)
+                hW = 0.0
                 if P + p < lo_g:
                     r_off = 0.0
-                    if h_on == 0.0:
+                    if h_on == 0.0 and not idle:
                         continue
                 else:
                     F_dn = below[P + p]
@@ -258,12 +322,13 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                         r_off = q * d / max(slack, 1e-300)
                     else:
                         r_off = 1.0 / max(W, 1e-9)
+                    at_level = above[P + p] / slack if slack > 0 else 0.0
                 both = h_on + r_off
                 x60 = both * spm
                 settle = (1.0 if x60 > _EXPM1_IS_MINUS_ONE else -math.expm1(-x60)) / max(both, 1e-300)
                 p_on[h, p] += w * h_on * settle
                 p_off[h, p] += w * r_off * settle
-                if keep > 0.0:
+                if chain and not (idle and r == 0.0):  # an idle node: its runs are idle_run_switching's
                     pn = h_on * settle
                     pf = r_off * settle
                     rho = 1.0 - pn - pf
@@ -272,9 +337,27 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                     s_off[p] += w * pf / d
                     s_cross[p] += w * pn * pf / d
                     s_stay[p] += w * pn * rho / d
+                    if idle:
+                        ret, ont = _idle_run_on(at_level, hW, s_run, W, spm, A)
+                        s_rho[p] += w * rho / d
+                        r_on[p] += w * pn * ret / d
+                        r_rho[p] += w * rho * ret / d
+                        o_on[p] += w * pn * ont / d
+                        o_rho[p] += w * rho * ont / d
         for p in range(a):
             p_on[h, p] = wsum
-        if keep > 0.0:
+        if idle:
+            into = (1.0 - keep) * p_idle  # a minute's on mass at an active node that enters a run next
+            for p in range(a, P):
+                Z = (s_on[p] + into * r_on[p]) / max(1.0 - (1.0 - keep) * (s_rho[p] + into * r_rho[p]), 1e-300)
+                y_a = s_on[p] + (1.0 - keep) * Z * s_rho[p]
+                y_on = y_a + into * (o_on[p] + (1.0 - keep) * Z * o_rho[p])
+                y_off = 1.0 - y_on
+                launches = keep * s_cross[p] + (1.0 - keep) * (1.0 - Z) * s_on[p]
+                if y_on > negligible and y_off > negligible and launches > 0:
+                    p_on[h, p] = launches / y_off
+                    p_off[h, p] = launches / y_on
+        elif keep > 0.0:
             for p in range(a, P):
                 tot = s_on[p] + s_off[p]
                 if not tot > 0.0:
