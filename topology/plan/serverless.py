@@ -38,7 +38,8 @@ bills its cold start on top. The expected value follows from the arrival process
    run), where independent minutes keep breaking the quiet stretch; a factor much shorter than W averages out
    (τ → 0, the independent minutes). The level and the factor then form one chain, whose stationary P(on)
    and launch rate have a closed form in sums over the nodes (persistent_switching); τ = 0 is the independent
-   case exactly. Hand-worked against the exact answer for instant requests in tests/test_cost_model.py.
+   case exactly. Minutes at g = 0 (idle minutes) bring no request, so a run of them stops a level only once
+   the quiet, from before the run, lasts W: the chain counts such a run by its age (idle_run_switching). Hand-worked against the exact answer for instant requests in tests/test_cost_model.py.
    Expected containers alive = Σ_k P(k-th alive), floored by the warm minimum (P = 1 for k ≤ minimum).
 4. Launches: the k-th container starts at an up-crossing of L_k that found none in the previous window,
    at rate ≈ u·e^(−h·W); each bills its cold start (launch to ready) on top.
