@@ -78,7 +78,7 @@ def test_a_container_started_far_above_the_mean_stays_while_in_flight_stays_abov
     assert want == pytest.approx(excursion_s, abs=0.01)
     rate = np.full((1, 1, 1), lam)
     levels = np.array([k], dtype=float)
-    _, p_off = sv._switching(rate, rate * S, np.zeros(1), levels, levels, 1.0, W, np.ones(1))
+    _, p_off, _ = sv._switching(rate, rate * S, np.zeros(1), levels, levels, 1.0, W, np.ones(1))
     assert float(p_off[0, 0]) == pytest.approx(1 - math.exp(-60 / (W + excursion_s)), rel=1e-3)
 
 
@@ -179,7 +179,7 @@ def test_a_minute_with_no_request_lets_the_container_go(lam):
     assert float(r.alive[2]) == pytest.approx(want, rel=0.04)
     # and the switching arithmetic itself: no request in the minute, on at its start: stops with 1 − e^(−60/W)
     zero = np.zeros((1, 1, 1))
-    _, p_off = sv._switching(zero, zero, np.zeros(1), np.array([1.0]), np.array([1.0]), 1.0, 120.0, np.ones(1))
+    _, p_off, _ = sv._switching(zero, zero, np.zeros(1), np.array([1.0]), np.array([1.0]), 1.0, 120.0, np.ones(1))
     assert float(p_off[0, 0]) == pytest.approx(1 - math.exp(-0.5), rel=1e-12)
 
 
@@ -228,6 +228,28 @@ def test_idle_minutes_let_the_container_go(lam, tau_s, want_exact):
         old = expected_containers(np.full(3, lam), 1e-6, target_inputs=1, scaledown_window_s=120,
                                   alpha=gamma_alpha_for_peak(2.5), factor_correlation_s=tau_s)
         assert float(old.alive[2]) > want * 1.15
+
+
+@pytest.mark.parametrize("W,p,peak", [(120, 0.3, None), (60, 0.1, None), (60, 0.0, 5.0)])
+def test_idle_runs_keep_the_chain_a_probability(W, p, peak):
+    """Where a level is on at every active node and a run of idle minutes stops it (κ = 0, W a whole number of
+    minutes), the stopping minute's time on must not enter the two-state chain's probabilities: read into P(on),
+    it made p_on = (1 − p)/p (9 at p = 0.1), ρ = 1 − p_on − p_off fell below −1 and the hour's ρ⁶⁰ blew up —
+    2.3e30 containers alive at 3 req/s, idle share 0.3, W = 120 s; 3.5e41 with no idle share at all, peak factor 5
+    (a Gamma node at 0) and W = 60 s. The chain now reads P(on) at minute ends and the stopping minute's time is
+    added to the containers alive: every switching probability in [0, 1], containers alive finite and at most the
+    cap, launches ≥ 0."""
+    alpha = gamma_alpha_for_peak(peak) if peak else 2.0
+    g, w = sv.factor_quadrature(alpha, p)
+    rate = 3.0 * g[None, None, :]
+    levels = np.arange(1.0, 61.0)
+    p_on, p_off, extra = sv._switching(rate, rate * 5.0, np.zeros(1), levels, levels, 1.0, float(W), w)
+    assert np.all((p_on >= 0) & (p_on <= 1) & (p_off >= 0) & (p_off <= 1) & (extra >= 0))
+    r = expected_containers(np.full(6, 3.0), 5.0, target_inputs=1, scaledown_window_s=W, alpha=alpha, idle_share=p,
+                            max_containers=60)
+    assert np.all(np.isfinite(r.alive)) and float(r.alive.max()) <= 60.0
+    assert float(r.alive[3]) > 20.0  # 15 in flight on average, bursty minutes and a window: more kept alive
+    assert np.all(r.launches >= 0)
 
 
 def test_an_idle_run_stops_a_level_once_it_lasts_the_window():
@@ -539,7 +561,7 @@ def test_a_level_far_below_the_mean_is_switched_on_within_the_minute(mean_inflig
     the model took the level as never switching on, p_on = 0.)"""
     rate = np.full((1, 1, 1), 10.0)
     levels = np.array([1.0])
-    p_on, p_off = sv._switching(rate, rate * (mean_inflight / 10.0), np.zeros(1), levels, levels, 1.0, 120.0,
+    p_on, p_off, _ = sv._switching(rate, rate * (mean_inflight / 10.0), np.zeros(1), levels, levels, 1.0, 120.0,
                                 np.ones(1))
     assert float(p_on[0, 0]) == pytest.approx(1.0, abs=1e-12)
     assert float(p_off[0, 0]) == pytest.approx(0.0, abs=1e-12)

@@ -19,7 +19,7 @@ def _both(rate, mean, Q, up, k, B, W, wg, keep=0.0):
                                         float(sv.SECONDS_PER_MINUTE), sv.UPPER_DIRECT_BELOW, sv.UPPER_SERIES_TERMS,
                                         sv.UPPER_SERIES_STOP, *sv.start_levels_on_and_within_reach(rate, mean, Q, up, B),
                                         sv.stop_levels_held(mean, Q, k, B), sv.REACH_SD, sv.REACH_ABOVE, keep,
-                                        sv.PERSIST_NEGLIGIBLE)
+                                        sv.PERSIST_NEGLIGIBLE, sv.IDLE_EXPECTED)
     return got, sv._switching_numpy(rate, mean, Q, up, k, B, W, wg, keep)
 
 

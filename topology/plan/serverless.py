@@ -437,9 +437,10 @@ def _expected_containers(
     # a container alive in an hour with no traffic (carried over, or released by the warm minimum) stops W after
     # its last request like any other, not at once (it was 1 per minute here: the plan billed none of those W)
     p_off = np.full((H, len(k)), -math.expm1(-SECONDS_PER_MINUTE / max(W, 1e-9)))
+    stop_minute = np.zeros((H, len(k)))
     if act.size:
-        p_on[act], p_off[act] = _switching_rows(act, lam, S, Q, reps_key, rate, mean, up, k, K, T, b, B, W,
-                                                (alpha, p_idle), line_key, wg, keep)
+        p_on[act], p_off[act], stop_minute[act] = _switching_rows(act, lam, S, Q, reps_key, rate, mean, up, k, K, T,
+                                                                  b, B, W, (alpha, p_idle), line_key, wg, keep)
     # each level a two-state chain by minute; closed form over an hour's 60 steps
     tot = p_on + p_off
     star = np.where(tot > 0, p_on / np.maximum(tot, 1e-300), 0.0)
@@ -451,6 +452,7 @@ def _expected_containers(
     # the billed week (`order`), after WARMUP_WEEKS from empty
     # a level the warm minimum holds is on all hour and after it (on at 1, relaxing to 1, no launch)
     on_warm = k[None, :] <= warm[:, None]
+    stop_minute[on_warm] = 0.0
     star = np.where(on_warm, 1.0, star)
     mean_decay = np.where(on_warm, 0.0, mean_decay)
     rho60 = np.where(on_warm, 0.0, rho60)
@@ -474,6 +476,9 @@ def _expected_containers(
             off = np.where(on_warm[last[1:]], 1.0 - pi_last[1:], 0.0)
             lead[last[:-1]] = off * (warm_lead_s / SECONDS_PER_HOUR)
     launch = (1.0 - avg) * p_on * MINUTES_PER_HOUR
+    # the chain is on at minute ends; a level stopped by a run of idle minutes was on for part of the minute it
+    # stopped in (idle_run_switching): that time, per unit of P(on), on top (not a base for launches)
+    avg *= 1.0 + stop_minute
     if order.size and (start_hour is not None or WARMUP_WEEKS == 0):
         launch[int(order[0])] += burst0  # each launched once, at the start
     if start_hour is not None:
@@ -539,17 +544,17 @@ def _switching_rows(act, lam, S, Q, reps, rate, mean, up, k, K, T, b, B, W, alph
         # the rows that have levels k[:start] already: work out the rest
         todo = np.flatnonzero(have == start)
         rows = act[todo]
-        on_t, off_t = _switching(rate[rows], mean[rows], Q[rows], up[start:], k[start:], B, W, wg, keep)
+        new = _switching(rate[rows], mean[rows], Q[rows], up[start:], k[start:], B, W, wg, keep)
         for j, i in enumerate(todo.tolist()):
             f = found[i]
-            found[i] = ((on_t[j], off_t[j]) if f is None else
-                        (np.concatenate([f[0], on_t[j]]), np.concatenate([f[1], off_t[j]])))
+            found[i] = (tuple(x[j] for x in new) if f is None else
+                        tuple(np.concatenate([a, x[j]]) for a, x in zip(f, new)))
             _remember(_ROWS, keys[i], found[i], MEMO_ROWS)
-    return np.array([f[0][:n] for f in found]), np.array([f[1][:n] for f in found])
+    return tuple(np.array([f[c][:n] for f in found]) for c in range(3))
 
 
 def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
-               W: float, wg: np.ndarray, keep: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+               W: float, wg: np.ndarray, keep: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """_switching_numpy, or the compiled kernel where asked for (USE_COMPILED; same figures to 1e-12)."""
     if _use_compiled():
         from . import serverless_compiled
@@ -558,7 +563,7 @@ def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray
                                              float(SECONDS_PER_MINUTE), UPPER_DIRECT_BELOW, UPPER_SERIES_TERMS,
                                              UPPER_SERIES_STOP, *start_levels_on_and_within_reach(rate, mean, Q, up, B),
                                              stop_levels_held(mean, Q, k, B), REACH_SD, REACH_ABOVE, keep,
-                                             PERSIST_NEGLIGIBLE)
+                                             PERSIST_NEGLIGIBLE, IDLE_EXPECTED)
     return _switching_numpy(rate, mean, Q, up, k, B, W, wg, keep)
 
 
@@ -579,10 +584,12 @@ def _use_compiled() -> bool:
 
 
 def _switching_numpy(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
-                     W: float, wg: np.ndarray, keep: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+                     W: float, wg: np.ndarray, keep: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-minute probabilities (H, P) that each level switches on (from off) and off (from on), for hours
     with traffic: rate and mean (H, 1, G) are clusters per second and in flight at each minute factor g; keep: the
     probability that a minute keeps the previous minute's factor (0: independent minutes; persistent_switching).
+    And (H, P) the time on in the minutes where a run of idle minutes stops the level, per unit of P(on) at minute
+    ends (idle_run_switching; 0 where no node is idle).
 
     Worked out on blocks of hours of about SWITCHING_BLOCK values (hours × levels × nodes): each hour's row
     depends on that hour alone, and arrays that size stay in the processor's cache and are allocated from the
@@ -596,12 +603,13 @@ def _switching_numpy(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.n
     held = stop_levels_held(mean, Q, k, B)
     if H > n:
         order = np.argsort(reach, kind="stable")
-        p_on, p_off = np.empty((H, len(k))), np.empty((H, len(k)))
+        out = tuple(np.empty((H, len(k))) for _ in range(3))
         for i in range(0, H, n):
             rows = order[i:i + n]
-            p_on[rows], p_off[rows] = _switching_block(rate[rows], mean[rows], Q[rows], up, k, B, W, wg, on[rows],
-                                                       reach[rows], held[rows], keep)
-        return p_on, p_off
+            for o, x in zip(out, _switching_block(rate[rows], mean[rows], Q[rows], up, k, B, W, wg, on[rows],
+                                                  reach[rows], held[rows], keep)):
+                o[rows] = x
+        return out
     return _switching_block(rate, mean, Q, up, k, B, W, wg, on, reach, held, keep)
 
 
@@ -681,10 +689,10 @@ def _switching_block(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.n
     # tail taken as 1 − F was lost; a level the hour never reaches again: its container stops W after the last
     # request, rate 1/W)
     # slack = above_dn + F_dn·(−expm1(−hW)) = above_dn − F_dn·expm1(−hW)
-    # nodes with no request (an idle minute, or a Gamma node at 0) in an hour with requests at others: a run of
-    # them stops a level only once it lasts the window, which the minute-by-minute rates cannot say
-    # (idle_run_switching); (H, G)
-    idle = rate[:, 0, :] == 0.0
+    # nodes that bring no request (an idle minute, or a Gamma node at or next to 0: fewer than IDLE_EXPECTED
+    # clusters expected in the minute) in an hour with requests at others: a run of them stops a level only once
+    # it lasts the window, which the minute-by-minute rates cannot say (idle_run_switching); (H, G)
+    idle = rate[:, 0, :] * SECONDS_PER_MINUTE < IDLE_EXPECTED
     idle[idle.all(axis=1)] = False  # an hour with no request at all: every level stops W after its last
     if idle.any():
         hW_dn = -neg_hW  # for the quiet time before a run of idle minutes (idle_run_switching)
@@ -727,19 +735,20 @@ def _switching_block(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.n
         pn[np.broadcast_to((cols < on[:, None])[:, :, None], pn.shape)] = 1.0
         pf[np.broadcast_to((cols < held[:, None])[:, :, None], pf.shape)] = 0.0
         if not idle.any():
-            return persistent_switching(pn, pf, wg, keep)
+            return (*persistent_switching(pn, pf, wg, keep), np.zeros((rate.shape[0], P)))
         # the stop levels never left (before lo) are at or above: no quiet before a run
         a_full, h_full = np.ones(pn.shape), np.zeros(pn.shape)
         a_full[:, lo:], h_full[:, lo:] = at_level, hW_dn
         rows = idle.any(axis=1)
-        p_on, p_off = np.empty((rate.shape[0], P)), np.empty((rate.shape[0], P))
-        p_on[rows], p_off[rows] = idle_run_switching(pn[rows], pf[rows], wg, keep, idle[rows], W, a_full[rows],
-                                                     h_full[rows])
-        if not rows.all():  # hours with a request in every minute (a block mixes them only in tests)
+        p_on, p_off, stop_minute = np.empty((rate.shape[0], P)), np.empty((rate.shape[0], P)), np.zeros((rate.shape[0], P))
+        p_on[rows], p_off[rows], stop_minute[rows] = idle_run_switching(pn[rows], pf[rows], wg, keep, idle[rows], W,
+                                                                        a_full[rows], h_full[rows])
+        if not rows.all():
+            # hours with a request in every minute, or with none at all (a block mixes them only in tests)
             rest = ~rows
             p_on[rest], p_off[rest] = (persistent_switching(pn[rest], pf[rest], wg, keep) if keep > 0.0 else
                                        ((wg * pn[rest]).sum(axis=-1), (wg * pf[rest]).sum(axis=-1)))
-        return p_on, p_off
+        return p_on, p_off, stop_minute
     w = wg[None, None, :]
     h_on *= w
     h_on *= settle[:, a:c]
@@ -754,10 +763,11 @@ def _switching_block(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.n
     p_on[cols < on[:, None]] = float(wg.sum())
     p_off[:, lo:] = r_off.sum(axis=2)
     p_off[cols < held[:, None]] = 0.0
-    return p_on, p_off  # (H, P)
+    return p_on, p_off, np.zeros((rate.shape[0], P))  # (H, P)
 
 
 PERSIST_NEGLIGIBLE = 1e-12  # a level on (or off) less than this share of the time keeps the independent-minute sums
+IDLE_EXPECTED = 1e-12  # a minute factor node expecting fewer clusters than this in a minute brings no request
 
 
 def persistent_switching(pn: np.ndarray, pf: np.ndarray, wg: np.ndarray, keep: float
@@ -808,59 +818,61 @@ def persistent_switching(pn: np.ndarray, pf: np.ndarray, wg: np.ndarray, keep: f
 
 def idle_run_switching(pn: np.ndarray, pf: np.ndarray, wg: np.ndarray, keep: float, idle: np.ndarray, W: float,
                        at_level: np.ndarray | None = None, hW: np.ndarray | None = None
-                       ) -> tuple[np.ndarray, np.ndarray]:
-    """persistent_switching where some nodes (`idle`, a mask over the last axis) bring no request: a level on when
-    a run of them begins stays on until the run has lasted the window W, then stops — not at the rate 1/W a minute,
-    which stops it in an isolated quiet minute 1 − e^(−60/W) of the time (39% at W = 120 s) where it never stops,
-    and keeps it in a long run's minutes after W.
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """persistent_switching where some nodes (`idle`, a mask over the last axis, or (H, G) per hour) bring no
+    request: a level on when a run of them begins stays on until the quiet has lasted the window W, then stops —
+    not at the rate 1/W a minute, which stops it in an isolated quiet minute 1 − e^(−60/W) of the time (39% at
+    W = 120 s) where it never stops, and keeps it in a long run's minutes after W.
 
     The factor's chain as in persistent_switching (each minute keeps the factor with probability κ = `keep`, else
     draws it afresh), with the idle nodes (weight p) one state counted by the run's age: a run goes on with
-    probability s = κ + (1 − κ)·p a minute, and a level on at its start is on through its first A − 1 minutes and
-    for φ of its A-th, A = ⌈W/60⌉, φ = (W − 60·(A − 1))/60 (the run taken to begin at a request: the quiet before it,
-    at most the active minute's last seconds, is not counted). With the sums over the active nodes
-    S_on = Σ w·pn/d, S_ρ = Σ w·ρ/d, S_× = Σ w·pn·pf/d (ρ = 1 − pn − pf, d = 1 − κ·ρ), y_a the probability that a
-    minute ends on at an active node: the on mass entering a run is (1 − κ)·p·y_a, that still on at the end of its
-    minutes before the A-th (which leave it as the active nodes' redraw would) (1 − κ)·p·y_a·(1 − s^(A−1))/(1 − s) =
-    c·y_a, c = p·(1 − s^(A−1))/(1 − p), and stationary
+    probability s = κ + (1 − κ)·p a minute. A level on at the end of an active minute i enters a run with
+    probability (1 − κ)·p; per unit so entering, ret_i is its expected on mass at the ends of the run's minutes
+    (each weighted by the chance the run lasts to it) and ont_i its expected minutes on in the run (idle_run_on:
+    it stops T = W − q₀ into the run, q₀ the quiet before it, from at_level and hW; at_level None: q₀ = 0). The
+    on mass at the ends of minutes that draw afresh is Z = y_a + E, y_a = Σ y_i over the active nodes and
+    E = (1 − κ)·p·Σ y_i·ret_i the runs' share, and stationary y_i = w_i·(pn_i + (1 − κ)·ρ_i·Z)/d_i
+    (ρ = 1 − pn − pf, d = 1 − κ·ρ). With the sums over the active nodes S_on = Σ w·pn/d, S_ρ = Σ w·ρ/d,
+    S_× = Σ w·pn·pf/d, R_on = Σ w·pn·ret/d, R_ρ = Σ w·ρ·ret/d (O_on, O_ρ the same with ont) and
+    u = (1 − κ)·p:
 
-        y_a = S_on / (1 − (1 − κ)·(1 + c)·S_ρ),   Z = (1 + c)·y_a,
-        P(on) = Z + φ·(1 − κ)·p·s^(A−1)·y_a,      launches = κ·S_× + (1 − κ)·(1 − Z)·S_on
+        Z = (S_on + u·R_on) / (1 − (1 − κ)·(S_ρ + u·R_ρ)),   y_a = S_on + (1 − κ)·Z·S_ρ,
+        launches = κ·S_× + (1 − κ)·(1 − Z)·S_on   (the off mass at active minutes' starts × pn),
+        time on = y_a + u·(O_on + (1 − κ)·Z·O_ρ)
 
-    (persistent_switching's forms, with the on mass at the end of a minute that draws afresh Z in place of P(on);
-    p = 0 gives them back). Returned as the two-state chain with that P(on) and launch rate. A level on or off
-    less than PERSIST_NEGLIGIBLE of the time keeps the minute-by-minute sums (every node's own rates, the idle
-    nodes' 1 − e^(−60/W) included)."""
+    (at p = 0 persistent_switching's forms; checked against the explicit chain solved numerically). Z is the P(on)
+    at minute ends, what the hour's two-state chain reads (p_on = launches / (1 − Z), p_off = launches / Z, both in
+    [0, 1]: launches come from the off mass and equal the stops, from the on mass); the time on beyond it, the part
+    of the minute a run stops the level in, is returned apart, per unit of Z ((time on − Z)/Z ≥ 0, for the
+    containers alive only). A level on or off less than PERSIST_NEGLIGIBLE of the time keeps the minute-by-minute
+    sums (every node's own rates, the idle nodes' 1 − e^(−60/W) included) and no extra time."""
     w = np.asarray(wg, dtype=float)
     idle = np.asarray(idle, dtype=bool)
     if idle.ndim >= 2:
         idle = idle[..., None, :]  # (H, 1, G): an hour's idle nodes, the same for each level
     p = np.asarray((w * idle).sum(axis=-1))[..., None]  # each hour's idle share, (H, 1, 1)
     wa = w * ~idle  # the sums run over the active nodes
-    pna, pfa = pn, pf
-    rho = 1.0 - pna - pfa
+    rho = 1.0 - pn - pf
     d = 1.0 - keep * rho
-    s = keep + (1.0 - keep) * p
     if at_level is None:
         at_level, hW = np.ones(pn.shape), np.zeros(pn.shape)
-    ret, ont = idle_run_on(at_level, hW, s, W)
-    p = p[..., 0]
-    s_on = (wa * pna / d).sum(axis=-1)
+    ret, ont = idle_run_on(at_level, hW, keep + (1.0 - keep) * p, W)
+    u = (1.0 - keep) * p[..., 0]  # a minute's on mass at an active node that enters a run next
+    s_on = (wa * pn / d).sum(axis=-1)
     s_rho = (wa * rho / d).sum(axis=-1)
-    s_cross = (wa * pna * pfa / d).sum(axis=-1)
-    into = (1.0 - keep) * p  # a minute's on mass at an active node that enters a run next
-    r_on, r_rho = (wa * pna * ret / d).sum(axis=-1), (wa * rho * ret / d).sum(axis=-1)
-    o_on, o_rho = (wa * pna * ont / d).sum(axis=-1), (wa * rho * ont / d).sum(axis=-1)
-    Z = (s_on + into * r_on) / np.maximum(1.0 - (1.0 - keep) * (s_rho + into * r_rho), 1e-300)
+    s_cross = (wa * pn * pf / d).sum(axis=-1)
+    r_on, r_rho = (wa * pn * ret / d).sum(axis=-1), (wa * rho * ret / d).sum(axis=-1)
+    o_on, o_rho = (wa * pn * ont / d).sum(axis=-1), (wa * rho * ont / d).sum(axis=-1)
+    Z = (s_on + u * r_on) / np.maximum(1.0 - (1.0 - keep) * (s_rho + u * r_rho), 1e-300)
     y_a = s_on + (1.0 - keep) * Z * s_rho
-    y_on = y_a + into * (o_on + (1.0 - keep) * Z * o_rho)
-    y_off = 1.0 - y_on
+    time_on = y_a + u * (o_on + (1.0 - keep) * Z * o_rho)
     launches = keep * s_cross + (1.0 - keep) * (1.0 - Z) * s_on
-    ok = (y_on > PERSIST_NEGLIGIBLE) & (y_off > PERSIST_NEGLIGIBLE) & (launches > 0)
-    p_bar_on, p_bar_off = (w * pn).sum(axis=-1), (w * pf).sum(axis=-1)
-    p_on = np.where(ok, launches / np.where(ok, y_off, 1.0), p_bar_on)
-    p_off = np.where(ok, launches / np.where(ok, y_on, 1.0), p_bar_off)
-    return p_on, p_off
+    ok = (Z > PERSIST_NEGLIGIBLE) & (1.0 - Z > PERSIST_NEGLIGIBLE) & (launches > 0)
+    safe_z = np.where(ok, Z, 0.5)
+    p_on = np.where(ok, launches / (1.0 - safe_z), (w * pn).sum(axis=-1))
+    p_off = np.where(ok, launches / safe_z, (w * pf).sum(axis=-1))
+    stop_minute = np.where(ok, np.maximum(time_on - Z, 0.0) / safe_z, 0.0)
+    return p_on, p_off, stop_minute
 
 
 def idle_run_on(at_level: np.ndarray, hW: np.ndarray, s: float, W: float) -> tuple[np.ndarray, np.ndarray]:
@@ -877,7 +889,8 @@ def idle_run_on(at_level: np.ndarray, hW: np.ndarray, s: float, W: float) -> tup
     per = float(SECONDS_PER_MINUTE)
     A = max(1, math.ceil(W / per - 1e-9))
     s = np.asarray(s, dtype=float)
-    geo = [(1.0 - s ** n) / (1.0 - s) for n in range(A)]
+    with np.errstate(divide="ignore", invalid="ignore"):  # s → 1 (a run never ends): n whole minutes
+        geo = [np.where(1.0 - s > 1e-12, (1.0 - s ** n) / (1.0 - s), float(n)) for n in range(A)]
     # q₀ = 0: T = W
     ret = at_level * geo[A - 1]
     ont = at_level * (geo[A - 1] + s ** (A - 1) * (W / per - (A - 1)))

@@ -52,7 +52,7 @@ def switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray,
               W: float, wg: np.ndarray, log_fact: np.ndarray, exact_levels: int, seconds_per_minute: float,
               upper_direct_below: float, upper_series_terms: int, upper_series_stop: float, on: np.ndarray,
               reach: np.ndarray, held: np.ndarray, reach_sd: float, reach_above: float, keep: float = 0.0,
-              negligible: float = 1e-12) -> tuple[np.ndarray, np.ndarray]:
+              negligible: float = 1e-12, idle_expected: float = 1e-12) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """serverless._switching's (p_on, p_off), (H, P): rate and mean (H, 1, G), Q (H,), up and k (P,); on, reach
     (H,) the start levels each hour takes as surely on and those it works out (serverless.
     start_levels_on_and_within_reach: p_on the weights' sum below on, h_on = 0 from reach), held (H,) the stop
@@ -61,12 +61,15 @@ def switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray,
     where numpy works the block out whole: the two agree to 1e-12 relative, or below 1e-20 absolute where the
     kernel takes a rate of under 1e-30 per second as 0. keep: the probability that a minute keeps the previous
     minute's factor (serverless.persistent_switching, worked out here from sums over the nodes; negligible: its
-    PERSIST_NEGLIGIBLE)."""
+    PERSIST_NEGLIGIBLE). A node expecting fewer than idle_expected clusters in a minute brings no request (serverless.
+    idle_run_switching, IDLE_EXPECTED); the third array is its time on in the minutes a run of them stops a level in,
+    per unit of P(on)."""
     H, G = rate.shape[0], rate.shape[-1]
     r2 = np.ascontiguousarray(np.broadcast_to(rate, (H, 1, G))[:, 0, :], dtype=np.float64)
     m2 = np.ascontiguousarray(np.broadcast_to(mean, (H, 1, G))[:, 0, :], dtype=np.float64)
     p_on = np.zeros((H, len(k)))
     p_off = np.zeros((H, len(k)))
+    stop_minute = np.zeros((H, len(k)))
     _kernel()(r2, m2, np.ascontiguousarray(Q, dtype=np.float64), np.ascontiguousarray(up, dtype=np.float64),
               np.ascontiguousarray(k, dtype=np.float64), float(B), float(W),
               np.ascontiguousarray(wg, dtype=np.float64), np.ascontiguousarray(log_fact, dtype=np.float64),
@@ -74,8 +77,8 @@ def switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray,
               float(upper_series_stop), np.ascontiguousarray(on, dtype=np.int64),
               np.ascontiguousarray(reach, dtype=np.int64),
               np.ascontiguousarray(held, dtype=np.int64), float(reach_sd), float(reach_above), float(keep),
-              float(negligible), p_on, p_off)
-    return p_on, p_off
+              float(negligible), float(idle_expected), p_on, p_off, stop_minute)
+    return p_on, p_off, stop_minute
 
 
 # where the result is a constant in doubles (the kernel skips the call): e^x for x < −746 is 0 (below the least
@@ -109,7 +112,8 @@ _upper_series_py = _upper_series
 def _idle_run_on(at_level, hW, s, W, per, A):
     """serverless.idle_run_on for one level and node: (returning on mass, minutes on) over a run of idle minutes
     that goes on with probability s a minute, the same terms in the same order."""
-    geo_last = (1.0 - s ** (A - 1)) / (1.0 - s)
+    one_minus_s = 1.0 - s
+    geo_last = (1.0 - s ** (A - 1)) / one_minus_s if one_minus_s > 1e-12 else float(A - 1)
     ret = at_level * geo_last
     ont = at_level * (geo_last + s ** (A - 1) * (W / per - (A - 1)))
     below = 1.0 - at_level
@@ -117,7 +121,7 @@ def _idle_run_on(at_level, hW, s, W, per, A):
     tiny = hW < 1e-9
     whole = 1.0 if tiny else -math.expm1(-hW)
     for n in range(A):
-        geo = (1.0 - s ** n) / (1.0 - s)
+        geo = (1.0 - s ** n) / one_minus_s if one_minus_s > 1e-12 else float(n)
         lo = max(0.0, W - per * (n + 1))
         hi = W - per * n
         width = hi - lo
@@ -143,7 +147,7 @@ _idle_run_on_py = _idle_run_on
 
 def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, spm, upper_direct_below,
                       upper_series_terms, upper_series_stop, on, reach, held, reach_sd, reach_above, keep, negligible,
-                      p_on, p_off):
+                      idle_expected, p_on, p_off, stop_minute):
     """Fills p_on, p_off (H, P). Per hour h and node g: each level's P(N < L), P(N ≥ L) and P(N = L − 1) as in
     serverless.poisson_tails (exact sums up to exact_levels, Wilson–Hilferty above, the upper tail summed
     directly where it is small), then the hazards and the minute's switching probabilities as in
@@ -177,11 +181,15 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
     A = max(1, math.ceil(W / spm - 1e-9))
     for h in range(H):
         p_idle = 0.0
+        n_idle = 0
         for g in range(G):
-            if rate[h, g] == 0.0:
+            if rate[h, g] * spm < idle_expected:
                 p_idle += wg[g]
-        idle = p_idle > 0.0
+                n_idle += 1
+        idle = 0 < n_idle < G  # an hour with no request at all: every level stops W after its last (as numpy)
         s_run = keep + (1.0 - keep) * p_idle
+        if idle:  # a level at or above when the run begins: no quiet before it
+            ret_at, ont_at = _idle_run_on(1.0, 0.0, s_run, W, spm, A)
         chain = keep > 0.0 or idle
         if chain:
             s_on[:] = 0.0
@@ -294,9 +302,8 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                     p_on[h, p] += w
                     s_on[p] += w  # pn = 1, pf = 0: d = 1
                     if idle:  # ρ = 0; no quiet before a run
-                        ret, ont = _idle_run_on(1.0, 0.0, s_run, W, spm, A)
-                        r_on[p] += w * ret
-                        o_on[p] += w * ont
+                        r_on[p] += w * ret_at
+                        o_on[p] += w * ont_at
                     continue
                 h_on = r * at[p] / max(below[p], 1e-300) if p < c_g else 0.0
                 at_level = 1.0  # on at the minute's end with in flight at or above the stop level (idle runs)
@@ -328,7 +335,7 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
                 settle = (1.0 if x60 > _EXPM1_IS_MINUS_ONE else -math.expm1(-x60)) / max(both, 1e-300)
                 p_on[h, p] += w * h_on * settle
                 p_off[h, p] += w * r_off * settle
-                if chain and not (idle and r == 0.0):  # an idle node: its runs are idle_run_switching's
+                if chain and not (idle and r * spm < idle_expected):  # an idle node: its runs are idle_run_switching's
                     pn = h_on * settle
                     pf = r_off * settle
                     rho = 1.0 - pn - pf
@@ -351,12 +358,12 @@ def _switching_kernel(rate, mean, Q, up, k, B, W, wg, log_fact, exact_levels, sp
             for p in range(a, P):
                 Z = (s_on[p] + into * r_on[p]) / max(1.0 - (1.0 - keep) * (s_rho[p] + into * r_rho[p]), 1e-300)
                 y_a = s_on[p] + (1.0 - keep) * Z * s_rho[p]
-                y_on = y_a + into * (o_on[p] + (1.0 - keep) * Z * o_rho[p])
-                y_off = 1.0 - y_on
+                time_on = y_a + into * (o_on[p] + (1.0 - keep) * Z * o_rho[p])
                 launches = keep * s_cross[p] + (1.0 - keep) * (1.0 - Z) * s_on[p]
-                if y_on > negligible and y_off > negligible and launches > 0:
-                    p_on[h, p] = launches / y_off
-                    p_off[h, p] = launches / y_on
+                if Z > negligible and 1.0 - Z > negligible and launches > 0:
+                    p_on[h, p] = launches / (1.0 - Z)
+                    p_off[h, p] = launches / Z
+                    stop_minute[h, p] = max(time_on - Z, 0.0) / Z
         elif keep > 0.0:
             for p in range(a, P):
                 tot = s_on[p] + s_off[p]
