@@ -204,9 +204,13 @@ def idempotency_claim_ttl_ms(e: EndpointSpec) -> int:
     g = e.gateway
     first_ms, inter_ms = _ms(g.first_byte_timeout_s), _ms(g.inter_chunk_timeout_s)
     connect_ms = CONNECT_TIMEOUT_S * 1000
-    queue_ms = first_ms  # `timeout queue` of the canary backend, and of every backend without admission control
+    # `timeout queue` of the backends a user's request may take (see common() in _endpoint_sections): floor and
+    # burst wait the admission timeout, the canary (and every backend without admission control) the first-byte limit
+    queue_ms = first_ms
     if g.admission_queue_timeout_s is not None:
-        queue_ms = max(queue_ms, _ms(g.admission_queue_timeout_s))
+        queue_ms = _ms(g.admission_queue_timeout_s)
+        if g.canary is not None:
+            queue_ms = max(queue_ms, first_ms)
     attempts = g.max_retries + 1
     before_response_ms = (attempts * (queue_ms + connect_ms) + g.max_retries * min(connect_ms, RETRY_TURNAROUND_MAX_MS)
                           + max(_ms(request_limit_s(e)), first_ms + STREAM_BACKSTOP_MS))
