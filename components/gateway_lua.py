@@ -357,6 +357,14 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
       end
     end
   end
+  -- the engine's request model (pydantic, not strict) takes 1, "true" or "on" for true and streams; the gateway
+  -- would treat such a request as not streamed (no gap limits or heartbeats, its Idempotency-Key never renewed)
+  local s = keys["stream"]
+  local streamed = s and s.raw == "true"
+  if s and not streamed and s.raw ~= "false" and s.raw ~= "null" then
+    txn:set_var("txn.gate_error", "stream must be true or false")
+    return
+  end
   local idem_key = txn.f:req_fhdr("idempotency-key")
   if idem_key and idem_key ~= "" then
     if #idem_key > MAX_IDEM_KEY then
@@ -368,8 +376,6 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
     if refused then txn:set_var("txn.idem_refused", refused) return end
     txn:set_var("txn.idem", tenant .. "\n" .. serial .. "\n" .. idem_key)
   end
-  local s = keys["stream"]
-  local streamed = s and s.raw == "true"
   txn:set_var("txn.stream", streamed and 1 or 0)
   local salt_part
   if stamp_salt then salt_part = salt_member(salt_env) end

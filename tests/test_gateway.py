@@ -468,6 +468,29 @@ def test_malformed_json_never_reaches_the_engine(gw, broken):
     assert records(gw, rid) == []
 
 
+def test_a_stream_flag_that_is_not_a_json_boolean_is_refused(gw):
+    """The engine's request model (vLLM's ChatCompletionRequest: `stream: Optional[bool] = False` on a pydantic model
+    that is not strict) takes 1, "true" or "on" for true and streams; the gateway would treat such a request as not
+    streamed (no gap limits, no heartbeats, its Idempotency-Key claim never renewed), so it refuses it before claiming
+    the key. Reference: pydantic itself, with the same field."""
+    from pydantic import BaseModel, ConfigDict
+
+    class EngineRequest(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        stream: bool | None = False
+
+    port = gw["ports"]["assist"]
+    key = {"Idempotency-Key": f"stream-flag-{uuid.uuid4()}"}
+    for value in (1, "true", "on", 0, "false", 1.0):
+        EngineRequest.model_validate_json(json.dumps(body(stream=value)))  # the engine would take it
+        status, _, content, rid = post(port, body(stream=value), headers=key)
+        assert status == 400 and "stream must be true or false" in json.loads(content)["error"]["message"], value
+        assert records(gw, rid) == []
+    for value in (True, False, None):  # the key was never claimed by the refusals
+        status, _, content, _ = post(port, body(stream=value), headers=key)
+        assert status == 200 and (b"[DONE]" in content) == (value is True), value
+
+
 def test_nesting_deeper_than_the_gateway_parses_is_refused_not_forwarded(gw):
     deep = b'{"model":"m","x":' + b"[" * 600 + b"]" * 600 + b"}"
     status, _, _, rid = post(gw["ports"]["assist"], deep)
