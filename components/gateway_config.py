@@ -87,6 +87,10 @@ MODAL_SECRET_ENV = "GW_MODAL_SECRET"
 BODY_WAIT_S = 10  # longest a client may take to upload a (size-capped) body
 STATS_CONNECTIONS = 50  # kept for probes and the exporter on top of the endpoints' maxconn (a flood cannot starve them)
 STREAM_BACKSTOP_MS = 1000  # native idle timeout = first-byte limit + this, so the Lua filter acts first
+CONNECT_TIMEOUT_S = 3  # one connection attempt to an upstream (HAProxy's `timeout connect`)
+# HAProxy waits min(timeout connect, 1 s) before a retry on the same server (doc/configuration.txt "retries",
+# src/backend.c back_handle_st_cer, 3.0.11)
+RETRY_TURNAROUND_MAX_MS = 1000
 HEADER_ROOM_BYTES = 16384  # headers + the stamped prefix on top of the largest allowed body
 # Quality sampling (spec rollout.quality_sampling; see `llm_quality` in gateway_lua.py): sampled exchanges are
 # posted to the quality recorder through a loopback-only frontend (inside the pod only)
@@ -186,6 +190,31 @@ def request_limit_s(e: EndpointSpec) -> int:
     so this is its only limit (max_tokens at the inter-token SLO, plus prefill, from the spec)."""
     g = e.gateway
     return max(g.max_request_s, g.first_byte_timeout_s)
+
+
+def idempotency_claim_ttl_ms(e: EndpointSpec) -> int:
+    """How long an Idempotency-Key claim lasts before the request's response starts (and, counted from each
+    renewal, while a stream is alive): every wait after the claim, which the gate takes once the body is in
+    (wait-for-body comes before it). Each of the max_retries + 1 connection attempts may wait in the queue
+    (HAProxy gives a requeued request a fresh `timeout queue`) and for the connection, with HAProxy's
+    turn-around before a retry; then the response headers come within `timeout server` (the whole request
+    when not streamed, the first-byte backstop when streamed). A stream renews its claim every half of this
+    from the llm filter's watch, which runs at least every heartbeat or gap limit: never less than twice the
+    longer gap limit. The expiry is only the backstop for a claim whose stream ended without its release."""
+    g = e.gateway
+    first_ms, inter_ms = _ms(g.first_byte_timeout_s), _ms(g.inter_chunk_timeout_s)
+    connect_ms = CONNECT_TIMEOUT_S * 1000
+    # `timeout queue` of the backends a user's request may take (see common() in _endpoint_sections): floor and
+    # burst wait the admission timeout, the canary (and every backend without admission control) the first-byte limit
+    queue_ms = first_ms
+    if g.admission_queue_timeout_s is not None:
+        queue_ms = _ms(g.admission_queue_timeout_s)
+        if g.canary is not None:
+            queue_ms = max(queue_ms, first_ms)
+    attempts = g.max_retries + 1
+    before_response_ms = (attempts * (queue_ms + connect_ms) + g.max_retries * min(connect_ms, RETRY_TURNAROUND_MAX_MS)
+                          + max(_ms(request_limit_s(e)), first_ms + STREAM_BACKSTOP_MS))
+    return max(before_response_ms, 2 * max(first_ms, inter_ms))
 
 
 def longest_request_s(spec: TopologySpec) -> int:
@@ -367,7 +396,7 @@ def render_gateway_config(
         "    option abortonclose",  # a client that leaves while queued is dropped, never sent upstream
         "    option http-no-delay",  # small SSE chunks leave at once (no Nagle/MSG_MORE batching)
         "    option dontlognull",
-        "    timeout connect 3s",
+        f"    timeout connect {CONNECT_TIMEOUT_S}s",
         f"    timeout client {GATEWAY_CLIENT_IDLE_S}s",
         # the request head must be complete within this (header tricklers are dropped); bodies have
         # their own wait (wait-for-body, BODY_WAIT_S)
@@ -481,8 +510,10 @@ def _endpoint_sections(
         fl.append("    tcp-request connection track-sc0 src")
         fl.append(f"    tcp-request connection reject if {{ sc0_conn_cur gt {limits.max_conn_per_source} }}")
         fl.append(too_many)
-    # stamps "max_tokens" (and the tenant's cache_salt) into POST bodies; watches stream gaps
-    fl.append(f"    filter lua.llm {first_ms} {inter_ms} {_ms(g.sse_heartbeat_s)}")
+    # stamps "max_tokens" (and the tenant's cache_salt) into POST bodies; watches stream gaps; renews a
+    # stream's Idempotency-Key claim while it is alive
+    claim_ttl_ms = idempotency_claim_ttl_ms(e)
+    fl.append(f"    filter lua.llm {first_ms} {inter_ms} {_ms(g.sse_heartbeat_s)} {claim_ttl_ms}")
     fl.append("    http-request set-var(txn.route) str(rejected)")
     # tenants: API key (from the Secret, via env) -> tenant
     for t in g.tenants:
@@ -513,12 +544,12 @@ def _endpoint_sections(
             salt_env = env_name(e.name, t.cache_salt_secret_key)
             secret_env[salt_env] = t.cache_salt_secret_key
         # Idempotency-Key dedupe: at most max_connections keys per tenant (no more requests can be in
-        # flight), each expiring after the endpoint's longest request plus the body wait
+        # flight), each expiring after every wait up to the response (a stream renews it while alive)
         # with a floor, the gate also makes the floor pick (below), saving a Lua call per request
         pick = (f"{be_floor} floor {_slot_count(floor_servers[e.name])} {pick_threshold} {g.sticky_hash_header}"
                 if has_floor else "- - - - -")
         fl.append(f"    http-request lua.llm_gate {g.max_tokens} {salt_env} {config_name(t.name)} {max_connections} "
-                  f"{whole_ms + BODY_WAIT_S * 1000} {ns_cap} {pick} if METH_POST "
+                  f"{claim_ttl_ms} {ns_cap} {pick} if METH_POST "
                   f"{{ var(txn.tenant) -m str {config_name(t.name)} }}")
     fl.append("    http-request return status 400 content-type application/json "
               "lf-string '{\"error\":{\"message\":\"%[var(txn.gate_error)]\",\"type\":\"invalid_request_error\","

@@ -215,13 +215,15 @@ end
 
 -- Idempotency keys in flight, per tenant: key -> expiry (ms). A request whose key is in flight
 -- is refused (409) instead of starting a second generation; the llm filter releases the key when
--- its stream ends (end_analyze runs on every path, aborts included), the expiry (the endpoint's
--- longest request) is the backstop. At most `cap` keys per tenant (the gateway's maxconn: no more
--- requests can be in flight), so memory stays bounded. HAProxy's own retry (connection refused)
--- happens inside the same stream, so it keeps the key.
--- Each claim has its own number, and a release frees the key only while that claim holds it: a request that
--- outlives its expiry (queued, then streaming longer than the backstop) must not free the claim its client's
--- retry took after the expiry, which would let a third copy start beside the retry.
+-- its stream ends (end_analyze runs on every path, aborts included). The expiry (the gate's ttl) covers every
+-- wait up to the response (queue, connection attempts, the server's first byte; idempotency_claim_ttl_ms in
+-- gateway_config.py), and a stream's claim is renewed while the stream is alive (claim_renew, from the filter's
+-- watch), so the expiry is only the backstop for a claim whose stream is gone without its release. At most `cap`
+-- keys per tenant (the gateway's maxconn: no more requests can be in flight), so memory stays bounded.
+-- HAProxy's own retry (connection refused) happens inside the same stream, so it keeps the key.
+-- Each claim has its own number, and a release or a renewal touches the key only while that claim holds it: a
+-- request that outlives its expiry (a non-streamed response whose body trickles in past it) must not free, or
+-- take back, the claim its client's retry took after the expiry, which would let a third copy start beside the retry.
 local idem = {}
 local idem_serial = 0
 local MAX_IDEM_KEY = 255
@@ -246,10 +248,13 @@ local function idem_claim(tenant, key, cap, ttl_ms, t)
   tb.n = tb.n + 1
   return nil, idem_serial
 end
-local function idem_release(claim)
+local function idem_parse(claim)  -- txn.idem, "tenant\nnumber\nkey" -> the tenant's table, key, number
   local tenant, serial, key = claim:match("^([^\n]*)\n(%d+)\n(.*)$")
-  local tb = tenant and idem[tenant]
-  if tb and tb.keys[key] and tb.claim[key] == tonumber(serial) then idem_drop(tb, key) end
+  return tenant and idem[tenant], key, tonumber(serial)
+end
+local function idem_release(claim)
+  local tb, key, serial = idem_parse(claim)
+  if tb and tb.keys[key] and tb.claim[key] == serial then idem_drop(tb, key) end
 end
 -- http-request lua.llm_idem_release: frees the claim of a request that a later rule answers itself (it never
 -- reaches the llm filter's end_analyze); unsets txn.idem so nothing releases it twice
@@ -352,6 +357,14 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
       end
     end
   end
+  -- the engine's request model (pydantic, not strict) takes 1, "true" or "on" for true and streams; the gateway
+  -- would treat such a request as not streamed (no gap limits or heartbeats, its Idempotency-Key never renewed)
+  local s = keys["stream"]
+  local streamed = s and s.raw == "true"
+  if s and not streamed and s.raw ~= "false" and s.raw ~= "null" then
+    txn:set_var("txn.gate_error", "stream must be true or false")
+    return
+  end
   local idem_key = txn.f:req_fhdr("idempotency-key")
   if idem_key and idem_key ~= "" then
     if #idem_key > MAX_IDEM_KEY then
@@ -363,8 +376,6 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
     if refused then txn:set_var("txn.idem_refused", refused) return end
     txn:set_var("txn.idem", tenant .. "\n" .. serial .. "\n" .. idem_key)
   end
-  local s = keys["stream"]
-  local streamed = s and s.raw == "true"
   txn:set_var("txn.stream", streamed and 1 or 0)
   local salt_part
   if stamp_salt then salt_part = salt_member(salt_env) end
@@ -618,6 +629,8 @@ end, 4)
 -- stamp, key or sample costs one callback.
 local Llm = { id = "llm", flags = filter.FLT_CFG_FL_HTX }
 Llm.__index = Llm
+local NEVER_MS = math.huge
+Llm.renew_at = NEVER_MS  -- no Idempotency-Key claim to renew; http_headers sets it on a stream that has one
 -- HAProxy calls new() on the per-declaration copy that holds the filter's arguments: inherit from it
 function Llm:new()
   return setmetatable({ started = now_ms(), last = nil, active = false, ended = false, req_done = false, wake_at = 0 },
@@ -635,6 +648,19 @@ function Llm:end_analyze(txn, chn)
   end
   return filter.CONTINUE
 end
+-- Renews this stream's Idempotency-Key claim: its expiry again a claim's ttl ahead, the next renewal half of it
+-- later (the watch runs at least every heartbeat or gap limit, and the ttl is at least twice the longer limit),
+-- so the claim lasts as long as the stream; a stream that is gone stops renewing it. Only while this request's
+-- own claim holds the key: one that lost it (expired and taken by a retry) never takes it back.
+local function claim_renew(self, t)
+  local tb, key = self.claim_tb, self.claim_key
+  if tb.claim[key] == self.claim_serial then
+    tb.keys[key] = t + self.args_claim
+    self.renew_at = t + self.args_claim // 2
+  else
+    self.renew_at = NEVER_MS
+  end
+end
 function Llm:http_headers(txn, msg)
   if not msg:is_resp() then
     -- after every http-request rule: llm_gate has decided the stamp (burst's ns cap included)
@@ -643,7 +669,8 @@ function Llm:http_headers(txn, msg)
     else
       self.req_done = true
     end
-    if not txn:get_var("txn.idem") then self.end_analyze = false end
+    local claim = txn:get_var("txn.idem")
+    if claim then self.claim = claim else self.end_analyze = false end
     self.active = txn:get_var("txn.stream") == 1
     self.sampled = txn:get_var("txn.q_user") ~= nil
     if not self.active and not self.sampled then self.http_headers = false end
@@ -659,6 +686,10 @@ function Llm:http_headers(txn, msg)
     -- engines send headers before the first token: the first-byte clock keeps running, and a
     -- wake-up is needed because no payload callback comes while the upstream stays silent
     local t = now_ms()
+    if self.claim then
+      self.claim_tb, self.claim_key, self.claim_serial = idem_parse(self.claim)
+      if self.claim_tb then claim_renew(self, t) end
+    end
     local wake = math.max(self.started + self.args_first - t, 0)
     local beat = self.started + self.args_beat - t
     if beat < wake then wake = beat end
@@ -736,6 +767,7 @@ end
 watch_gaps = function(self, txn, msg, n)
   if msg:eom() then end_watch(self) return n end
   local t = now_ms()
+  if t >= self.renew_at then claim_renew(self, t) end  -- one comparison per callback; NEVER_MS without a claim
   -- the upstream ended the stream without its end of message (a crash: FIN or reset mid-body). 3.0 still
   -- calls this filter then (2.6's forwarder took its error branch first); the client gets an error
   -- event instead of a cut it cannot tell from an answer's end (the upstream's last bytes usually come
@@ -792,6 +824,7 @@ core.register_filter("llm", Llm, function(f, args)
   f.args_first = tonumber(args[1])
   f.args_inter = tonumber(args[2])
   f.args_beat = tonumber(args[3])
+  f.args_claim = tonumber(args[4])  -- ms an Idempotency-Key claim lasts from a renewal
   return f
 end)
 '''

@@ -13,6 +13,8 @@ mid-stream. Per-request behaviour comes from headers the test sets (the gateway 
   X-Fake-Fail: close-before-response | close-after-first-chunk | reset-after-first-chunk
                             (a crash: FIN, or RST as a killed process with unread data sends)
   X-Fake-Hold: 1            stream one chunk then hold until released (see `release`)
+  X-Fake-Body-Pieces: N     a non-streamed answer's body written in N pieces, X-Fake-Interval-Ms apart (an
+                            upstream whose whole answer takes longer than its headers: the server timeout is idle time)
 
 Threads, plain sockets, bounded waits: nothing here sleeps longer than the request asked.
 """
@@ -123,8 +125,13 @@ class _Handler(BaseHTTPRequestHandler):
         time.sleep(int(h.get("X-Fake-Ttfb-Ms", "0")) / 1000)
         stream = isinstance(body, dict) and body.get("stream") is True
         if not stream:
-            self._send_json(200, {"object": "chat.completion", "upstream": owner.log.name,
-                                  "choices": [{"message": {"role": "assistant", "content": "ok"}}]})
+            answer = {"object": "chat.completion", "upstream": owner.log.name,
+                      "choices": [{"message": {"role": "assistant", "content": "ok"}}]}
+            pieces = int(h.get("X-Fake-Body-Pieces", "1"))
+            if pieces <= 1:
+                self._send_json(200, answer)
+            elif self._send_json_in_pieces(rec, answer, pieces, int(h.get("X-Fake-Interval-Ms", "0")) / 1000):
+                return
             rec.completed = True
             return
         chunks = int(h.get("X-Fake-Chunks", "3"))
@@ -188,6 +195,27 @@ class _Handler(BaseHTTPRequestHandler):
                     self.close_connection = True
                     return True
                 return False  # a pipelined request: not an abort
+
+    def _send_json_in_pieces(self, rec: Recorded, payload: dict, pieces: int, interval_s: float) -> bool:
+        """The answer's headers at once, its body in `pieces` writes `interval_s` apart; True if the peer left."""
+        data = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.flush()
+        step = -(-len(data) // pieces)
+        try:
+            for i in range(0, len(data), step):
+                if i and self._wait(rec, None, interval_s):
+                    return True
+                self.wfile.write(data[i:i + step])
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            rec.aborted_at = rec.aborted_at or time.monotonic()
+            self.close_connection = True
+            return True
+        return False
 
     def _send_json(self, status: int, payload: dict) -> None:
         data = json.dumps(payload).encode()

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import time
 import uuid
 
 import pytest
 
-from components.gateway_config import (BODY_WAIT_S, DnsServers, StaticServers, env_name, floor_capacity,
-                                       render_gateway_config, request_limit_s)
+from components.gateway_config import (DnsServers, StaticServers, env_name, floor_capacity,
+                                       render_gateway_config)
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_harness import HaproxyProcess, free_port, lua_path, pod_ca_dir, require_haproxy, no_recorder
 from topology.spec import CanarySpec
@@ -467,6 +468,29 @@ def test_malformed_json_never_reaches_the_engine(gw, broken):
     assert records(gw, rid) == []
 
 
+def test_a_stream_flag_that_is_not_a_json_boolean_is_refused(gw):
+    """The engine's request model (vLLM's ChatCompletionRequest: `stream: Optional[bool] = False` on a pydantic model
+    that is not strict) takes 1, "true" or "on" for true and streams; the gateway would treat such a request as not
+    streamed (no gap limits, no heartbeats, its Idempotency-Key claim never renewed), so it refuses it before claiming
+    the key. Reference: pydantic itself, with the same field."""
+    from pydantic import BaseModel, ConfigDict
+
+    class EngineRequest(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        stream: bool | None = False
+
+    port = gw["ports"]["assist"]
+    key = {"Idempotency-Key": f"stream-flag-{uuid.uuid4()}"}
+    for value in (1, "true", "on", 0, "false", 1.0):
+        EngineRequest.model_validate_json(json.dumps(body(stream=value)))  # the engine would take it
+        status, _, content, rid = post(port, body(stream=value), headers=key)
+        assert status == 400 and "stream must be true or false" in json.loads(content)["error"]["message"], value
+        assert records(gw, rid) == []
+    for value in (True, False, None):  # the key was never claimed by the refusals
+        status, _, content, _ = post(port, body(stream=value), headers=key)
+        assert status == 200 and (b"[DONE]" in content) == (value is True), value
+
+
 def test_nesting_deeper_than_the_gateway_parses_is_refused_not_forwarded(gw):
     deep = b'{"model":"m","x":' + b"[" * 600 + b"]" * 600 + b"}"
     status, _, _, rid = post(gw["ports"]["assist"], deep)
@@ -541,39 +565,73 @@ def test_gateway_retry_keeps_the_key_and_frees_it_after(gw):
     assert any(ln.split()[8].split("/")[-1].lstrip("+") == "1" for ln in lines)  # some were retried
 
 
-def test_a_request_that_outlives_its_key_never_frees_the_retry_s_claim(planned_stacks, tmp_path_factory):
-    """A stream that keeps sending outlives its key's expiry (the longest request plus the body wait: the server
-    timeout is idle time, not total). The client's retry may then claim the key; when the first stream ends its
-    release must free its own claim only, or a third copy starts beside the retry."""
+def short_claims_spec(spec):
+    """assist with Idempotency-Key claims whose first expiry is 6 s after the claim, worked by hand from HAProxy's
+    waits after the gate: one connection attempt (max_retries 0) that may wait 1 s in the queue (the admission
+    timeout, and the 1 s first-byte limit that is the canary's queue timeout) and 3 s to connect (`timeout
+    connect`), then 2 s for the response headers (a stream's 1 s first-byte limit plus the 1 s native backstop;
+    a non-streamed request's server timeout is its 2 s limit). Streams' gaps: 1 s."""
+    spec = scaled_spec(spec)
+    short = {"first_byte_timeout_s": 1, "inter_chunk_timeout_s": 1, "max_request_s": 2, "max_retries": 0,
+             "admission_queue_timeout_s": 1.0}
+    return spec.model_copy(update={"endpoints": tuple(
+        e.model_copy(update={"gateway": e.gateway.model_copy(update=short)}) if e.name == "assist" else e
+        for e in spec.endpoints)})
+
+
+SHORT_CLAIM_MS = 1000 + 3000 + 2000  # short_claims_spec's docstring
+
+
+@pytest.fixture(scope="module")
+def short_claims(planned_stacks, tmp_path_factory):
+    yield from _gateway(short_claims_spec(planned_stacks["prod"][1]), tmp_path_factory)
+
+
+def test_idempotency_claims_last_as_long_as_their_requests(short_claims):
+    """A stream is bounded per gap, not in total: one that runs past its claim's first expiry keeps its key (the
+    client's retry gets 409, no second generation), and the key is free once it ends. A non-streamed answer whose
+    body trickles in (the server timeout is idle time; only a stream renews its claim) does outlive its claim: the
+    client's retry may then claim the key, and when the first request ends its release must free its own claim
+    only, or a third copy starts beside the retry. Both run side by side (one wait for both expiries)."""
     import concurrent.futures as cf
 
-    spec = scaled_spec(planned_stacks["prod"][1])
-    spec = spec.model_copy(update={"endpoints": tuple(
-        e.model_copy(update={"gateway": e.gateway.model_copy(update={"max_request_s": 1})}) for e in spec.endpoints)})
-    fixture = _gateway(spec, tmp_path_factory)
-    g = next(fixture)
-    try:
-        port, ups = g["ports"]["assist"], g["ups"]
-        key = {"Idempotency-Key": f"outlived-{uuid.uuid4()}"}
-        ttl_s = request_limit_s(spec.endpoint("assist")) + BODY_WAIT_S  # the key's expiry (llm_gate's ttl)
-        with cf.ThreadPoolExecutor(max_workers=2) as pool:
-            t0 = time.monotonic()
-            first = pool.submit(post, port, body(stream=True), headers={
-                **key, "X-Fake-Chunks": str(int((ttl_s + 2) / 0.4)), "X-Fake-Interval-Ms": "400"}, timeout=30)
-            time.sleep(0.5)
-            assert post(port, body(stream=True), headers=key)[0] == 409  # in flight, not expired
-            time.sleep(max(0.0, ttl_s + 0.3 - (time.monotonic() - t0)))
-            # the retry streams on past the first's end (a held stream would meet the 1 s inter-chunk limit)
-            retry = pool.submit(post, port, body(stream=True), headers={
-                **key, "X-Fake-Chunks": "12", "X-Fake-Interval-Ms": "400"}, timeout=30)
-            assert wait_until(lambda: sum(r.headers.get("idempotency-key") == key["Idempotency-Key"]
-                                          for u in ups.values() for r in u.log.completions()) == 2, timeout_s=3)
-            assert first.result(timeout=15)[0] == 200 and not retry.done()  # the first ended; the retry streams
-            status, _, _, rid = post(port, body(stream=True), headers=key)
-            assert status == 409 and records(g, rid) == []  # the retry's claim still holds
-            assert retry.result(timeout=10)[0] == 200
-    finally:
-        next(fixture, None)
+    g = short_claims
+    port = g["ports"]["assist"]
+    cfg = (g["proc"].workdir / "haproxy.cfg").read_text()
+    assert re.search(rf"lua\.llm_gate \S+ \S+ acme \d+ {SHORT_CLAIM_MS} ", cfg)  # the expiry the waits below pass
+    streamed = {"Idempotency-Key": f"long-stream-{uuid.uuid4()}"}
+    trickled = {"Idempotency-Key": f"trickled-{uuid.uuid4()}"}
+
+    def upstream_copies(key):
+        return sum(r.headers.get("idempotency-key") == key["Idempotency-Key"]
+                   for u in g["ups"].values() for r in u.log.completions())
+
+    with cf.ThreadPoolExecutor(max_workers=3) as pool:
+        t0 = time.monotonic()
+        # 16 chunks 0.5 s apart (8 s; every gap within the 1 s limit); 10 pieces 0.8 s apart (7.2 s; each gap within
+        # the 2 s server timeout)
+        first = pool.submit(post, port, body(stream=True), headers={
+            **streamed, "X-Fake-Chunks": "16", "X-Fake-Interval-Ms": "500"}, timeout=30)
+        slow = pool.submit(post, port, body(), headers={
+            **trickled, "X-Fake-Body-Pieces": "10", "X-Fake-Interval-Ms": "800"}, timeout=30)
+        assert wait_until(lambda: upstream_copies(streamed) == 1 and upstream_copies(trickled) == 1)
+        time.sleep(max(0.0, t0 + SHORT_CLAIM_MS / 1000 + 0.4 - time.monotonic()))  # both claims' first expiry passed
+        assert not first.done() and not slow.done()
+        status, _, content, rid = post(port, body(stream=True), headers=streamed)  # the client's retry
+        assert status == 409 and json.loads(content)["error"]["type"] == "conflict_error"
+        assert records(g, rid) == [] and upstream_copies(streamed) == 1  # no second generation
+        # the trickled answer's claim expired: its retry is served (and streams on past the first's end)
+        retry = pool.submit(post, port, body(stream=True), headers={
+            **trickled, "X-Fake-Chunks": "6", "X-Fake-Interval-Ms": "400"}, timeout=30)
+        assert wait_until(lambda: upstream_copies(trickled) == 2, timeout_s=3)
+        assert slow.result(timeout=10)[0] == 200 and not retry.done()  # the first ended; the retry streams
+        status, _, _, rid = post(port, body(stream=True), headers=trickled)
+        assert status == 409 and records(g, rid) == []  # the retry's claim still holds
+        done = first.result(timeout=10)
+        assert done[0] == 200 and b"[DONE]" in done[2] and b"event: error" not in done[2]
+        assert retry.result(timeout=10)[0] == 200
+    assert post(port, body(), headers=streamed)[0] == 200  # the stream ended: its key is free again
+    assert post(port, body(), headers=trickled)[0] == 200
 
 
 def test_overlong_idempotency_key_is_refused(gw):

@@ -82,12 +82,19 @@ def test_full_floor_and_burst_wait_then_429_with_retry_after(planned_stacks, tmp
             assert json.loads(content)["error"]["type"] == "overloaded_error"
             # a request that finds a slot freed while it waits is served (the 429'd request's retry: its
             # Idempotency-Key was freed with the 429, not held as if it were in flight)
-            queued = pool.submit(post, gw.port, body(stream=True), headers=key)
+            queued = pool.submit(post, gw.port, body(stream=True),
+                                 headers={**key, "X-Fake-Chunks": "4", "X-Fake-Interval-Ms": "300"})
             time.sleep(0.4)  # it is in HAProxy's queue (timeout 1 s)
             for u in ups.values():
                 u.release()
+            # it waited in the queue, then streams: its key is still claimed (no second generation), and free after
+            assert wait_until(lambda: sum(r.headers.get("idempotency-key") == key["Idempotency-Key"]
+                                          for u in ups.values() for r in u.log.completions()) == 1)
+            status, _, _, _ = post(gw.port, body(stream=True), headers=key)
+            assert status == 409 and not queued.done()
             late = queued.result(timeout=10)
             results = [f.result(timeout=10) for f in on_floor + on_burst + admitted]
+            assert post(gw.port, body(), headers=key)[0] == 200
         assert late[0] == 200 and late[1]["x-served-by"] == "floor" and b"[DONE]" in late[2]
         assert all(r[0] == 200 and b"[DONE]" in r[2] for r in results)
         assert [r[1]["x-served-by"] for r in results] == ["floor"] * 4 + ["burst"] * 2 + ["floor"] * 2
