@@ -29,6 +29,7 @@ DEFAULT_NAMESPACE = "llm-serving"
 _SINCE = re.compile(r"^(\d+)([mhdw])$")
 _UNIT_S = {"m": 60, "h": 3600, "d": 86400, "w": 604800}
 HTTP_TIMEOUT_S = 30
+RANGE_POINTS = 10_000  # points a range query asks for at most (Prometheus refuses more than 11,000 per series)
 
 
 def since_seconds(text: str) -> int:
@@ -73,6 +74,52 @@ def _scalar(result: list[dict]) -> float:
     return v if math.isfinite(v) else 0.0
 
 
+def requests_by_minute(prom: Prometheus, query: str, start_s: float, end_s: float) -> list[list[float]]:
+    """[[unix_s, requests in the minute ending then], ...] from the raw request counters (one series per gateway
+    pod) sampled each whole minute: each series' difference a minute apart (after a reset — a restarted pod — the
+    counter's value itself, as Prometheus's increase() counts it), summed over the series. The first sample of a
+    pod started in the window counts from 0 (it started within that minute); the minute a pod stopped in counts
+    it no more (at most its last minute's requests lost). A minute where a series has a gap, or a value not scraped within that minute
+    (scrapes further apart than a minute), is left out for all of them, so a sum never misses a pod or lumps
+    minutes together."""
+    first = math.ceil(start_s / 60) * 60
+    last = math.floor(end_s / 60) * 60
+    values: dict[tuple, dict[float, float]] = {}
+    scraped: dict[tuple, dict[float, float]] = {}  # samples each series has in the minute ending at each stamp
+    t = first
+    while t < last:
+        stop = min(last, t + 60 * (RANGE_POINTS - 1))
+        # [59s], not [1m]: Prometheus 2.x's range includes the sample a whole minute back (3.x's does not)
+        for q, into in ((query, values), (f"count_over_time({query}[59s])", scraped)):
+            for series in prom.range(q, t, stop, 60):
+                key = tuple(sorted((k, v) for k, v in series["metric"].items() if k != "__name__"))
+                into.setdefault(key, {}).update((float(ts), float(v)) for ts, v in series["values"])
+        t = stop + 60  # the next chunk starts a minute on; the difference across the seam is taken below
+    per_minute: dict[float, float] = {}
+    missing: set[float] = set()
+    stamps = [first + 60 * i for i in range(1, int((last - first) // 60) + 1)]
+    for key, samples in values.items():
+        born, gone = min(samples), max(samples)
+        fresh = scraped.get(key, {})
+        for ts in stamps:
+            a, b = samples.get(ts - 60), samples.get(ts)
+            if a is None and b is None:
+                continue  # this pod did not exist then
+            started = a is None and ts == born and born > first
+            if started:
+                a = 0.0  # a pod started in the window: its counter started at 0 within the minute before
+            if b is None and ts - 60 == gone:
+                continue  # the pod stopped within the minute: its last requests are not in any sample
+            if (a is None or b is None or not (math.isfinite(a) and math.isfinite(b))
+                    or fresh.get(ts, 0.0) < 1 or (not started and fresh.get(ts - 60, 0.0) < 1)):
+                # a gap, or a value carried over from an older sample (scrapes further apart than a minute:
+                # the difference would put several minutes' requests in one)
+                missing.add(ts)
+                continue
+            per_minute[ts] = per_minute.get(ts, 0.0) + (b - a if b >= a else b)
+    return [[ts, n] for ts, n in sorted(per_minute.items()) if ts not in missing]
+
+
 def _histogram(prom: Prometheus, key: str, fill: dict[str, str], end_s: float) -> dict | None:
     buckets = {s["metric"]["le"]: float(s["value"][1]) for s in prom.instant(QUERIES[key].format(**fill), end_s)
                if "le" in s["metric"]}
@@ -96,6 +143,8 @@ def query_results(prom: Prometheus, spec, namespace: str, start_s: float, end_s:
         res: dict[str, Any] = {"queries": {k: q.format(**fill) for k, q in QUERIES.items()}}
         series = prom.range(QUERIES["requests_by_hour"].format(**fill), start_s + 3600, end_s, 3600)
         res["requests_by_hour"] = [[float(t), float(v)] for s in series for t, v in s["values"]]
+        res["requests_by_minute"] = requests_by_minute(prom, QUERIES["requests_by_minute"].format(**fill), start_s,
+                                                       end_s)
         for key in ("prompt_tokens", "generation_tokens"):
             h = _histogram(prom, key, fill, end_s)
             if h is not None:

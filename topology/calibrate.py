@@ -5,6 +5,7 @@ saved results document, and passes the date in; this module never reads the cloc
 
 The results document (JSON), per endpoint:
   requests_by_hour   [[unix_s, requests in the hour ending then], ...]   gateway frontend (floor + burst)
+  requests_by_minute [[unix_s, requests in the minute ending then], ...] the same, per minute (optional)
   prompt_tokens / generation_tokens  {"sum", "count", "buckets": {le: cumulative count}}   vLLM histograms
   prefix_cache       {"hits", "queries"}                                  vLLM counters (prompt tokens)
   prefill            {"tokens", "seconds"}                                prompt tokens ÷ prefill time
@@ -24,10 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import numpy as np
 from pydantic import ValidationError
 
 from .inputs import HOURS_PER_WEEK, CostInputs, EndpointInputs
 from .loading import InputError, format_validation_error
+from .plan.serverless import (correlation_s_from_minute_counts, idle_share_from_minute_counts,
+                              peak_factor_from_minute_counts)
 
 # The floor runs near saturation when its mean running sequences reach this share of what a replica holds: only
 # then is its busiest hour's output rate a saturation figure (below it, the engine could have done more).
@@ -35,10 +39,16 @@ SATURATED_RUNNING_SHARE = 0.8
 # A pod that waited this long between creation and start waited for a node: its created → ready is a new-node start.
 NODE_WAIT_S = 60
 MIN_REQUESTS_FOR_SHAPE = 100  # fewer finished requests than this say nothing about a p99
+# Whole clock hours of per-minute counts (every minute sampled, requests in the hour) before the within-hour
+# traffic figures move: a day's hours, so one odd hour does not set an endpoint's burstiness
+MIN_HOURS_FOR_BURSTINESS = 24
 
 # What the I/O side asks Prometheus for ({ns}, {model}, {frontend}, {pod_re} filled per endpoint; [{w}] the window).
 QUERIES: dict[str, str] = {
     "requests_by_hour": 'sum(increase(haproxy_frontend_http_requests_total{{namespace="{ns}",proxy="{frontend}"}}[1h]))',
+    # the raw counters, one series per gateway pod, sampled each minute: their differences are the minute's
+    # requests exactly (increase() over [1m] extrapolates from the samples inside the minute)
+    "requests_by_minute": 'haproxy_frontend_http_requests_total{{namespace="{ns}",proxy="{frontend}"}}',
     "prompt_tokens": 'sum by (le) (increase(vllm:request_prompt_tokens_bucket{{namespace="{ns}",model_name="{model}"}}[{w}]))',
     "prompt_tokens_sum": 'sum(increase(vllm:request_prompt_tokens_sum{{namespace="{ns}",model_name="{model}"}}[{w}]))',
     "generation_tokens": 'sum by (le) (increase(vllm:request_generation_tokens_bucket{{namespace="{ns}",model_name="{model}"}}[{w}]))',
@@ -123,6 +133,22 @@ def hourly_profile(requests_by_hour: Sequence[Sequence[float]], timezone: str) -
     return [s / c if c else None for s, c in zip(sums, counts)]
 
 
+def minute_counts_by_hour(requests_by_minute: Sequence[Sequence[float]]) -> np.ndarray:
+    """(hours, 60) request counts of the whole clock hours (UTC) in the samples, in time order: each sample counts
+    the requests of the minute ending at its timestamp (rounded to the minute); an hour with a minute missing or
+    not finite is left out (its dispersion and neighbours would be wrong), a minute sampled twice is refused."""
+    hours: dict[int, list[float | None]] = {}
+    for t, n in requests_by_minute:
+        start = round((t - 60) / 60) * 60
+        h, m = divmod(int(start), 3600)
+        row = hours.setdefault(h, [None] * 60)
+        if row[m // 60] is not None:
+            raise CalibrationError(f"results: requests_by_minute has two samples for the minute ending at {start + 60}")
+        row[m // 60] = n if (n is not None and math.isfinite(n) and n >= 0) else math.nan
+    whole = [row for _, row in sorted(hours.items()) if all(x is not None and not math.isnan(x) for x in row)]
+    return np.array(whole, dtype=float).reshape(len(whole), 60)
+
+
 def _num(x: Any, what: str) -> float:
     try:
         v = float(x)
@@ -164,6 +190,32 @@ def calibrate_endpoint(ep: EndpointInputs, res: Mapping[str, Any], gpu_kind: str
         traffic = traffic.model_copy(update={"hourly_mean_requests_per_s": new, "rate_trace": None})
     else:
         kept.append(f"{name}: traffic profile (no gateway request counts in the window)")
+
+    # within-hour burstiness from per-minute counts (the cluster size needs 10-second counts, finer than a scrape:
+    # the current input's figure takes the Poisson noise out)
+    minutes = res.get("requests_by_minute") or []
+    by_hour = minute_counts_by_hour([(_num(t, "requests_by_minute time"), _num(n, "requests_by_minute value"))
+                                     for t, n in minutes])
+    busy = int((by_hour.mean(axis=1) >= 1.0).sum()) if len(by_hour) else 0
+    if busy >= MIN_HOURS_FOR_BURSTINESS:
+        B = traffic.arrival_cluster_size
+        pf = min(20.0, max(1.0, peak_factor_from_minute_counts(by_hour, B)))
+        tau = min(3600.0, max(0.0, correlation_s_from_minute_counts(by_hour, B)))
+        idle = min(0.99, max(0.0, idle_share_from_minute_counts(by_hour, B, pf)))
+        query = (res.get("queries") or {}).get("requests_by_minute", QUERIES["requests_by_minute"])
+        src = (f"differences of {query} a minute apart, {busy} whole hours with traffic, Poisson noise removed "
+               f"with arrival_cluster_size {B:g} (kept: it needs 10-second counts)")
+        traffic = traffic.model_copy(update={
+            "within_hour_peak_factor": fig("traffic.within_hour_peak_factor", traffic.within_hour_peak_factor,
+                                           _round(pf, 3), src + " (serverless.peak_factor_from_minute_counts)"),
+            "within_hour_correlation_s": fig("traffic.within_hour_correlation_s", traffic.within_hour_correlation_s,
+                                             _round(tau, 3), src + " (serverless.correlation_s_from_minute_counts)"),
+            "idle_minute_share": fig("traffic.idle_minute_share", traffic.idle_minute_share, _round(idle, 3),
+                                     src + " (serverless.idle_share_from_minute_counts)"),
+        })
+    else:
+        kept.append(f"{name}: within-hour burstiness ({busy} whole hours of per-minute request counts with traffic, "
+                    f"fewer than {MIN_HOURS_FOR_BURSTINESS})")
 
     # token shape
     shape = ep.shape.model_dump()
