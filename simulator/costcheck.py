@@ -6,8 +6,8 @@ a spec as if it had won, its traffic replayed through the simulator, and the ser
 option's variable bill compared with the plan's for exactly those hours.
 
 The planner is told the within-hour burstiness and the token means the way a user would measure them: from the
-replayed arrivals' per-minute counts (`peak_factor_from_minute_counts`, `correlation_s_from_minute_counts`,
-`idle_share_from_minute_counts`) and
+replayed arrivals' per-minute counts (`within_hour_from_minute_counts`: the peak factor and idle-minute share
+together; `correlation_s_from_minute_counts`) and
 the tokens they carry, not from the simulator's settings.
 """
 
@@ -29,8 +29,7 @@ from topology.plan.serverless import (
     CLUSTER_WINDOW_S,
     cluster_size_from_counts,
     correlation_s_from_minute_counts,
-    idle_share_from_minute_counts,
-    peak_factor_from_minute_counts,
+    within_hour_from_minute_counts,
 )
 from topology.timebase import HOURS_PER_WEEK, MINUTES_PER_HOUR, SECONDS_PER_HOUR
 
@@ -145,9 +144,8 @@ def measured_traffic(inputs: CostInputs, trace: Trace | None, start_h: float, en
     minutes = counts[: n_win // per * per].reshape(-1, per).sum(axis=1)
     hours = len(minutes) // MINUTES_PER_HOUR
     by_hour = minutes[: hours * MINUTES_PER_HOUR].reshape(hours, MINUTES_PER_HOUR)
-    pf = peak_factor_from_minute_counts(by_hour, b)
+    pf, idle = within_hour_from_minute_counts(by_hour, b)
     tau = correlation_s_from_minute_counts(by_hour, b)
-    idle = idle_share_from_minute_counts(by_hour, b, min(20.0, max(1.0, pf)))
     if n_req == 0:
         return MeasuredTraffic(pf, b, tau, ep.shape.input_tokens_mean, ep.shape.output_tokens_mean, idle)
     return MeasuredTraffic(pf, b, tau, in_sum / n_req, out_sum / n_req, idle)

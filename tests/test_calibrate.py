@@ -293,14 +293,12 @@ def _minute_rows(counts: np.ndarray, start_s: int) -> list[list[float]]:
 def test_calibrate_measures_the_within_hour_traffic_from_minute_counts():
     """Per-minute counts of 48 hours drawn from the plan's traffic model (busiest minute 3× the mean, factor kept
     for τ = 600 s, 30% idle minutes, 6 requests a minute): calibrate writes the three within-hour inputs the
-    measurement functions read from those counts (topology.plan.serverless.*_from_minute_counts, each checked
-    against its generating model in tests/test_cost_model.py), τ and the idle share near the truth (600 →
-    400–800 s; 0.3 → 0.2–0.4, 0.235 here: with a factor that persists, 48 hours hold few independent runs), with the cluster size kept (it needs 10-second counts) and the source named;
-    a minute missing leaves its hour out; fewer than 24 whole hours move nothing. (The peak factor reads 3.9, not
-    3.0: peak_factor_from_minute_counts takes the whole excess dispersion as the Gamma's, idle minutes' included —
-    a known gap of the measurement, README "Serverless cost".)"""
-    from topology.plan.serverless import (correlation_s_from_minute_counts, idle_share_from_minute_counts,
-                                          peak_factor_from_minute_counts)
+    measurement functions read from those counts (topology.plan.serverless.within_hour_from_minute_counts and
+    correlation_s_from_minute_counts, each checked against its generating model in tests/test_cost_model.py),
+    near the truth (peak 3.0 → 2.6–3.6, τ 600 → 400–800 s, idle 0.3 → 0.2–0.4; 3.3, 0.24 here: with a factor
+    that persists, 48 hours hold few independent runs), with the cluster size kept (it needs 10-second counts)
+    and the source named; a minute missing leaves its hour out; fewer than 24 whole hours move nothing."""
+    from topology.plan.serverless import correlation_s_from_minute_counts, within_hour_from_minute_counts
 
     inputs = load_inputs(STACK)
     placement = {"assist": ("H100-80GB", None)}
@@ -313,10 +311,11 @@ def test_calibrate_measures_the_within_hour_traffic_from_minute_counts():
     a = next(e for e in cal.inputs.endpoints if e.name == "assist")
     kept_hours = np.delete(counts, 5, axis=0)
     B = a.traffic.arrival_cluster_size
-    pf = peak_factor_from_minute_counts(kept_hours, B)
+    pf, idle = within_hour_from_minute_counts(kept_hours, B)
     assert a.traffic.within_hour_peak_factor == pytest.approx(pf, rel=1e-3)
     assert a.traffic.within_hour_correlation_s == pytest.approx(correlation_s_from_minute_counts(kept_hours, B), rel=1e-3)
-    assert a.traffic.idle_minute_share == pytest.approx(idle_share_from_minute_counts(kept_hours, B, pf), abs=1e-3)
+    assert a.traffic.idle_minute_share == pytest.approx(idle, abs=1e-3)
+    assert 2.6 <= a.traffic.within_hour_peak_factor <= 3.6
     assert 400 <= a.traffic.within_hour_correlation_s <= 800
     assert 0.2 <= a.traffic.idle_minute_share <= 0.4
     src = next(f.source for f in cal.figures if f.path.endswith("within_hour_peak_factor"))

@@ -267,6 +267,31 @@ def test_an_idle_run_stops_a_level_once_it_lasts_the_window():
     assert ont[1] == pytest.approx(1.0125, rel=1e-9)
 
 
+@pytest.mark.parametrize("peak,p,want_peak", [(3.0, 0.3, (2.8, 3.3)), (5.0, 0.2, (4.5, 5.5)), (7.3, 0.6, (6.8, 7.8)),
+                                              (3.0, 0.0, (2.8, 3.2))])
+def test_peak_factor_and_idle_share_are_measured_together(peak, p, want_peak):
+    """Minute counts drawn from the plan's own factor (idle with probability p, else Poisson at 6 a minute × a Gamma
+    whose busiest active minute is `peak` × the mean; 300 hours): the peak factor and idle share measured together
+    (within_hour_from_minute_counts) give the peak back (3.03, 4.91, 7.25, 2.97) and the share within 0.015, and the
+    plan's factor then has the counts' own excess variance (within 2%). Read one after the other — the peak from all
+    of the dispersion as a Gamma's, then the share for that peak — the idle minutes' part of the variance counted
+    twice: peak 3.0 at 30% idle read 3.58 and the plan's factor had a variance 21% over the counts'."""
+    rng = np.random.default_rng(11)
+    alpha = gamma_alpha_for_peak_with_idle(peak, p)
+    g = np.where(rng.random(300 * 60) < p, 0.0, rng.gamma(alpha, 1 / alpha, 300 * 60) / (1 - p))
+    counts = rng.poisson(6.0 * g).reshape(300, 60).astype(float)
+    pf, share = sv.within_hour_from_minute_counts(counts)
+    assert want_peak[0] <= pf <= want_peak[1]
+    assert share == pytest.approx(p, abs=0.015)
+    m = counts.mean(axis=1)
+    V = float(np.mean((counts.var(axis=1, ddof=1) - m) / m ** 2))
+    a = gamma_alpha_for_peak_with_idle(pf, share)  # the plan's factor: E g² = (1 + 1/α)/(1 − p)
+    assert (1 + (1 / a if a else 0.0)) / (1 - share) - 1 == pytest.approx(V, rel=0.02)
+    if p > 0.25 and peak == 3.0:
+        seq = sv.peak_factor_from_minute_counts(counts)
+        assert seq > want_peak[1]
+
+
 def test_idle_share_keeps_the_mean_and_the_busiest_minute():
     """The factor with idle minutes: mean 1 (the hour's mean rate is the input's), a node at 0 of weight p, and the
     busiest of the 60·(1 − p) active minutes — their factor's n/(n + 1) quantile (Wilson–Hilferty, as the largest

@@ -30,8 +30,7 @@ from pydantic import ValidationError
 
 from .inputs import HOURS_PER_WEEK, CostInputs, EndpointInputs
 from .loading import InputError, format_validation_error
-from .plan.serverless import (correlation_s_from_minute_counts, idle_share_from_minute_counts,
-                              peak_factor_from_minute_counts)
+from .plan.serverless import correlation_s_from_minute_counts, within_hour_from_minute_counts
 
 # The floor runs near saturation when its mean running sequences reach this share of what a replica holds: only
 # then is its busiest hour's output rate a saturation figure (below it, the engine could have done more).
@@ -199,19 +198,19 @@ def calibrate_endpoint(ep: EndpointInputs, res: Mapping[str, Any], gpu_kind: str
     busy = int((by_hour.mean(axis=1) >= 1.0).sum()) if len(by_hour) else 0
     if busy >= MIN_HOURS_FOR_BURSTINESS:
         B = traffic.arrival_cluster_size
-        pf = min(20.0, max(1.0, peak_factor_from_minute_counts(by_hour, B)))
+        pf, idle = within_hour_from_minute_counts(by_hour, B)
+        pf, idle = min(20.0, max(1.0, pf)), min(0.99, max(0.0, idle))
         tau = min(3600.0, max(0.0, correlation_s_from_minute_counts(by_hour, B)))
-        idle = min(0.99, max(0.0, idle_share_from_minute_counts(by_hour, B, pf)))
         query = (res.get("queries") or {}).get("requests_by_minute", QUERIES["requests_by_minute"])
         src = (f"differences of {query} a minute apart, {busy} whole hours with traffic, Poisson noise removed "
                f"with arrival_cluster_size {B:g} (kept: it needs 10-second counts)")
         traffic = traffic.model_copy(update={
             "within_hour_peak_factor": fig("traffic.within_hour_peak_factor", traffic.within_hour_peak_factor,
-                                           _round(pf, 3), src + " (serverless.peak_factor_from_minute_counts)"),
+                                           _round(pf, 3), src + " (serverless.within_hour_from_minute_counts)"),
             "within_hour_correlation_s": fig("traffic.within_hour_correlation_s", traffic.within_hour_correlation_s,
                                              _round(tau, 3), src + " (serverless.correlation_s_from_minute_counts)"),
             "idle_minute_share": fig("traffic.idle_minute_share", traffic.idle_minute_share, _round(idle, 3),
-                                     src + " (serverless.idle_share_from_minute_counts)"),
+                                     src + " (serverless.within_hour_from_minute_counts)"),
         })
     else:
         kept.append(f"{name}: within-hour burstiness ({busy} whole hours of per-minute request counts with traffic, "

@@ -70,7 +70,8 @@ from statistics import NormalDist
 import numpy as np
 
 from ..inputs import EndpointInputs
-from ..minute_factors import busiest_minute_factor, factor_keep, gamma_alpha_for_peak, gamma_alpha_for_peak_with_idle
+from ..minute_factors import (active_minute_z, busiest_minute_factor, factor_keep, gamma_alpha_for_peak,
+                              gamma_alpha_for_peak_with_idle)
 from ..timebase import MINUTES_PER_HOUR, SECONDS_PER_HOUR, SECONDS_PER_MINUTE
 from .placement import Placement
 
@@ -1024,6 +1025,43 @@ def idle_share_from_minute_counts(counts: np.ndarray, cluster_size: float = 1.0,
     Gamma(2) rate at 3 requests a minute 16% of them, Poisson at the mean 5%), and that excess would count them
     twice, once in the Gamma and once as idle minutes. At 18 requests a minute and a peak factor of 7.3 (Azure
     code replayed at 0.3 req/s) the Gamma alone leaves 30% empty against the replay's 61%."""
+    return _idle_share(counts, cluster_size, lambda p: gamma_alpha_for_peak_with_idle(peak_factor, p))
+
+
+def within_hour_from_minute_counts(counts: np.ndarray, cluster_size: float = 1.0) -> tuple[float, float]:
+    """(`traffic.within_hour_peak_factor`, `traffic.idle_minute_share`) measured together from a request log:
+    counts[h, m] = requests in minute m of hour h. The counts' excess dispersion V (as peak_factor_from_minute_counts:
+    the factor's variance, Poisson noise removed) is that of the whole factor, idle minutes' included: at an idle
+    share p the active minutes' Gamma has 1/α_p = (1 + V)·(1 − p) − 1 (E g² = (1 + 1/α_p)/(1 − p); flat where that is
+    ≤ 0), p is the share with which that factor leaves as many minutes empty as the log shows (as
+    idle_share_from_minute_counts, with this α_p), and the peak factor is then the busiest active minute,
+    (1 − 1/(9α_p) + z_n/(3√α_p))³ / (1 − p) (what gamma_alpha_for_peak_with_idle inverts). Read one after the
+    other — the peak factor from all of V as a Gamma's, then p for that peak — the idle minutes' share of the
+    variance was counted in the active minutes too: drawn at peak 3.0 with 30% idle minutes the peak read 3.6–3.9
+    and the plan's factor had a variance 21% over the log's. Without idle minutes it is
+    peak_factor_from_minute_counts's figure and p = 0."""
+    c = np.asarray(counts, dtype=float)
+    mean = c.mean(axis=1)
+    busy = mean >= 1.0
+    if not busy.any():
+        return 1.0, 0.0
+    V = float(np.mean((c[busy].var(axis=1, ddof=1) - cluster_size * mean[busy]) / mean[busy] ** 2))
+
+    def alpha(p: float) -> float | None:
+        inv = (1.0 + V) * (1.0 - p) - 1.0
+        return 1.0 / inv if inv > 1e-9 else None
+
+    p = _idle_share(c, cluster_size, alpha)
+    if p <= 0.0:
+        return peak_factor_from_minute_counts(c, cluster_size), 0.0
+    a = alpha(p)
+    peak = (busiest_minute_factor(a, active_minute_z(p)) if a is not None else 1.0) / (1.0 - p)
+    return max(1.0, peak), p
+
+
+def _idle_share(counts: np.ndarray, cluster_size: float, alpha_of_p) -> float:
+    """idle_share_from_minute_counts with the active minutes' Gamma α at an idle share p given by alpha_of_p(p)
+    (None: flat)."""
     c = np.asarray(counts, dtype=float)
     mean = c.mean(axis=1)
     busy = mean >= 1.0
@@ -1034,7 +1072,7 @@ def idle_share_from_minute_counts(counts: np.ndarray, cluster_size: float = 1.0,
 
     def active_empty(p: float) -> np.ndarray:
         """Each hour's chance that a minute with traffic comes out empty, at an idle share p."""
-        a = gamma_alpha_for_peak_with_idle(peak_factor, p)
+        a = alpha_of_p(p)
         act = per / (1.0 - p)
         return np.exp(-act) if a is None else (1.0 + act / a) ** -a
 
