@@ -74,12 +74,15 @@ def _scalar(result: list[dict]) -> float:
     return v if math.isfinite(v) else 0.0
 
 
-def requests_by_minute(prom: Prometheus, query: str, start_s: float, end_s: float) -> list[list[float]]:
+def requests_by_minute(prom: Prometheus, query: str, start_s: float, end_s: float,
+                       started_s: dict[str, float] | None = None) -> list[list[float]]:
     """[[unix_s, requests in the minute ending then], ...] from the raw request counters (one series per gateway
     pod) sampled each whole minute: each series' difference a minute apart (after a reset — a restarted pod — the
-    counter's value itself, as Prometheus's increase() counts it), summed over the series. The first sample of a
-    pod started in the window counts from 0 (it started within that minute); the minute a pod stopped in counts
-    it no more (at most its last minute's requests lost). A minute where a series has a gap, or a value not scraped within that minute
+    counter's value itself, as Prometheus's increase() counts it), summed over the series. A series first seen in
+    the window counts from 0 only when its pod's HAProxy started within the minute before its first sample
+    (`started_s`: pod -> process start, unix s); otherwise (a pod older than the data, a gap in scraping) its first
+    minute is left out — its counter holds more than a minute. The minute a pod stopped in counts it no more (at
+    most its last minute's requests lost). A minute where a series has a gap, or a value not scraped within that minute
     (scrapes further apart than a minute), is left out for all of them, so a sum never misses a pod or lumps
     minutes together."""
     first = math.ceil(start_s / 60) * 60
@@ -87,10 +90,11 @@ def requests_by_minute(prom: Prometheus, query: str, start_s: float, end_s: floa
     values: dict[tuple, dict[float, float]] = {}
     scraped: dict[tuple, dict[float, float]] = {}  # samples each series has in the minute ending at each stamp
     t = first
-    while t < last:
+    while t <= last:
         stop = min(last, t + 60 * (RANGE_POINTS - 1))
-        # [59s], not [1m]: Prometheus 2.x's range includes the sample a whole minute back (3.x's does not)
-        for q, into in ((query, values), (f"count_over_time({query}[59s])", scraped)):
+        # [59999ms], not [1m]: Prometheus 2.x's range includes the sample a whole minute back (3.x's does not); not
+        # [59s], which misses every sample of a 1-minute scrape that lands less than a second after the minute
+        for q, into in ((query, values), (f"count_over_time({query}[59999ms])", scraped)):
             for series in prom.range(q, t, stop, 60):
                 key = tuple(sorted((k, v) for k, v in series["metric"].items() if k != "__name__"))
                 into.setdefault(key, {}).update((float(ts), float(v)) for ts, v in series["values"])
@@ -101,11 +105,13 @@ def requests_by_minute(prom: Prometheus, query: str, start_s: float, end_s: floa
     for key, samples in values.items():
         born, gone = min(samples), max(samples)
         fresh = scraped.get(key, {})
+        pod_started = (started_s or {}).get(dict(key).get("pod", ""))
         for ts in stamps:
             a, b = samples.get(ts - 60), samples.get(ts)
             if a is None and b is None:
                 continue  # this pod did not exist then
-            started = a is None and ts == born and born > first
+            started = (a is None and ts == born and born > first and pod_started is not None
+                       and ts - 60 < pod_started <= ts)
             if started:
                 a = 0.0  # a pod started in the window: its counter started at 0 within the minute before
             if b is None and ts - 60 == gone:
@@ -143,8 +149,10 @@ def query_results(prom: Prometheus, spec, namespace: str, start_s: float, end_s:
         res: dict[str, Any] = {"queries": {k: q.format(**fill) for k, q in QUERIES.items()}}
         series = prom.range(QUERIES["requests_by_hour"].format(**fill), start_s + 3600, end_s, 3600)
         res["requests_by_hour"] = [[float(t), float(v)] for s in series for t, v in s["values"]]
+        started = {s["metric"].get("pod", ""): float(s["value"][1])
+                   for s in prom.instant(QUERIES["gateway_started"].format(**fill), end_s)}
         res["requests_by_minute"] = requests_by_minute(prom, QUERIES["requests_by_minute"].format(**fill), start_s,
-                                                       end_s)
+                                                       end_s, started)
         for key in ("prompt_tokens", "generation_tokens"):
             h = _histogram(prom, key, fill, end_s)
             if h is not None:

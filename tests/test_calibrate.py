@@ -334,11 +334,13 @@ def test_calibrate_measures_the_within_hour_traffic_from_minute_counts():
 
 
 def test_minute_counts_come_from_the_raw_counters_of_every_gateway_pod(tmp_path):
-    """The I/O side against a real Prometheus: two gateway pods' request counters scraped every 15 s for three
-    hours — pod a restarts at 01:00 (its counter back to 0), pod b starts at 01:30:20 — and one hour (02:00–03:00)
-    scraped only every 5 minutes on pod a. requests_by_minute() gives each minute's requests summed over the pods
-    exactly (the counts written), across the restart and the new pod, in two range queries of at most 100 points
-    (the chunking a week needs at 10,000); the coarsely scraped hour's minutes are left out, not lumped."""
+    """The I/O side against a real Prometheus: gateway pods' request counters scraped every 15 s for three hours —
+    pod a restarts at 01:00 (its counter back to 0), pod b starts at 01:30:15 (its HAProxy start time exported, as
+    promex does), pod c is first seen at 01:40:05 with a counter already at 1,000,000 (older than the data: no
+    start time in the window), and 02:00–03:00 pod a is scraped only every 5 minutes. requests_by_minute() gives
+    each minute's requests summed over the pods exactly (the counts written) across the restart and the new pod, in
+    range queries of at most 100 points (the chunking a week needs at 10,000); pod c's first minute is left out,
+    not counted as a million requests; the coarsely scraped hour's minutes are left out, not lumped."""
     import offline.calibrate_prometheus as cp
 
     require_binary("promtool")
@@ -348,10 +350,10 @@ def test_minute_counts_come_from_the_raw_counters_of_every_gateway_pod(tmp_path)
     minutes = 180
     want = np.zeros(minutes)
     lines = ["# TYPE haproxy_frontend_http_requests counter"]
-    for pod, born in (("gw-a", 0), ("gw-b", 90 * 60 + 20)):
-        value, samples = 0.0, []
-        for k in range(0, minutes * 60 + 1, 15):
-            if k < born:
+    for pod, born, base in (("gw-a", 0, 0.0), ("gw-b", 90 * 60 + 15, 0.0), ("gw-c", 100 * 60 + 5, 1e6)):
+        value = base
+        for k in range(0, minutes * 60 + 1, 5):
+            if k < born or (k - born) % 15:
                 continue
             if pod == "gw-a" and k == 60 * 60 + 15:
                 value = 0.0  # restarted right after the 01:00 scrape: the requests since then are the new counter's
@@ -361,25 +363,25 @@ def test_minute_counts_come_from_the_raw_counters_of_every_gateway_pod(tmp_path)
                 want[min((k - 1) // 60, minutes - 1)] += n
             coarse = pod == "gw-a" and 120 * 60 < k < 180 * 60 and k % 300 != 0
             if not coarse:
-                samples.append(f'haproxy_frontend_http_requests_total{{namespace="{NS}",pod="{pod}",proxy="fe_assist"}} '
-                               f"{value:g} {t0 + k}")
-        lines += samples
+                lines.append(f'haproxy_frontend_http_requests_total{{namespace="{NS}",pod="{pod}",proxy="fe_assist"}} '
+                             f"{value:.10g} {t0 + k}")
     (tmp_path / "m.om").write_text("\n".join(lines) + "\n# EOF\n")
     out = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "m.om", str(tmp_path / "data")],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     (tmp_path / "prom").mkdir()
     server = PrometheusServer(tmp_path / "prom", storage=tmp_path / "data", retention="100y")
+    started = {"gw-a": t0 - 86400.0, "gw-b": t0 + 90 * 60 + 12.0}  # gw-c: started before the data
     try:
         prom = cp.Prometheus(server.url)
         query = f'haproxy_frontend_http_requests_total{{namespace="{NS}",proxy="fe_assist"}}'
         old, cp.RANGE_POINTS = cp.RANGE_POINTS, 100
         try:
-            rows = cp.requests_by_minute(prom, query, t0, t0 + minutes * 60)
+            rows = cp.requests_by_minute(prom, query, t0, t0 + minutes * 60, started)
         finally:
             cp.RANGE_POINTS = old
     finally:
         server.stop()
     got = {int(t - t0) // 60 - 1: n for t, n in rows}
-    assert sorted(got) == list(range(120)), "every minute of the first two hours, none of the coarse one"
-    assert [got[m] for m in range(120)] == want[:120].tolist()
+    assert sorted(got) == [m for m in range(120) if m != 100], "every minute of two hours but pod c's first"
+    assert [got[m] for m in sorted(got)] == [want[m] for m in sorted(got)]

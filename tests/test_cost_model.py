@@ -292,6 +292,22 @@ def test_peak_factor_and_idle_share_are_measured_together(peak, p, want_peak):
         assert seq > want_peak[1]
 
 
+def test_a_burstier_log_never_reads_a_calmer_peak():
+    """Each hour 59 minutes at Poisson(100) and one at k × that: the busiest minute over the mean grows with k, and so
+    must the peak factor read from the counts. Wilson–Hilferty's transform peaks at α = 4/(9z²) and falls below it,
+    so the reading ran backwards — 4.1, 9.7, 6.2 and 2.15 at k = 10, 40, 100, 200 (the log's own busiest/mean 46 at
+    200); it now saturates at the model's most bursty figure, 9.72."""
+    rng = np.random.default_rng(5)
+    read = []
+    for k in (10, 40, 100, 200):
+        counts = rng.poisson(100.0, (200, 60)).astype(float)
+        counts[:, 0] = rng.poisson(100.0 * k, 200)
+        read.append(sv.peak_factor_from_minute_counts(counts))
+        assert sv.within_hour_from_minute_counts(counts)[0] == pytest.approx(read[-1])
+    assert read == sorted(read)
+    assert read[-1] == pytest.approx(9.72, abs=0.01)
+
+
 def test_idle_share_keeps_the_mean_and_the_busiest_minute():
     """The factor with idle minutes: mean 1 (the hour's mean rate is the input's), a node at 0 of weight p, and the
     busiest of the 60·(1 − p) active minutes — their factor's n/(n + 1) quantile (Wilson–Hilferty, as the largest

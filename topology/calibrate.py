@@ -48,6 +48,9 @@ QUERIES: dict[str, str] = {
     # the raw counters, one series per gateway pod, sampled each minute: their differences are the minute's
     # requests exactly (increase() over [1m] extrapolates from the samples inside the minute)
     "requests_by_minute": 'haproxy_frontend_http_requests_total{{namespace="{ns}",proxy="{frontend}"}}',
+    # each gateway pod's HAProxy start (promex's process info, addons/promex in 3.0): a counter first seen in the
+    # window counts from 0 only when its process started within the minute before
+    "gateway_started": 'max_over_time(haproxy_process_start_time_seconds{{namespace="{ns}"}}[{w}])',
     "prompt_tokens": 'sum by (le) (increase(vllm:request_prompt_tokens_bucket{{namespace="{ns}",model_name="{model}"}}[{w}]))',
     "prompt_tokens_sum": 'sum(increase(vllm:request_prompt_tokens_sum{{namespace="{ns}",model_name="{model}"}}[{w}]))',
     "generation_tokens": 'sum by (le) (increase(vllm:request_generation_tokens_bucket{{namespace="{ns}",model_name="{model}"}}[{w}]))',
@@ -138,7 +141,9 @@ def minute_counts_by_hour(requests_by_minute: Sequence[Sequence[float]]) -> np.n
     not finite is left out (its dispersion and neighbours would be wrong), a minute sampled twice is refused."""
     hours: dict[int, list[float | None]] = {}
     for t, n in requests_by_minute:
-        start = round((t - 60) / 60) * 60
+        if not math.isfinite(t):
+            raise CalibrationError(f"results: requests_by_minute has a time {t!r}, not a finite unix time")
+        start = math.floor((t - 60) / 60 + 0.5) * 60  # to the nearest minute (a half rounds up, never to even)
         h, m = divmod(int(start), 3600)
         row = hours.setdefault(h, [None] * 60)
         if row[m // 60] is not None:
@@ -202,6 +207,10 @@ def calibrate_endpoint(ep: EndpointInputs, res: Mapping[str, Any], gpu_kind: str
         pf, idle = min(20.0, max(1.0, pf)), min(0.99, max(0.0, idle))
         tau = min(3600.0, max(0.0, correlation_s_from_minute_counts(by_hour, B)))
         query = (res.get("queries") or {}).get("requests_by_minute", QUERIES["requests_by_minute"])
+        if B == 1.0:
+            kept.append(f"{name}: arrival_cluster_size 1 (independent arrivals) taken for the within-hour figures: "
+                        "clients that submit in bunches read as burstiness and idle minutes; measure it from 10-second "
+                        "request counts (topology.plan.serverless.cluster_size_from_counts) and set it first")
         src = (f"differences of {query} a minute apart, {busy} whole hours with traffic, Poisson noise removed "
                f"with arrival_cluster_size {B:g} (kept: it needs 10-second counts)")
         traffic = traffic.model_copy(update={

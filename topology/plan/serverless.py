@@ -70,8 +70,8 @@ from statistics import NormalDist
 import numpy as np
 
 from ..inputs import EndpointInputs
-from ..minute_factors import (active_minute_z, busiest_minute_factor, factor_keep, gamma_alpha_for_peak,
-                              gamma_alpha_for_peak_with_idle)
+from ..minute_factors import (Z_PEAK_MINUTE, active_minute_z, busiest_minute_factor, factor_keep,
+                              gamma_alpha_for_peak, gamma_alpha_for_peak_with_idle)
 from ..timebase import MINUTES_PER_HOUR, SECONDS_PER_HOUR, SECONDS_PER_MINUTE
 from .placement import Placement
 
@@ -934,10 +934,18 @@ def buffer_containers(peak_rps: np.ndarray, planning_rps: float, cold_start_s: f
 
 
 def peak_factor_of_alpha(alpha: float | None) -> float:
-    """The expected busiest of 60 minutes over the mean for Gamma(α, 1/α) minute factors (Wilson–Hilferty)."""
+    """The expected busiest of 60 minutes over the mean for Gamma(α, 1/α) minute factors (Wilson–Hilferty). The
+    transform peaks at α = 4/(9z²) (z = Z_PEAK_MINUTE; 9.7× the mean) and falls below it: a burstier α reads that
+    most bursty figure (as gamma_alpha_for_peak_with_idle clamps the other way), not a calmer one — a log of 59
+    minutes at 100 and one at 20,000 read 2.15."""
     if alpha is None:
         return 1.0
-    return max(1.0, busiest_minute_factor(alpha))
+    return max(1.0, busiest_minute_factor(max(alpha, _most_bursty_alpha(Z_PEAK_MINUTE))))
+
+
+def _most_bursty_alpha(z: float) -> float:
+    """The α at which Wilson–Hilferty's busiest-minute transform at quantile z peaks (minute_factors)."""
+    return 4.0 / (9.0 * z * z)
 
 
 def peak_factor_from_minute_counts(counts: np.ndarray, cluster_size: float = 1.0) -> float:
@@ -1054,8 +1062,8 @@ def within_hour_from_minute_counts(counts: np.ndarray, cluster_size: float = 1.0
     p = _idle_share(c, cluster_size, alpha)
     if p <= 0.0:
         return peak_factor_from_minute_counts(c, cluster_size), 0.0
-    a = alpha(p)
-    peak = (busiest_minute_factor(a, active_minute_z(p)) if a is not None else 1.0) / (1.0 - p)
+    a, z = alpha(p), active_minute_z(p)
+    peak = (busiest_minute_factor(max(a, _most_bursty_alpha(z)), z) if a is not None else 1.0) / (1.0 - p)
     return max(1.0, peak), p
 
 
