@@ -223,3 +223,51 @@ print(json.dumps({"hints": hints, "file": sys.modules[core.ContainerArgs.__modul
     second = json.loads(run_python(code))
     assert second["hints"] == first["hints"]
     assert cached.read_bytes() == data  # rewritten whole
+
+
+# --- annotation texts compiled once across processes, return annotations resolved once per run ---
+
+_COUNTED = """
+compiled = []
+def counting_compile(source, filename, mode, *args, **kwargs):  # the SDK files' and the annotation texts'
+    if mode == "eval":  # an annotation text (the ForwardRef memo's miss)
+        compiled.append(source)
+    return compile(source, filename, mode, *args, **kwargs)
+sdk_imports.compile = counting_compile
+"""
+
+
+def test_annotation_texts_compiled_by_one_process_are_read_back_by_the_next(tmp_path):
+    cache_dir = tmp_path / "cache"
+    code = _LAZY_SETUP % str(cache_dir) + _COUNTED + """
+sdk_imports.compile_annotations_lazily()
+""" + _TYPED_CLASSES + """
+print(json.dumps({"hints": hints, "compiled": len(compiled)}))
+"""
+    first = json.loads(run_python(code))
+    saved = cache_dir / "forward-refs.marshal"
+    written = saved.stat().st_mtime_ns
+    second = json.loads(run_python(code))
+    assert first["compiled"] > 300 and second["compiled"] == 0  # every text read back, none compiled again
+    assert saved.stat().st_mtime_ns == written  # nothing new: not rewritten
+    assert first["hints"] == second["hints"]
+    # a file that is not a marshalled dict of code under a good header (a torn write, another writer's bug) is
+    # ignored: the texts are compiled as before, and the file rewritten whole
+    data = saved.read_bytes()
+    header = data[: data.index(b"forward-refs-1\0") + len(b"forward-refs-1\0") + 1]
+    saved.write_bytes(header + b"\x00garbage")
+    third = json.loads(run_python(code))
+    assert third["compiled"] == first["compiled"] and third["hints"] == first["hints"]
+    assert saved.read_bytes() == data
+
+
+def test_annotation_texts_are_not_written_when_bytecode_writing_is_off(tmp_path):
+    out = json.loads(run_python(_LAZY_SETUP % str(tmp_path / "cache") + """
+import marshal, types, typing
+sys.dont_write_bytecode = True  # as PYTHONDONTWRITEBYTECODE or -B set it
+with sdk_imports.forward_refs_compiled_once():
+    typing.ForwardRef("Optional[Sequence['ContainerArgs']]")
+print(json.dumps({"exists": (sdk_imports.CACHE_DIR / "forward-refs.marshal").exists()}))
+"""))
+    assert out == {"exists": False}
+
