@@ -271,3 +271,28 @@ print(json.dumps({"exists": (sdk_imports.CACHE_DIR / "forward-refs.marshal").exi
 """))
     assert out == {"exists": False}
 
+
+def test_return_annotations_resolved_once_per_text_give_what_pulumi_resolves_for_each_getter(tmp_path):
+    out = json.loads(run_python(_LAZY_SETUP % str(tmp_path / "cache") + """
+sdk_imports.compile_annotations_lazily()
+import typing
+from pulumi import _types
+import pulumi_kubernetes.apps.v1._inputs as apps_inputs
+import pulumi_kubernetes.apps.v1 as apps
+import pulumi_kubernetes.core.v1 as core
+from pulumi_aws.ec2 import launch_template
+from offline.mockrun import _return_hints_evaluated_once
+classes = [c for c in vars(apps_inputs).values() if isinstance(c, type) and _types.is_input_type(c)]
+classes += [apps.Deployment, core.Service, core.ConfigMap, launch_template.LaunchTemplate,
+            launch_template.LaunchTemplateArgs]
+pulumi_way = {c: _types._raw_return_hints.__wrapped__(c) for c in classes}  # Pulumi's own, uncached
+calls = []
+plain_get_type_hints = typing.get_type_hints
+typing.get_type_hints = lambda *a, **k: calls.append(1) or plain_get_type_hints(*a, **k)
+once = _return_hints_evaluated_once(_types._raw_return_hints)
+runner_way = {c: once(c) for c in classes}
+print(json.dumps({"same": runner_way == pulumi_way, "getters": sum(len(h) for h in pulumi_way.values()),
+                  "resolved": len(calls), "classes": len(classes)}))
+"""))
+    assert out["same"] and out["classes"] > 40
+    assert out["resolved"] < out["getters"] / 2  # the repeated texts resolved once
