@@ -15,10 +15,15 @@ re-render removes only the files its previous run listed.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime as dt
+import gc
 import json
 import os
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -234,9 +239,9 @@ def policies_allow(rec: Recording, stack_file: str | Path, config: dict[str, Any
     return not mandatory
 
 
-def read_stack_file(path: str) -> tuple[str, dict[str, Any]]:
-    """(stack name, config) of a Pulumi stack file, read like every other input (bounded, one-line errors),
-    its inputs validated exactly as `plan` validates them (dated against today)."""
+def read_stack_file(path: str) -> tuple[str, dict[str, Any], ValidatedInputs]:
+    """(stack name, config, its validated inputs) of a Pulumi stack file, read like every other input (bounded,
+    one-line errors), its inputs validated exactly as `plan` validates them (dated against today)."""
     from topology.loading import CONFIG_KEY_SUFFIX, inputs_from_document, project_root
     from topology.reading import read_document
 
@@ -252,13 +257,57 @@ def read_stack_file(path: str) -> tuple[str, dict[str, Any]]:
     if not any(str(k).endswith(CONFIG_KEY_SUFFIX) for k in doc["config"]):
         raise InputError(f"{p}: config has no 'llm-serving{CONFIG_KEY_SUFFIX}' key (the cost inputs)")
     # what load_inputs(p) does for a stack file, on the document read above (reading it is a third of the cost)
-    inputs = inputs_from_document(doc, str(p), project_root(), dt.date.today())
+    today = dt.date.today()
+    inputs = inputs_from_document(doc, str(p), project_root(), today)
     from topology.inputs import prices_age_warning
 
-    if (w := prices_age_warning(inputs.prices.prices_as_of, dt.date.today())) is not None:
+    if (w := prices_age_warning(inputs.prices.prices_as_of, today)) is not None:
         print(f"warning: {w}", file=sys.stderr)
     name = p.name.removeprefix("Pulumi.").removesuffix(".yaml").removesuffix(".yml")
-    return name, doc["config"]
+    return name, doc["config"], ValidatedInputs(doc["config"], project_root(), today, inputs)
+
+
+@dataclass(frozen=True)
+class ValidatedInputs:
+    """A stack's inputs as read_stack_file validated them: the config they came from, the folder trace paths
+    resolve against, the date they were checked on, and the result."""
+
+    config: dict[str, Any]
+    base_dir: Path
+    today: dt.date
+    inputs: Any  # topology.inputs.CostInputs
+
+
+INPUTS_CONFIG_KEY = "llm-serving:inputs"  # the key the program reads (`config.require_object("inputs")`)
+
+
+@contextlib.contextmanager
+def _inputs_validated_once(validated: ValidatedInputs) -> Iterator[None]:
+    """The program validates the stack's inputs again (`inputs_from_document` on its config, as under `pulumi
+    up`): the same function on the same document, folder and date as read_stack_file just ran, which reads the
+    rate traces again and warns about them a second time. While the program runs, that call is answered with
+    read_stack_file's result; any other call (another document, folder or date: replication_destinations'
+    other stacks) validates as before. The document the program is handed is the config value after the JSON
+    round trip run_program gives it, so that is what is compared."""
+    import topology.loading as loading
+
+    try:
+        document = json.loads(json.dumps(validated.config[INPUTS_CONFIG_KEY]))
+    except (KeyError, TypeError, ValueError):  # no such key, or not JSON: the program fails or validates itself
+        yield
+        return
+    original = loading.inputs_from_document
+
+    def inputs_from_document(doc: Any, source: str, base_dir: Path, today: dt.date | None = None) -> Any:
+        if today == validated.today and Path(base_dir) == validated.base_dir and doc == document:
+            return validated.inputs
+        return original(doc, source, base_dir, today)
+
+    loading.inputs_from_document = inputs_from_document
+    try:
+        yield
+    finally:
+        loading.inputs_from_document = original
 
 
 def _program_error(e: BaseException) -> str | None:
@@ -276,7 +325,23 @@ def _program_error(e: BaseException) -> str | None:
     return None
 
 
+_EXIT_COLLECTION_SKIPPED = False
+
+
+def _skip_exit_collection() -> None:
+    """At exit the interpreter collects cyclic garbage once more across everything still alive — after a render
+    the SDKs' classes, their types and the recording, a full walk costing ≈ 0.2 s of CPU — to free memory the
+    operating system takes back anyway (Python does not promise finalizers at exit). Objects alive then are
+    frozen out of that last collection (`gc.freeze`, from an exit handler: after the render, before the
+    interpreter's own teardown); the files are written and closed before."""
+    global _EXIT_COLLECTION_SKIPPED
+    if not _EXIT_COLLECTION_SKIPPED:
+        _EXIT_COLLECTION_SKIPPED = True
+        atexit.register(gc.freeze)
+
+
 def cli_main(args: Any) -> int:
+    _skip_exit_collection()
     out_arg = str(args.out)
     if not out_arg.strip():
         print("error: --out '': name an output folder, e.g. --out out/render", file=sys.stderr)
@@ -284,12 +349,13 @@ def cli_main(args: Any) -> int:
     out = Path(out_arg)
     try:
         _previous_files(out)  # refuse a bad folder before minutes of work, and again when writing
-        stack, config = read_stack_file(args.stack)
+        stack, config, validated = read_stack_file(args.stack)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        rec = run_program(stack, config)
+        with _inputs_validated_once(validated):
+            rec = run_program(stack, config)
     except Exception as e:  # noqa: BLE001 - bad config surfaces from inside the program
         msg = _program_error(e)
         if msg is None:

@@ -195,6 +195,48 @@ class LazyAnnotationsLoader(importlib.machinery.SourceFileLoader):
 
 
 _COMPILED_FORWARD_REFS: dict[str, types.CodeType] = {}
+# the annotation texts compiled in earlier processes, kept beside the SDK bytecode: a render compiles some 1 500
+# distinct texts (≈ 25 µs each), the same ones every time; marshal reads them back in a few milliseconds
+FORWARD_REFS_HEADER = importlib.util.MAGIC_NUMBER + b"forward-refs-1\0" + struct.pack("<b", sys.flags.optimize)
+_forward_refs_state = {"loaded": False, "new": False}
+
+
+def _forward_refs_file() -> Path:
+    return CACHE_DIR / "forward-refs.marshal"
+
+
+def _load_compiled_forward_refs() -> None:
+    """The texts compiled in earlier processes, once per process; nothing when the file is absent, of another
+    interpreter or damaged (each text is then compiled as before)."""
+    _forward_refs_state["loaded"] = True
+    cache = _forward_refs_file()
+    try:
+        data = cache.read_bytes()
+        if data[: len(FORWARD_REFS_HEADER)] != FORWARD_REFS_HEADER:
+            return
+        known = marshal.loads(memoryview(data)[len(FORWARD_REFS_HEADER):])
+    except (OSError, ValueError, EOFError, TypeError):
+        return
+    if isinstance(known, dict) and all(type(k) is str and type(v) is types.CodeType for k, v in known.items()):
+        for text, code in known.items():
+            _COMPILED_FORWARD_REFS.setdefault(text, code)
+
+
+def _save_compiled_forward_refs() -> None:
+    """Every text compiled so far, for later processes, when some are new and bytecode may be written (as for the
+    SDK bytecode: not under PYTHONDONTWRITEBYTECODE / -B, nor into a folder that is not writable)."""
+    if not _forward_refs_state["new"] or sys.dont_write_bytecode:
+        return
+    _forward_refs_state["new"] = False
+    cache = _forward_refs_file()
+    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+    try:
+        CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(FORWARD_REFS_HEADER + marshal.dumps(_COMPILED_FORWARD_REFS))
+        os.replace(tmp, cache)  # whole or not at all, if two runs write it at once
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def _compile_forward_ref(source, filename="<string>", mode="exec", *args, **kwargs):
@@ -204,23 +246,28 @@ def _compile_forward_ref(source, filename="<string>", mode="exec", *args, **kwar
     code = _COMPILED_FORWARD_REFS.get(source)
     if code is None:
         code = _COMPILED_FORWARD_REFS[source] = compile(source, filename, mode)
+        _forward_refs_state["new"] = True
     return code
 
 
 @contextlib.contextmanager
 def forward_refs_compiled_once():
     """Each annotation text `typing` compiles into a ForwardRef is compiled once while this lasts (an SDK file
-    runs; the offline runner runs a program). Kept as text, every field of the files' TypedDicts becomes a
-    ForwardRef, which compiles its text: 3 700 times for the three largest files the program imports, of 720
-    distinct texts; and the runtime's `get_type_hints` turns each getter's annotation text into one."""
+    runs; the offline runner runs a program), and once across processes where bytecode may be written. Kept
+    as text, every field of the files' TypedDicts becomes a ForwardRef, which compiles its text: 3 700 times
+    for the three largest files the program imports, of 720 distinct texts; and the runtime's `get_type_hints`
+    turns each getter's annotation text into one."""
     if typing.__dict__.get("compile") is not None:  # an enclosing SDK import has it in place already
         yield
         return
+    if not _forward_refs_state["loaded"]:
+        _load_compiled_forward_refs()
     typing.compile = _compile_forward_ref  # typing looks `compile` up in its globals before the builtins
     try:
         yield
     finally:
         del typing.compile
+        _save_compiled_forward_refs()
 
 
 class LazyAnnotationsFinder:

@@ -119,3 +119,62 @@ def test_command_line_renders_a_stack_and_reports_bad_settings_clearly(tmp_path)
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "cluster.mode = 'borrowed'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_program_run_by_render_takes_the_inputs_render_validated_and_validates_anything_else():
+    """`render` validates the stack's inputs before running the program (one-line errors naming the file), and
+    the program validates them again as under `pulumi up`: the same work on the same document, rate traces read
+    and warned about twice. Inside render the program's call gets render's result; any other document, folder or
+    date is validated as before, and outside render nothing changes."""
+    import datetime as dt
+
+    import topology.loading as loading
+    from offline.render import _inputs_validated_once, read_stack_file
+
+    _name, config, validated = read_stack_file(str(ROOT / "stacks" / "Pulumi.prod.yaml"))
+    doc = json.loads(json.dumps(config["llm-serving:inputs"]))  # what the program is handed (run_program's JSON)
+    bad = copy.deepcopy(doc)
+    bad["endpoints"][0]["name"] = "Not A Name"
+    with _inputs_validated_once(validated):
+        same = loading.inputs_from_document(doc, "program", validated.base_dir, today=validated.today)
+        next_day = loading.inputs_from_document(doc, "program", validated.base_dir,
+                                                today=validated.today + dt.timedelta(days=1))
+        with pytest.raises(InputError, match="program: endpoints.0.name"):
+            loading.inputs_from_document(bad, "program", validated.base_dir, today=validated.today)
+    outside = loading.inputs_from_document(doc, "program", validated.base_dir, today=validated.today)
+    assert same is validated.inputs
+    assert next_day is not validated.inputs and outside is not validated.inputs
+    assert next_day == outside == validated.inputs
+
+
+def test_render_warns_about_a_rate_trace_once(tmp_path, recwarn):
+    from topology.errors import InputNotice
+
+    assert cli_main(types.SimpleNamespace(stack=str(ROOT / "stacks" / "Pulumi.prod.yaml"), out=str(tmp_path))) == 0
+    gaps = [w for w in recwarn if issubclass(w.category, InputNotice) and "had no data" in str(w.message)]
+    assert len(gaps) == 1 and "stacks/Pulumi.prod.yaml" in str(gaps[0].message)  # was twice, once per reading
+
+
+def test_a_render_process_leaves_the_last_collection_to_the_os_and_writes_everything_first(tmp_path):
+    """The interpreter's exit-time cyclic collection (a full walk of everything a render leaves alive) is skipped:
+    what is alive is frozen out of it by an exit handler render's CLI registers once, which runs after the render
+    and after exit handlers registered later, and before the interpreter's teardown."""
+    import subprocess
+    import sys
+
+    code = f"""
+import atexit, gc, json, sys, types, warnings
+warnings.simplefilter("ignore")
+def report():  # registered first, so it runs after render's handler (exit handlers run last in, first out)
+    print(json.dumps({{"frozen": gc.get_freeze_count()}}))
+atexit.register(report)
+from offline.render import cli_main
+for out in ("a", "b"):
+    assert cli_main(types.SimpleNamespace(stack="stacks/Pulumi.dev.yaml", out={str(tmp_path)!r} + "/" + out)) == 0
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    last = json.loads(done.stdout.strip().splitlines()[-1])
+    assert last["frozen"] > 50_000  # the SDK classes, the recordings (≈ 150 000 objects): out of the exit collection
+    assert _files(tmp_path / "a") == _files(tmp_path / "b") and (tmp_path / "a" / "inventory.json").exists()

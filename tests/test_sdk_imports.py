@@ -223,3 +223,76 @@ print(json.dumps({"hints": hints, "file": sys.modules[core.ContainerArgs.__modul
     second = json.loads(run_python(code))
     assert second["hints"] == first["hints"]
     assert cached.read_bytes() == data  # rewritten whole
+
+
+# --- annotation texts compiled once across processes, return annotations resolved once per run ---
+
+_COUNTED = """
+compiled = []
+def counting_compile(source, filename, mode, *args, **kwargs):  # the SDK files' and the annotation texts'
+    if mode == "eval":  # an annotation text (the ForwardRef memo's miss)
+        compiled.append(source)
+    return compile(source, filename, mode, *args, **kwargs)
+sdk_imports.compile = counting_compile
+"""
+
+
+def test_annotation_texts_compiled_by_one_process_are_read_back_by_the_next(tmp_path):
+    cache_dir = tmp_path / "cache"
+    code = _LAZY_SETUP % str(cache_dir) + _COUNTED + """
+sdk_imports.compile_annotations_lazily()
+""" + _TYPED_CLASSES + """
+print(json.dumps({"hints": hints, "compiled": len(compiled)}))
+"""
+    first = json.loads(run_python(code))
+    saved = cache_dir / "forward-refs.marshal"
+    written = saved.stat().st_mtime_ns
+    second = json.loads(run_python(code))
+    assert first["compiled"] > 300 and second["compiled"] == 0  # every text read back, none compiled again
+    assert saved.stat().st_mtime_ns == written  # nothing new: not rewritten
+    assert first["hints"] == second["hints"]
+    # a file that is not a marshalled dict of code under a good header (a torn write, another writer's bug) is
+    # ignored: the texts are compiled as before, and the file rewritten whole
+    data = saved.read_bytes()
+    header = data[: data.index(b"forward-refs-1\0") + len(b"forward-refs-1\0") + 1]
+    saved.write_bytes(header + b"\x00garbage")
+    third = json.loads(run_python(code))
+    assert third["compiled"] == first["compiled"] and third["hints"] == first["hints"]
+    assert saved.read_bytes() == data
+
+
+def test_annotation_texts_are_not_written_when_bytecode_writing_is_off(tmp_path):
+    out = json.loads(run_python(_LAZY_SETUP % str(tmp_path / "cache") + """
+import marshal, types, typing
+sys.dont_write_bytecode = True  # as PYTHONDONTWRITEBYTECODE or -B set it
+with sdk_imports.forward_refs_compiled_once():
+    typing.ForwardRef("Optional[Sequence['ContainerArgs']]")
+print(json.dumps({"exists": (sdk_imports.CACHE_DIR / "forward-refs.marshal").exists()}))
+"""))
+    assert out == {"exists": False}
+
+
+def test_return_annotations_resolved_once_per_text_give_what_pulumi_resolves_for_each_getter(tmp_path):
+    out = json.loads(run_python(_LAZY_SETUP % str(tmp_path / "cache") + """
+sdk_imports.compile_annotations_lazily()
+import typing
+from pulumi import _types
+import pulumi_kubernetes.apps.v1._inputs as apps_inputs
+import pulumi_kubernetes.apps.v1 as apps
+import pulumi_kubernetes.core.v1 as core
+from pulumi_aws.ec2 import launch_template
+from offline.mockrun import _return_hints_evaluated_once
+classes = [c for c in vars(apps_inputs).values() if isinstance(c, type) and _types.is_input_type(c)]
+classes += [apps.Deployment, core.Service, core.ConfigMap, launch_template.LaunchTemplate,
+            launch_template.LaunchTemplateArgs]
+pulumi_way = {c: _types._raw_return_hints.__wrapped__(c) for c in classes}  # Pulumi's own, uncached
+calls = []
+plain_get_type_hints = typing.get_type_hints
+typing.get_type_hints = lambda *a, **k: calls.append(1) or plain_get_type_hints(*a, **k)
+once = _return_hints_evaluated_once(_types._raw_return_hints)
+runner_way = {c: once(c) for c in classes}
+print(json.dumps({"same": runner_way == pulumi_way, "getters": sum(len(h) for h in pulumi_way.values()),
+                  "resolved": len(calls), "classes": len(classes)}))
+"""))
+    assert out["same"] and out["classes"] > 40
+    assert out["resolved"] < out["getters"] / 2  # the repeated texts resolved once
