@@ -75,55 +75,71 @@ def _scalar(result: list[dict]) -> float:
 
 
 def requests_by_minute(prom: Prometheus, query: str, start_s: float, end_s: float,
-                       started_s: dict[str, float] | None = None) -> list[list[float]]:
-    """[[unix_s, requests in the minute ending then], ...] from the raw request counters (one series per gateway
-    pod) sampled each whole minute: each series' difference a minute apart (after a reset — a restarted pod — the
-    counter's value itself, as Prometheus's increase() counts it), summed over the series. A series first seen in
-    the window counts from 0 only when its pod's HAProxy started within the minute before its first sample
-    (`started_s`: pod -> process start, unix s); otherwise (a pod older than the data, a gap in scraping) its first
-    minute is left out — its counter holds more than a minute. The minute a pod stopped in counts it no more (at
-    most its last minute's requests lost). A minute where a series has a gap, or a value not scraped within that minute
-    (scrapes further apart than a minute), is left out for all of them, so a sum never misses a pod or lumps
-    minutes together."""
-    first = math.ceil(start_s / 60) * 60
-    last = math.floor(end_s / 60) * 60
+                       started_s: dict[str, float] | None = None, window_s: int = 60) -> list[list[float]]:
+    """[[unix_s, requests in the window ending then], ...], windows of `window_s` (60: minutes; a divisor of 60)
+    from the raw request counters (one series per gateway pod) sampled at each window's end: each series'
+    difference a window apart (after a reset — a restarted pod — the counter's value itself, as Prometheus's
+    increase() counts it), summed over the series. A series first seen in the window counts from 0 only when its
+    pod's HAProxy started within the window before its first sample (`started_s`: pod -> process start, unix s);
+    otherwise (a pod older than the data, a gap in scraping) its first window is left out — its counter holds
+    more than one. The window a pod stopped in counts it no more (at most its last window's requests lost). A
+    window where a series has a gap, or a value not scraped within that window (scrapes further apart than the
+    window), is left out for all of them, so a sum never misses a pod or lumps windows together."""
+    w = int(window_s)
+    first = math.ceil(start_s / w) * w
+    last = math.floor(end_s / w) * w
     values: dict[tuple, dict[float, float]] = {}
-    scraped: dict[tuple, dict[float, float]] = {}  # samples each series has in the minute ending at each stamp
+    scraped: dict[tuple, dict[float, float]] = {}  # samples each series has in the window ending at each stamp
     t = first
     while t <= last:
-        stop = min(last, t + 60 * (RANGE_POINTS - 1))
-        # [59999ms], not [1m]: Prometheus 2.x's range includes the sample a whole minute back (3.x's does not); not
-        # [59s], which misses every sample of a 1-minute scrape that lands less than a second after the minute
-        for q, into in ((query, values), (f"count_over_time({query}[59999ms])", scraped)):
-            for series in prom.range(q, t, stop, 60):
+        stop = min(last, t + w * (RANGE_POINTS - 1))
+        # [w s − 1 ms], not [w s]: Prometheus 2.x's range includes the sample a whole window back (3.x's does not);
+        # not a second short, which misses every sample of a scrape at the window's own interval that lands less
+        # than a second after the window's end
+        for q, into in ((query, values), (f"count_over_time({query}[{w * 1000 - 1}ms])", scraped)):
+            for series in prom.range(q, t, stop, w):
                 key = tuple(sorted((k, v) for k, v in series["metric"].items() if k != "__name__"))
                 into.setdefault(key, {}).update((float(ts), float(v)) for ts, v in series["values"])
-        t = stop + 60  # the next chunk starts a minute on; the difference across the seam is taken below
-    per_minute: dict[float, float] = {}
+        t = stop + w  # the next chunk starts a window on; the difference across the seam is taken below
+    per_window: dict[float, float] = {}
     missing: set[float] = set()
-    stamps = [first + 60 * i for i in range(1, int((last - first) // 60) + 1)]
+    stamps = [first + w * i for i in range(1, int((last - first) // w) + 1)]
     for key, samples in values.items():
         born, gone = min(samples), max(samples)
         fresh = scraped.get(key, {})
         pod_started = (started_s or {}).get(dict(key).get("pod", ""))
         for ts in stamps:
-            a, b = samples.get(ts - 60), samples.get(ts)
+            a, b = samples.get(ts - w), samples.get(ts)
             if a is None and b is None:
                 continue  # this pod did not exist then
             started = (a is None and ts == born and born > first and pod_started is not None
-                       and ts - 60 < pod_started <= ts)
+                       and ts - w < pod_started <= ts)
             if started:
-                a = 0.0  # a pod started in the window: its counter started at 0 within the minute before
-            if b is None and ts - 60 == gone:
-                continue  # the pod stopped within the minute: its last requests are not in any sample
+                a = 0.0  # a pod started in the window: its counter started at 0 within the window before
+            if b is None and ts - w == gone:
+                continue  # the pod stopped within the window: its last requests are not in any sample
             if (a is None or b is None or not (math.isfinite(a) and math.isfinite(b))
-                    or fresh.get(ts, 0.0) < 1 or (not started and fresh.get(ts - 60, 0.0) < 1)):
-                # a gap, or a value carried over from an older sample (scrapes further apart than a minute:
-                # the difference would put several minutes' requests in one)
+                    or fresh.get(ts, 0.0) < 1 or (not started and fresh.get(ts - w, 0.0) < 1)):
+                # a gap, or a value carried over from an older sample (scrapes further apart than the window:
+                # the difference would put several windows' requests in one)
                 missing.add(ts)
                 continue
-            per_minute[ts] = per_minute.get(ts, 0.0) + (b - a if b >= a else b)
-    return [[ts, n] for ts, n in sorted(per_minute.items()) if ts not in missing]
+            per_window[ts] = per_window.get(ts, 0.0) + (b - a if b >= a else b)
+    return [[ts, n] for ts, n in sorted(per_window.items()) if ts not in missing]
+
+
+def scrape_window_s(prom: Prometheus, query: str, end_s: float) -> int | None:
+    """The gateway counters' scrape interval rounded to a divisor of 60 s below a minute (the finest window the
+    counters can be differenced over), from the samples each series has in the last hour; None when it is a minute
+    or more (no window within a minute to compare)."""
+    counts = [float(s["value"][1]) for s in prom.instant(f"count_over_time({query}[1h])", end_s)]
+    if not counts:
+        return None
+    interval = 3600.0 / max(counts)
+    for w in (5, 6, 10, 12, 15, 20, 30):
+        if interval <= w + 1e-9:
+            return w
+    return None
 
 
 def _histogram(prom: Prometheus, key: str, fill: dict[str, str], end_s: float) -> dict | None:
@@ -151,8 +167,13 @@ def query_results(prom: Prometheus, spec, namespace: str, start_s: float, end_s:
         res["requests_by_hour"] = [[float(t), float(v)] for s in series for t, v in s["values"]]
         started = {s["metric"].get("pod", ""): float(s["value"][1])
                    for s in prom.instant(QUERIES["gateway_started"].format(**fill), end_s)}
-        res["requests_by_minute"] = requests_by_minute(prom, QUERIES["requests_by_minute"].format(**fill), start_s,
-                                                       end_s, started)
+        counter = QUERIES["requests_by_minute"].format(**fill)
+        res["requests_by_minute"] = requests_by_minute(prom, counter, start_s, end_s, started)
+        # arrival_cluster_size from windows within each minute, as fine as the scrape interval allows
+        scrape_w = scrape_window_s(prom, counter, end_s)
+        if scrape_w is not None:
+            res["requests_by_window"] = {"window_s": scrape_w,
+                                         "rows": requests_by_minute(prom, counter, start_s, end_s, started, scrape_w)}
         for key in ("prompt_tokens", "generation_tokens"):
             h = _histogram(prom, key, fill, end_s)
             if h is not None:

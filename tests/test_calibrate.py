@@ -329,7 +329,7 @@ def test_calibrate_measures_the_within_hour_traffic_from_minute_counts():
     assert any("within-hour burstiness (" in k and "fewer than 24" in k for k in cal.kept)
     # a minute sampled twice is a named error
     twice = {"window": res["window"], "endpoints": {"assist": {"requests_by_minute": rows[:3] + rows[2:3]}}}
-    with pytest.raises(CalibrationError, match="two samples for the minute ending at"):
+    with pytest.raises(CalibrationError, match="requests_by_minute has two samples for the window ending at"):
         calibrate(inputs, twice, placement, PRICES_DAY)
 
 
@@ -349,6 +349,7 @@ def test_minute_counts_come_from_the_raw_counters_of_every_gateway_pod(tmp_path)
     t0 = WEEK_START_S
     minutes = 180
     want = np.zeros(minutes)
+    want_15 = np.zeros(minutes * 4)
     lines = ["# TYPE haproxy_frontend_http_requests counter"]
     for pod, born, base in (("gw-a", 0, 0.0), ("gw-b", 90 * 60 + 15, 0.0), ("gw-c", 100 * 60 + 5, 1e6)):
         value = base
@@ -361,6 +362,7 @@ def test_minute_counts_come_from_the_raw_counters_of_every_gateway_pod(tmp_path)
                 n = float(rng.poisson(2.0))
                 value += n
                 want[min((k - 1) // 60, minutes - 1)] += n
+                want_15[min((k - 1) // 15, minutes * 4 - 1)] += n
             coarse = pod == "gw-a" and 120 * 60 < k < 180 * 60 and k % 300 != 0
             if not coarse:
                 lines.append(f'haproxy_frontend_http_requests_total{{namespace="{NS}",pod="{pod}",proxy="fe_assist"}} '
@@ -378,10 +380,52 @@ def test_minute_counts_come_from_the_raw_counters_of_every_gateway_pod(tmp_path)
         old, cp.RANGE_POINTS = cp.RANGE_POINTS, 100
         try:
             rows = cp.requests_by_minute(prom, query, t0, t0 + minutes * 60, started)
+            quarter = cp.requests_by_minute(prom, query, t0, t0 + 60 * 60, started, window_s=15)
         finally:
             cp.RANGE_POINTS = old
+        scrape = cp.scrape_window_s(prom, query, t0 + 60 * 60)
     finally:
         server.stop()
+    # the scrape interval, and the first hour's 15-second windows exact (arrival_cluster_size's counts)
+    assert scrape == 15
+    assert [n for _, n in quarter] == want_15[:240].tolist() and len(quarter) == 240
     got = {int(t - t0) // 60 - 1: n for t, n in rows}
     assert sorted(got) == [m for m in range(120) if m != 100], "every minute of two hours but pod c's first"
     assert [got[m] for m in sorted(got)] == [want[m] for m in sorted(got)]
+
+
+def test_calibrate_measures_the_cluster_size_from_windows_within_minutes():
+    """With the counters scraped every 15 s, calibrate also measures arrival_cluster_size: 30 hours of 15-second
+    counts where requests come in bunches of 5 (5 × Poisson) at a Gamma-varying rate read 5 within 10%, the figure
+    is written with its window named, and the within-hour figures take the Poisson-and-bunch noise out with it:
+    the peak factor reads 2.43 for the drawn Gamma(4)'s 2.34; told B = 1, the bunches read as burstiness (2.71)."""
+    rng = np.random.default_rng(8)
+    hours, start = 30, WEEK_START_S
+    g = rng.gamma(4.0, 0.25, hours * 60)
+    bunches = rng.poisson(np.repeat(g, 4) * 2.0)  # bunches per 15 s: 8 a minute at g = 1
+    quarter = 5.0 * bunches
+    minute = quarter.reshape(-1, 4).sum(axis=1)
+    res = {"window": {"start_s": start, "end_s": start + hours * 3600}, "endpoints": {"assist": {
+        "requests_by_minute": [[start + 60 * (i + 1), float(c)] for i, c in enumerate(minute)],
+        "requests_by_window": {"window_s": 15, "rows": [[start + 15 * (i + 1), float(c)] for i, c in enumerate(quarter)]},
+    }}}
+    inputs = load_inputs(STACK)
+    cal = calibrate(inputs, res, {"assist": ("H100-80GB", None)}, PRICES_DAY)
+    a = next(e for e in cal.inputs.endpoints if e.name == "assist")
+    assert a.traffic.arrival_cluster_size == pytest.approx(5.0, rel=0.1)
+    src = next(f.source for f in cal.figures if f.path.endswith("arrival_cluster_size"))
+    assert "15-second request counts" in src and f"{hours * 60} whole minutes" in src
+    from topology.plan.serverless import peak_factor_from_minute_counts, within_hour_from_minute_counts
+
+    by_hour = minute.reshape(hours, 60).astype(float)
+    assert a.traffic.within_hour_peak_factor == pytest.approx(
+        min(20.0, within_hour_from_minute_counts(by_hour, a.traffic.arrival_cluster_size)[0]), rel=3e-3)  # 3 digits
+    from topology.plan.serverless import peak_factor_of_alpha
+
+    drawn = peak_factor_of_alpha(4.0)  # the Gamma(4) rate's busiest minute, 2.34
+    assert a.traffic.within_hour_peak_factor == pytest.approx(drawn, rel=0.08)  # 2.43
+    assert peak_factor_from_minute_counts(by_hour, 1.0) > 1.12 * drawn  # told B = 1: 2.71
+    bad = {"window": res["window"], "endpoints": {"assist": {**res["endpoints"]["assist"],
+                                                             "requests_by_window": {"window_s": 7, "rows": []}}}}
+    with pytest.raises(CalibrationError, match="window_s is 7, not a divisor of 60"):
+        calibrate(inputs, bad, {"assist": ("H100-80GB", None)}, PRICES_DAY)

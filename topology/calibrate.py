@@ -6,6 +6,8 @@ saved results document, and passes the date in; this module never reads the cloc
 The results document (JSON), per endpoint:
   requests_by_hour   [[unix_s, requests in the hour ending then], ...]   gateway frontend (floor + burst)
   requests_by_minute [[unix_s, requests in the minute ending then], ...] the same, per minute (optional)
+  requests_by_window {"window_s": w, "rows": [[unix_s, requests in the w s ending then], ...]} the same, per
+                     window within a minute (w a divisor of 60: the scrape interval; optional)
   prompt_tokens / generation_tokens  {"sum", "count", "buckets": {le: cumulative count}}   vLLM histograms
   prefix_cache       {"hits", "queries"}                                  vLLM counters (prompt tokens)
   prefill            {"tokens", "seconds"}                                prompt tokens ÷ prefill time
@@ -30,7 +32,7 @@ from pydantic import ValidationError
 
 from .inputs import HOURS_PER_WEEK, CostInputs, EndpointInputs
 from .loading import InputError, format_validation_error
-from .plan.serverless import correlation_s_from_minute_counts, within_hour_from_minute_counts
+from .plan.serverless import cluster_size_from_counts, correlation_s_from_minute_counts, within_hour_from_minute_counts
 
 # The floor runs near saturation when its mean running sequences reach this share of what a replica holds: only
 # then is its busiest hour's output rate a saturation figure (below it, the engine could have done more).
@@ -135,22 +137,25 @@ def hourly_profile(requests_by_hour: Sequence[Sequence[float]], timezone: str) -
     return [s / c if c else None for s, c in zip(sums, counts)]
 
 
-def minute_counts_by_hour(requests_by_minute: Sequence[Sequence[float]]) -> np.ndarray:
+def minute_counts_by_hour(requests_by_minute: Sequence[Sequence[float]], window_s: int = 60,
+                          what: str = "requests_by_minute") -> np.ndarray:
     """(hours, 60) request counts of the whole clock hours (UTC) in the samples, in time order: each sample counts
     the requests of the minute ending at its timestamp (rounded to the minute); an hour with a minute missing or
-    not finite is left out (its dispersion and neighbours would be wrong), a minute sampled twice is refused."""
-    hours: dict[int, list[float | None]] = {}
+    not finite is left out (its dispersion and neighbours would be wrong), a minute sampled twice is refused.
+    window_s < 60 (a divisor of 60): (minutes, 60 / window_s) counts of the whole minutes, the same way."""
+    span, per = (3600, 60) if window_s == 60 else (60, 60 // window_s)
+    groups: dict[int, list[float | None]] = {}
     for t, n in requests_by_minute:
         if not math.isfinite(t):
-            raise CalibrationError(f"results: requests_by_minute has a time {t!r}, not a finite unix time")
-        start = math.floor((t - 60) / 60 + 0.5) * 60  # to the nearest minute (a half rounds up, never to even)
-        h, m = divmod(int(start), 3600)
-        row = hours.setdefault(h, [None] * 60)
-        if row[m // 60] is not None:
-            raise CalibrationError(f"results: requests_by_minute has two samples for the minute ending at {start + 60}")
-        row[m // 60] = n if (n is not None and math.isfinite(n) and n >= 0) else math.nan
-    whole = [row for _, row in sorted(hours.items()) if all(x is not None and not math.isnan(x) for x in row)]
-    return np.array(whole, dtype=float).reshape(len(whole), 60)
+            raise CalibrationError(f"results: {what} has a time {t!r}, not a finite unix time")
+        start = math.floor((t - window_s) / window_s + 0.5) * window_s  # nearest window (a half rounds up)
+        g, m = divmod(int(start), span)
+        row = groups.setdefault(g, [None] * per)
+        if row[m // window_s] is not None:
+            raise CalibrationError(f"results: {what} has two samples for the window ending at {start + window_s}")
+        row[m // window_s] = n if (n is not None and math.isfinite(n) and n >= 0) else math.nan
+    whole = [row for _, row in sorted(groups.items()) if all(x is not None and not math.isnan(x) for x in row)]
+    return np.array(whole, dtype=float).reshape(len(whole), per)
 
 
 def _num(x: Any, what: str) -> float:
@@ -203,16 +208,33 @@ def calibrate_endpoint(ep: EndpointInputs, res: Mapping[str, Any], gpu_kind: str
     busy = int((by_hour.mean(axis=1) >= 1.0).sum()) if len(by_hour) else 0
     if busy >= MIN_HOURS_FOR_BURSTINESS:
         B = traffic.arrival_cluster_size
+        windows = res.get("requests_by_window") or {}
+        w = int(_num(windows.get("window_s", 0), "requests_by_window.window_s")) if windows else 0
+        if windows and (w <= 0 or w >= 60 or 60 % w):
+            raise CalibrationError(f"results: requests_by_window.window_s is {w}, not a divisor of 60 below 60")
+        by_minute = (minute_counts_by_hour([(_num(t, "requests_by_window time"), _num(n, "requests_by_window value"))
+                                            for t, n in windows.get("rows") or []], w, "requests_by_window")
+                     if w else np.zeros((0, 1)))
+        measured_b = len(by_minute) >= MIN_HOURS_FOR_BURSTINESS * 60
+        if measured_b:
+            B = fig("traffic.arrival_cluster_size", traffic.arrival_cluster_size,
+                    _round(min(1000.0, max(1.0, cluster_size_from_counts(by_minute))), 3),
+                    f"variance over mean of {w}-second request counts within each minute, {len(by_minute)} whole "
+                    f"minutes (serverless.cluster_size_from_counts; the input's definition says 10-second windows: "
+                    f"bunches shorter than a window read the same)")
+            traffic = traffic.model_copy(update={"arrival_cluster_size": B})
+        elif B == 1.0:
+            kept.append(f"{name}: arrival_cluster_size 1 (independent arrivals) taken for the within-hour figures: "
+                        "clients that submit in bunches read as burstiness and idle minutes; measure it from 10-second "
+                        "request counts (topology.plan.serverless.cluster_size_from_counts) and set it first")
         pf, idle = within_hour_from_minute_counts(by_hour, B)
         pf, idle = min(20.0, max(1.0, pf)), min(0.99, max(0.0, idle))
         tau = min(3600.0, max(0.0, correlation_s_from_minute_counts(by_hour, B)))
         query = (res.get("queries") or {}).get("requests_by_minute", QUERIES["requests_by_minute"])
-        if B == 1.0:
-            kept.append(f"{name}: arrival_cluster_size 1 (independent arrivals) taken for the within-hour figures: "
-                        "clients that submit in bunches read as burstiness and idle minutes; measure it from 10-second "
-                        "request counts (topology.plan.serverless.cluster_size_from_counts) and set it first")
         src = (f"differences of {query} a minute apart, {busy} whole hours with traffic, Poisson noise removed "
-               f"with arrival_cluster_size {B:g} (kept: it needs 10-second counts)")
+               f"with arrival_cluster_size {B:g}"
+               + (" (measured above)" if measured_b else
+                  " (kept: no scrape finer than a minute, or fewer than a day of whole minutes)"))
         traffic = traffic.model_copy(update={
             "within_hour_peak_factor": fig("traffic.within_hour_peak_factor", traffic.within_hour_peak_factor,
                                            _round(pf, 3), src + " (serverless.within_hour_from_minute_counts)"),
