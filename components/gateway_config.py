@@ -543,14 +543,20 @@ def _endpoint_sections(
                                  "but cache_isolation is 'cache_salt'")
             salt_env = env_name(e.name, t.cache_salt_secret_key)
             secret_env[salt_env] = t.cache_salt_secret_key
-        # Idempotency-Key dedupe: at most max_connections keys per tenant (no more requests can be in
-        # flight), each expiring after every wait up to the response (a stream renews it while alive)
+        # Idempotency-Key dedupe: at most max_connections keys per tenant (HTTP/2 can carry more requests in
+        # flight: past it a claim gets 429), each expiring after every wait up to the response (a stream renews it
+        # while alive)
         # with a floor, the gate also makes the floor pick (below), saving a Lua call per request
         pick = (f"{be_floor} floor {_slot_count(floor_servers[e.name])} {pick_threshold} {g.sticky_hash_header}"
                 if has_floor else "- - - - -")
         fl.append(f"    http-request lua.llm_gate {g.max_tokens} {salt_env} {config_name(t.name)} {max_connections} "
                   f"{claim_ttl_ms} {ns_cap} {pick} if METH_POST "
                   f"{{ var(txn.tenant) -m str {config_name(t.name)} }}")
+    # fail closed: a POST the gate did not finish (a Lua runtime error, after which HAProxy goes on with the next
+    # rules) would reach the upstream unchecked and unstamped; its claim, if the gate took one, is freed first
+    fl.append("    http-request lua.llm_idem_release if METH_POST !{ var(txn.gated) -m found } { var(txn.idem) -m found }")
+    fl.append("    " + _json_error(500, "the gateway could not check this request", "gateway_error")
+              + " if METH_POST !{ var(txn.gated) -m found }")
     fl.append("    http-request return status 400 content-type application/json "
               "lf-string '{\"error\":{\"message\":\"%[var(txn.gate_error)]\",\"type\":\"invalid_request_error\","
               "\"code\":400}}' if { var(txn.gate_error) -m found }")
