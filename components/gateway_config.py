@@ -198,9 +198,10 @@ def idempotency_claim_ttl_ms(e: EndpointSpec) -> int:
     (wait-for-body comes before it). Each of the max_retries + 1 connection attempts may wait in the queue
     (HAProxy gives a requeued request a fresh `timeout queue`) and for the connection, with HAProxy's
     turn-around before a retry; then the response headers come within `timeout server` (the whole request
-    when not streamed, the first-byte backstop when streamed). A stream renews its claim every half of this
+    when not streamed, the first-byte backstop when streamed). A stream renews its claim every third of this
     from the llm filter's watch, which runs at least every heartbeat or gap limit: never less than twice the
-    longer gap limit. The expiry is only the backstop for a claim whose stream ended without its release."""
+    longer gap limit, so a renewal due at a third lands by five sixths of it, a sixth before the expiry. The
+    expiry is only the backstop for a claim whose stream ended without its release."""
     g = e.gateway
     first_ms, inter_ms = _ms(g.first_byte_timeout_s), _ms(g.inter_chunk_timeout_s)
     connect_ms = CONNECT_TIMEOUT_S * 1000

@@ -678,15 +678,17 @@ function Llm:end_analyze(txn, chn)
   end
   return filter.CONTINUE
 end
--- Renews this stream's Idempotency-Key claim: its expiry again a claim's ttl ahead, the next renewal half of it
--- later (the watch runs at least every heartbeat or gap limit, and the ttl is at least twice the longer limit),
--- so the claim lasts as long as the stream; a stream that is gone stops renewing it. Only while this request's
--- own claim holds the key: one that lost it (expired and taken by a retry) never takes it back.
+-- Renews this stream's Idempotency-Key claim: its expiry again a claim's ttl ahead, the next renewal a third of it
+-- later. The watch runs at least every heartbeat or gap limit (its wake-up 1 ms past it, plus scheduling), and the
+-- ttl is at least twice the longer limit, so the next renewal comes by 1/3 + 1/2 of the ttl, a sixth of it (a third
+-- of a gap limit) before the expiry; at half the ttl it could land just past it. So the claim lasts as long as the
+-- stream; a stream that is gone stops renewing it. Only while this request's own claim holds the key: one that
+-- lost it (expired and taken by a retry) never takes it back.
 local function claim_renew(self, t)
   local tb, key = self.claim_tb, self.claim_key
   if tb.claim[key] == self.claim_serial then
     tb.keys[key] = t + self.args_claim
-    self.renew_at = t + self.args_claim // 2
+    self.renew_at = t + self.args_claim // 3
   else
     self.renew_at = NEVER_MS
   end
