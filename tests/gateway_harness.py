@@ -234,11 +234,11 @@ end
 
 
 def instrumented(rendered: RenderedGateway, workdir: Path, global_lines: tuple[str, ...] = (),
-                 gate_fault: bool = False, idem_cap: dict[str, int] | None = None) -> RenderedGateway:
+                 gate_fault: bool = False, idem_cap: dict[str, tuple[int, int]] | None = None) -> RenderedGateway:
     """The rendered gateway with test-only changes: `global_lines` added to the global section (e.g.
-    tune.lua.forced-yield), the gate fault above loaded when `gate_fault`, and tenants' Idempotency-Key caps
-    (the gate's cap argument, rendered as max_connections) lowered, {tenant: cap}, so a test reaches a cap with
-    HTTP/1 connections under the frontend's maxconn."""
+    tune.lua.forced-yield), the gate fault above loaded when `gate_fault`, and tenants' Idempotency-Key caps and
+    claim expiries (the gate's arguments; the filter's renewals keep theirs) lowered, {tenant: (cap, ttl ms)}, so a
+    test reaches a cap with HTTP/1 connections under the frontend's maxconn and sees claims expire in a second."""
     cfg = rendered.files[CONFIG_FILE]
     load = f"    lua-load-per-thread {lua_path(workdir)}"
     assert load in cfg, "the rendered config no longer loads its Lua file this way"
@@ -248,8 +248,8 @@ def instrumented(rendered: RenderedGateway, workdir: Path, global_lines: tuple[s
         files[FAULT_LUA_FILE] = FAULT_LUA
         extra.append(f"    lua-load-per-thread {workdir / FAULT_LUA_FILE}")
     cfg = cfg.replace(load, "\n".join([*extra, load]))
-    for tenant, cap in (idem_cap or {}).items():
-        cfg, n = re.subn(rf"(lua\.llm_gate \S+ \S+ {tenant} )\d+ ", rf"\g<1>{cap} ", cfg)
+    for tenant, (cap, ttl_ms) in (idem_cap or {}).items():
+        cfg, n = re.subn(rf"(lua\.llm_gate \S+ \S+ {tenant} )\d+ \d+ ", rf"\g<1>{cap} {ttl_ms} ", cfg)
         assert n > 0, f"no gate for tenant {tenant}"
     files[CONFIG_FILE] = cfg
     return RenderedGateway(files=files, secret_env=rendered.secret_env, ports=rendered.ports)

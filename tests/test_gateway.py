@@ -639,16 +639,18 @@ def test_idempotency_claims_last_as_long_as_their_requests(short_claims):
 
 
 IDEM_CAP = 6
+IDEM_TTL_MS = 1000  # acme's claims on the yielding gateway expire this long after the gate (unless a stream renews)
 
 
 @pytest.fixture(scope="module")
 def yielding(planned_stacks, tmp_path_factory):
     """The gateway with HAProxy pausing a Lua action every 5 instructions (tune.lua.forced-yield; 10000 by default,
     which a gate parsing a long body also reaches, somewhere), so gates running side by side interleave at every
-    step; acme's Idempotency-Key cap lowered to IDEM_CAP; and the test's gate fault loaded."""
+    step; acme's Idempotency-Key cap and claim expiry lowered to IDEM_CAP and IDEM_TTL_MS; and the test's gate
+    fault loaded."""
     def instrument(rendered, workdir):
         return instrumented(rendered, workdir, ("    tune.lua.forced-yield 5",), gate_fault=True,
-                            idem_cap={"acme": IDEM_CAP})
+                            idem_cap={"acme": (IDEM_CAP, IDEM_TTL_MS)})
     yield from _gateway(scaled_spec(planned_stacks["prod"][1]), tmp_path_factory, instrument)
 
 
@@ -710,6 +712,42 @@ def test_one_key_claimed_by_gates_paused_side_by_side_starts_one_generation(yiel
         assert records(g, rid) == []
         assert [f.result(timeout=15)[0] for f in futs] == [200] * IDEM_CAP
     assert post(port, body(), headers={"Idempotency-Key": f"after-{uuid.uuid4()}"})[0] == 200  # all slots freed
+
+
+def test_expired_claims_at_the_cap_are_swept_by_gates_paused_side_by_side(yielding):
+    """A tenant at its cap whose claims have expired (non-streamed answers trickling in past their claims' expiry
+    keep their keys until swept): a burst of new keys whose gates run side by side sweeps them, and exactly the
+    cap's worth are served, each gated (stamped max_tokens); the rest get 429. The count stays exact: another
+    burst once all is done again gets exactly IDEM_CAP through. (Before the sweep ran unpaused, a sweep paused in
+    its pairs walk while other gates added and dropped keys could raise, and the request then went upstream
+    ungated, or the count drifted.)"""
+    import concurrent.futures as cf
+
+    g = yielding
+    port = g["ports"]["assist"]
+    max_tokens = str(g["spec"].endpoint("assist").gateway.max_tokens)
+    trickled = [f"trickled-{uuid.uuid4()}" for _ in range(IDEM_CAP)]
+    stream = {"X-Fake-Chunks": "4", "X-Fake-Interval-Ms": "250"}
+
+    def burst(tag):
+        keys = [f"{tag}-{uuid.uuid4()}" for _ in range(IDEM_CAP + 2)]
+        statuses = posts_at_once(port, [(body(stream=True), {**stream, "Idempotency-Key": k}) for k in keys])
+        served = [k for k, st in zip(keys, statuses) if st == 200]
+        assert sorted(statuses) == [200] * IDEM_CAP + [429] * 2
+        assert sum(upstream_copies(g, k) for k in keys) == IDEM_CAP  # the refused ones reached nothing
+        bodies = [r.body for u in g["ups"].values() for r in u.log.completions()
+                  if r.headers.get("idempotency-key") in served]
+        assert len(bodies) == IDEM_CAP and all(str(b.get("max_tokens")) == max_tokens for b in bodies)
+
+    with cf.ThreadPoolExecutor(max_workers=IDEM_CAP) as pool:
+        slow = [pool.submit(post, port, body(), headers={"Idempotency-Key": k, "X-Fake-Body-Pieces": "10",
+                                                         "X-Fake-Interval-Ms": "250"}, timeout=15) for k in trickled]
+        assert wait_until(lambda: all(upstream_copies(g, k) == 1 for k in trickled))
+        time.sleep(IDEM_TTL_MS / 1000 + 0.2)  # every trickled claim expired; their answers go on past it
+        assert not any(f.done() for f in slow)
+        burst("sweep")
+        assert [f.result(timeout=15)[0] for f in slow] == [200] * IDEM_CAP
+    burst("again")
 
 
 def test_a_gate_that_fails_gets_a_json_500_and_nothing_reaches_the_upstream(yielding):
