@@ -373,6 +373,9 @@ def render_gateway_config(
         # one Lua state per thread: HAProxy 2.6 with a single shared state let concurrent Lua
         # filters on two threads corrupt each other (seen under load: hung streams)
         f"    lua-load-per-thread {lua_path}",
+        # tune.lua.forced-yield stays at its default (10000 instructions per pause with a per-thread state): any
+        # value leaves pause points, so what must not be paused (Idempotency-Key claims, the gate's floor pick)
+        # runs where HAProxy never pauses it (gateway_lua.py, unpaused), and the tests run it at 5
         # One thread: the floor choice (Lua) and the server assignment then happen without another
         # stream in between, so two requests can never both take a replica's last slot. One
         # HAProxy thread carries thousands of LLM streams; more capacity = more gateway pods.
