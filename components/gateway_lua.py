@@ -240,7 +240,7 @@ end
 -- own coroutine ("we don't want to enforce a yield on a sub coroutine", hlua.c 3.0.11), so f must not call
 -- anything of HAProxy's that yields (the idempotency functions call nothing of HAProxy's; the floor pick only
 -- sample fetches, which never yield). HAProxy's Lua timeouts are not checked there either (the sub coroutine
--- carries no hlua context), so f must be bounded: the sweep walks at most `cap` keys, the pick slots² steps.
+-- carries no hlua context), so f must be bounded: the sweep walks at most `cap` keys, the pick slots * slots steps.
 -- An error in f propagates to the caller.
 local function unpaused(f, ...)
   return coroutine.wrap(f)(...)
