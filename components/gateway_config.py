@@ -198,9 +198,10 @@ def idempotency_claim_ttl_ms(e: EndpointSpec) -> int:
     (wait-for-body comes before it). Each of the max_retries + 1 connection attempts may wait in the queue
     (HAProxy gives a requeued request a fresh `timeout queue`) and for the connection, with HAProxy's
     turn-around before a retry; then the response headers come within `timeout server` (the whole request
-    when not streamed, the first-byte backstop when streamed). A stream renews its claim every half of this
+    when not streamed, the first-byte backstop when streamed). A stream renews its claim every third of this
     from the llm filter's watch, which runs at least every heartbeat or gap limit: never less than twice the
-    longer gap limit. The expiry is only the backstop for a claim whose stream ended without its release."""
+    longer gap limit, so a renewal due at a third lands by five sixths of it, a sixth before the expiry. The
+    expiry is only the backstop for a claim whose stream ended without its release."""
     g = e.gateway
     first_ms, inter_ms = _ms(g.first_byte_timeout_s), _ms(g.inter_chunk_timeout_s)
     connect_ms = CONNECT_TIMEOUT_S * 1000
@@ -372,6 +373,9 @@ def render_gateway_config(
         # one Lua state per thread: HAProxy 2.6 with a single shared state let concurrent Lua
         # filters on two threads corrupt each other (seen under load: hung streams)
         f"    lua-load-per-thread {lua_path}",
+        # tune.lua.forced-yield stays at its default (10000 instructions per pause with a per-thread state): any
+        # value leaves pause points, so what must not be paused (Idempotency-Key claims, the gate's floor pick)
+        # runs where HAProxy never pauses it (gateway_lua.py, unpaused), and the tests run it at 5
         # One thread: the floor choice (Lua) and the server assignment then happen without another
         # stream in between, so two requests can never both take a replica's last slot. One
         # HAProxy thread carries thousands of LLM streams; more capacity = more gateway pods.
@@ -543,14 +547,20 @@ def _endpoint_sections(
                                  "but cache_isolation is 'cache_salt'")
             salt_env = env_name(e.name, t.cache_salt_secret_key)
             secret_env[salt_env] = t.cache_salt_secret_key
-        # Idempotency-Key dedupe: at most max_connections keys per tenant (no more requests can be in
-        # flight), each expiring after every wait up to the response (a stream renews it while alive)
+        # Idempotency-Key dedupe: at most max_connections keys per tenant (HTTP/2 can carry more requests in
+        # flight: past it a claim gets 429), each expiring after every wait up to the response (a stream renews it
+        # while alive)
         # with a floor, the gate also makes the floor pick (below), saving a Lua call per request
         pick = (f"{be_floor} floor {_slot_count(floor_servers[e.name])} {pick_threshold} {g.sticky_hash_header}"
                 if has_floor else "- - - - -")
         fl.append(f"    http-request lua.llm_gate {g.max_tokens} {salt_env} {config_name(t.name)} {max_connections} "
                   f"{claim_ttl_ms} {ns_cap} {pick} if METH_POST "
                   f"{{ var(txn.tenant) -m str {config_name(t.name)} }}")
+    # fail closed: a POST the gate did not finish (a Lua runtime error, after which HAProxy goes on with the next
+    # rules) would reach the upstream unchecked and unstamped; its claim, if the gate took one, is freed first
+    fl.append("    http-request lua.llm_idem_release if METH_POST !{ var(txn.gated) -m found } { var(txn.idem) -m found }")
+    fl.append("    " + _json_error(500, "the gateway could not check this request", "gateway_error")
+              + " if METH_POST !{ var(txn.gated) -m found }")
     fl.append("    http-request return status 400 content-type application/json "
               "lf-string '{\"error\":{\"message\":\"%[var(txn.gate_error)]\",\"type\":\"invalid_request_error\","
               "\"code\":400}}' if { var(txn.gate_error) -m found }")

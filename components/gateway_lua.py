@@ -219,18 +219,33 @@ end
 -- wait up to the response (queue, connection attempts, the server's first byte; idempotency_claim_ttl_ms in
 -- gateway_config.py), and a stream's claim is renewed while the stream is alive (claim_renew, from the filter's
 -- watch), so the expiry is only the backstop for a claim whose stream is gone without its release. At most `cap`
--- keys per tenant (the gateway's maxconn: no more requests can be in flight), so memory stays bounded.
+-- keys per tenant (the gateway's max_connections; HTTP/2 carries many requests per connection, so more can be in
+-- flight: a claim past the cap is refused with 429), so memory stays bounded.
 -- HAProxy's own retry (connection refused) happens inside the same stream, so it keeps the key.
 -- Each claim has its own number, and a release or a renewal touches the key only while that claim holds it: a
 -- request that outlives its expiry (a non-streamed response whose body trickles in past it) must not free, or
 -- take back, the claim its client's retry took after the expiry, which would let a third copy start beside the retry.
+-- HAProxy pauses an http-request action every tune.lua.forced-yield instructions (hlua_hook, 3.0.11) wherever it
+-- is, and other requests' actions run meanwhile: a claim paused between its check and its write lets a second
+-- request take the same key (both go upstream, and the count stays one too high for good), and one paused in the
+-- sweep's pairs walk while others add and drop keys makes `next` raise. So claims and releases run in a coroutine
+-- of their own (unpaused below), which hlua_hook never pauses.
 local idem = {}
 local idem_serial = 0
 local MAX_IDEM_KEY = 255
 local function idem_drop(tb, key)  -- keys (expiry) and claim (its number) are kept in step
   tb.keys[key] = nil; tb.claim[key] = nil; tb.n = tb.n - 1
 end
-local function idem_claim(tenant, key, cap, ttl_ms, t)
+-- Runs f(...) to its end with no other request's Lua in between: hlua_hook forces a yield only on the stream's
+-- own coroutine ("we don't want to enforce a yield on a sub coroutine", hlua.c 3.0.11), so f must not call
+-- anything of HAProxy's that yields (the idempotency functions call nothing of HAProxy's; the floor pick only
+-- sample fetches, which never yield). HAProxy's Lua timeouts are not checked there either (the sub coroutine
+-- carries no hlua context), so f must be bounded: the sweep walks at most `cap` keys, the pick slots * slots steps.
+-- An error in f propagates to the caller.
+local function unpaused(f, ...)
+  return coroutine.wrap(f)(...)
+end
+local function take_claim(tenant, key, cap, ttl_ms, t)
   local tb = idem[tenant]
   if not tb then tb = { n = 0, keys = {}, claim = {} } idem[tenant] = tb end
   local exp = tb.keys[key]
@@ -238,7 +253,7 @@ local function idem_claim(tenant, key, cap, ttl_ms, t)
   if exp then idem_drop(tb, key) end
   if tb.n >= cap then
     for k, e in pairs(tb.keys) do
-      if e <= t then idem_drop(tb, k) end  -- clearing a field while pairs walks the table is allowed
+      if e <= t then idem_drop(tb, k) end  -- clearing a field during pairs is allowed: nothing runs in between
     end
     if tb.n >= cap then return "full" end
   end
@@ -248,13 +263,19 @@ local function idem_claim(tenant, key, cap, ttl_ms, t)
   tb.n = tb.n + 1
   return nil, idem_serial
 end
+local function idem_claim(tenant, key, cap, ttl_ms, t)
+  return unpaused(take_claim, tenant, key, cap, ttl_ms, t)
+end
 local function idem_parse(claim)  -- txn.idem, "tenant\nnumber\nkey" -> the tenant's table, key, number
   local tenant, serial, key = claim:match("^([^\n]*)\n(%d+)\n(.*)$")
   return tenant and idem[tenant], key, tonumber(serial)
 end
-local function idem_release(claim)
+local function drop_claim(claim)
   local tb, key, serial = idem_parse(claim)
   if tb and tb.keys[key] and tb.claim[key] == serial then idem_drop(tb, key) end
+end
+local function idem_release(claim)
+  return unpaused(drop_claim, claim)
 end
 -- http-request lua.llm_idem_release: frees the claim of a request that a later rule answers itself (it never
 -- reaches the llm filter's end_analyze); unsets txn.idem so nothing releases it twice
@@ -284,7 +305,10 @@ local function key_hash(key)
   return h
 end
 -- In-flight (served + queued) of slot i, nil when it is not up. Each fetch gets a freshly built
--- "backend/server" string: 2.6 wrote a NUL into the string it parses, so one cannot be reused.
+-- "backend/server" string: HAProxy writes a NUL over the '/' of the string it parses (hlua_lua2arg_check, 2.6 to
+-- 3.0.11 at least), so one cannot be reused. Lua keeps one copy of each short string, so a request paused between
+-- building the string and its fetch may find it cut by another request's fetch ("server doesn't exist"): from an
+-- action (the gate) the pick runs unpaused; a sample fetch is never paused.
 -- srv_is_up reaches Lua as the integer 0 or 1 (hlua_smp2lua pushes SMP_T_BOOL as an integer), and 0
 -- is true in Lua: compare with 1, or a replica marked down by its health check would still be picked.
 local function load_of(f, sep, i)
@@ -328,8 +352,8 @@ end)
 -- cap it also prepares a second stamp for a non-streamed request that ends up on burst (Modal's web
 -- request cap): max_tokens lowered to the cap, by replacing the value in place (txn.gate_*_b); the
 -- burst backend marks such a request and the filter then applies that stamp instead.
-core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, salt_env, tenant, cap, ttl, ns_cap_arg,
-                                                         pick_be, pick_prefix, pick_slots, pick_threshold, pick_header)
+local function gate(txn, max_tokens_arg, salt_env, tenant, cap, ttl, ns_cap_arg,
+                    pick_be, pick_prefix, pick_slots, pick_threshold, pick_header)
   local body = txn.f:req_body() or ""
   local keys, err, _, count = top_level_keys(body)
   if not keys then txn:set_var("txn.gate_error", err) return end
@@ -390,8 +414,8 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
     txn:set_var("txn.gate_len", #body + #prefix)
   end
   if pick_be ~= "-" then
-    txn:set_var("txn.floor_server", pick_floor(txn.f, pick_be, pick_prefix, tonumber(pick_slots),
-                                               tonumber(pick_threshold), pick_header))
+    txn:set_var("txn.floor_server", unpaused(pick_floor, txn.f, pick_be, pick_prefix, tonumber(pick_slots),
+                                                        tonumber(pick_threshold), pick_header))
   end
   local ns_cap = tonumber(ns_cap_arg) or 0
   if ns_cap <= 0 or streamed then return end
@@ -416,6 +440,14 @@ core.register_action("llm_gate", { "http-req" }, function(txn, max_tokens_arg, s
   txn:set_var("txn.gate_cap_b", cap_text)
   txn:set_var("txn.gate_len_b", #body + #(prefix_b or "") + grow)
   if #edits > 0 or not limited then txn:set_var("txn.gate_max_b", cap_text) end
+end
+-- txn.gated marks a request the gate has finished with (accepted, or refused through txn.gate_error or
+-- txn.idem_refused). After an action's runtime error HAProxy logs it and goes on with the next rules (hlua_action,
+-- 3.0.11), which would send the request upstream unchecked and unstamped: the rule after the gate answers 500
+-- to a POST without the mark.
+core.register_action("llm_gate", { "http-req" }, function(txn, ...)
+  gate(txn, ...)
+  txn:set_var("txn.gated", 1)
 end, 11)
 
 local function now_ms()
@@ -648,15 +680,17 @@ function Llm:end_analyze(txn, chn)
   end
   return filter.CONTINUE
 end
--- Renews this stream's Idempotency-Key claim: its expiry again a claim's ttl ahead, the next renewal half of it
--- later (the watch runs at least every heartbeat or gap limit, and the ttl is at least twice the longer limit),
--- so the claim lasts as long as the stream; a stream that is gone stops renewing it. Only while this request's
--- own claim holds the key: one that lost it (expired and taken by a retry) never takes it back.
+-- Renews this stream's Idempotency-Key claim: its expiry again a claim's ttl ahead, the next renewal a third of it
+-- later. The watch runs at least every heartbeat or gap limit (its wake-up 1 ms past it, plus scheduling), and the
+-- ttl is at least twice the longer limit, so the next renewal comes by 1/3 + 1/2 of the ttl, a sixth of it (a third
+-- of a gap limit) before the expiry; at half the ttl it could land just past it. So the claim lasts as long as the
+-- stream; a stream that is gone stops renewing it. Only while this request's own claim holds the key: one that
+-- lost it (expired and taken by a retry) never takes it back.
 local function claim_renew(self, t)
   local tb, key = self.claim_tb, self.claim_key
   if tb.claim[key] == self.claim_serial then
     tb.keys[key] = t + self.args_claim
-    self.renew_at = t + self.args_claim // 2
+    self.renew_at = t + self.args_claim // 3
   else
     self.renew_at = NEVER_MS
   end

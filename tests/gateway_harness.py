@@ -208,6 +208,53 @@ def lua_path(workdir: Path) -> str:
     return str(workdir / LUA_FILE)
 
 
+FAULT_LUA_FILE = "test_fault.lua"
+# Test only, never rendered for a pod: loaded before the gateway's Lua, it wraps llm_gate so that a request carrying
+# X-Test-Gate-Fault raises inside the gate where it stores the stamp (after its Idempotency-Key claim and
+# txn.stream): the runtime error a defect in the gate would raise, at a point where it has already changed things.
+FAULT_LUA = """
+local register = core.register_action
+core.register_action = function(name, where, fn, ...)
+  if name ~= "llm_gate" then return register(name, where, fn, ...) end
+  return register(name, where, function(txn, ...)
+    if not txn.f:req_fhdr("x-test-gate-fault") then return fn(txn, ...) end
+    local proxy = setmetatable({}, { __index = function(_, k)
+      local v = txn[k]
+      if type(v) ~= "function" then return v end
+      return function(_, ...) return v(txn, ...) end
+    end })
+    proxy.set_var = function(_, var, value)
+      if var == "txn.gate_prefix" then error("injected fault") end
+      return txn:set_var(var, value)
+    end
+    return fn(proxy, ...)
+  end, ...)
+end
+"""
+
+
+def instrumented(rendered: RenderedGateway, workdir: Path, global_lines: tuple[str, ...] = (),
+                 gate_fault: bool = False, idem_cap: dict[str, tuple[int, int]] | None = None) -> RenderedGateway:
+    """The rendered gateway with test-only changes: `global_lines` added to the global section (e.g.
+    tune.lua.forced-yield), the gate fault above loaded when `gate_fault`, and tenants' Idempotency-Key caps and
+    claim expiries (the gate's arguments; the filter's renewals keep theirs) lowered, {tenant: (cap, ttl ms)}, so a
+    test reaches a cap with HTTP/1 connections under the frontend's maxconn and sees claims expire in a second."""
+    cfg = rendered.files[CONFIG_FILE]
+    load = f"    lua-load-per-thread {lua_path(workdir)}"
+    assert load in cfg, "the rendered config no longer loads its Lua file this way"
+    extra = [*global_lines]
+    files = dict(rendered.files)
+    if gate_fault:
+        files[FAULT_LUA_FILE] = FAULT_LUA
+        extra.append(f"    lua-load-per-thread {workdir / FAULT_LUA_FILE}")
+    cfg = cfg.replace(load, "\n".join([*extra, load]))
+    for tenant, (cap, ttl_ms) in (idem_cap or {}).items():
+        cfg, n = re.subn(rf"(lua\.llm_gate \S+ \S+ {tenant} )\d+ \d+ ", rf"\g<1>{cap} {ttl_ms} ", cfg)
+        assert n > 0, f"no gate for tenant {tenant}"
+    files[CONFIG_FILE] = cfg
+    return RenderedGateway(files=files, secret_env=rendered.secret_env, ports=rendered.ports)
+
+
 async def stream_once(port: int, payload: bytes, headers: dict[str, str], timeout_s: float = 30.0):
     """One streamed POST over a raw asyncio connection.
 

@@ -18,7 +18,8 @@ import pytest
 from components.gateway_config import (DnsServers, StaticServers, env_name, floor_capacity,
                                        render_gateway_config)
 from tests.fake_upstream import FakeUpstream
-from tests.gateway_harness import HaproxyProcess, free_port, lua_path, pod_ca_dir, require_haproxy, no_recorder
+from tests.gateway_harness import (HaproxyProcess, free_port, instrumented, lua_path, no_recorder, pod_ca_dir,
+                                   require_haproxy)
 from topology.spec import CanarySpec
 
 SALTS = {"acme": "salt-acme-7f3a", "globex": "salt-globex-19c2", "initech": "salt-initech-d00d"}
@@ -56,7 +57,8 @@ def gw(planned_stacks, tmp_path_factory):
     yield from _gateway(scaled_spec(planned_stacks["prod"][1]), tmp_path_factory)
 
 
-def _gateway(spec, tmp_path_factory):
+def _gateway(spec, tmp_path_factory, instrument=None):
+    """instrument(rendered, workdir) -> rendered: test-only changes to the config (tests/gateway_harness.instrumented)."""
     require_haproxy()
     ups = {n: FakeUpstream(n).start() for n in ("floor1", "floor2", "burst", "canary", "guard")}
     dead = [free_port(), free_port(), free_port()]  # nothing listens: connections are refused
@@ -77,6 +79,8 @@ def _gateway(spec, tmp_path_factory):
         health_check_interval_ms=60000,
         max_connections=2000,
     )
+    if instrument is not None:
+        rendered = instrument(rendered, workdir)
     env = secret_env()
     proc = HaproxyProcess(rendered, workdir, env, list(ports.values()))
     yield {"ports": ports, "ups": ups, "proc": proc, "spec": spec}
@@ -632,6 +636,133 @@ def test_idempotency_claims_last_as_long_as_their_requests(short_claims):
         assert retry.result(timeout=10)[0] == 200
     assert post(port, body(), headers=streamed)[0] == 200  # the stream ended: its key is free again
     assert post(port, body(), headers=trickled)[0] == 200
+
+
+IDEM_CAP = 6
+IDEM_TTL_MS = 1000  # acme's claims on the yielding gateway expire this long after the gate (unless a stream renews)
+
+
+@pytest.fixture(scope="module")
+def yielding(planned_stacks, tmp_path_factory):
+    """The gateway with HAProxy pausing a Lua action every 5 instructions (tune.lua.forced-yield; 10000 by default,
+    which a gate parsing a long body also reaches, somewhere), so gates running side by side interleave at every
+    step; acme's Idempotency-Key cap and claim expiry lowered to IDEM_CAP and IDEM_TTL_MS; and the test's gate
+    fault loaded."""
+    def instrument(rendered, workdir):
+        return instrumented(rendered, workdir, ("    tune.lua.forced-yield 5",), gate_fault=True,
+                            idem_cap={"acme": (IDEM_CAP, IDEM_TTL_MS)})
+    yield from _gateway(scaled_spec(planned_stacks["prod"][1]), tmp_path_factory, instrument)
+
+
+def upstream_copies(g, key: str) -> int:
+    return sum(r.headers.get("idempotency-key") == key for u in g["ups"].values() for r in u.log.completions())
+
+
+def posts_at_once(port: int, requests: list[tuple[dict, dict]], timeout: float = 15.0) -> list[int]:
+    """Each (body, headers) POSTed on its own connection, all but their last bytes sent first and the last bytes
+    then back to back, so HAProxy starts their gates together; the statuses, in order, once every response is read."""
+    conns = []
+    for payload, headers in requests:
+        data = json.dumps(payload).encode()
+        head = "".join(f"{k}: {v}\r\n" for k, v in {"Authorization": f"Bearer {KEYS['acme']}", **headers}.items())
+        raw = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(data)}\r\n{head}\r\n").encode() + data
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        c.connect()
+        c.sock.sendall(raw[:-1])
+        conns.append((c, raw[-1:]))
+    try:
+        for c, last in conns:
+            c.sock.sendall(last)
+        statuses = []
+        for c, _ in conns:
+            resp = http.client.HTTPResponse(c.sock, method="POST")
+            resp.begin()
+            resp.read()
+            statuses.append(resp.status)
+        return statuses
+    finally:
+        for c, _ in conns:
+            c.close()
+
+
+def test_one_key_claimed_by_gates_paused_side_by_side_starts_one_generation(yielding):
+    """HAProxy pauses a Lua action wherever its instruction count runs out, and runs other requests' actions
+    meanwhile. Two requests with one Idempotency-Key whose gates run side by side must still start one
+    generation (the other gets 409), and the tenant's count of keys must stay exact: after such bursts it can
+    still hold IDEM_CAP streams at once, and the one past them gets 429. (Before the claim ran unpaused, both
+    copies went upstream and each double claim kept a slot of the cap for good.)"""
+    g = yielding
+    port = g["ports"]["assist"]
+    stream = {"X-Fake-Chunks": "4", "X-Fake-Interval-Ms": "250"}
+    keys = [f"pair-{uuid.uuid4()}" for _ in range(3)]
+    statuses = posts_at_once(port, [(body(stream=True), {**stream, "Idempotency-Key": k}) for k in keys for _ in (0, 1)])
+    assert [sorted(statuses[2 * i:2 * i + 2]) for i in range(len(keys))] == [[200, 409]] * len(keys)
+    assert [upstream_copies(g, k) for k in keys] == [1] * len(keys)
+
+    import concurrent.futures as cf
+    held = [f"held-{uuid.uuid4()}" for _ in range(IDEM_CAP)]
+    long_stream = {"X-Fake-Chunks": "8", "X-Fake-Interval-Ms": "250"}
+    with cf.ThreadPoolExecutor(max_workers=IDEM_CAP) as pool:
+        futs = [pool.submit(post, port, body(stream=True), headers={**long_stream, "Idempotency-Key": k}, timeout=15)
+                for k in held]
+        assert wait_until(lambda: all(upstream_copies(g, k) == 1 for k in held) or any(f.done() for f in futs))
+        status, _, content, rid = post(port, body(), headers={"Idempotency-Key": f"extra-{uuid.uuid4()}"})
+        assert status == 429 and json.loads(content)["error"]["type"] == "rate_limit_error"
+        assert records(g, rid) == []
+        assert [f.result(timeout=15)[0] for f in futs] == [200] * IDEM_CAP
+    assert post(port, body(), headers={"Idempotency-Key": f"after-{uuid.uuid4()}"})[0] == 200  # all slots freed
+
+
+def test_expired_claims_at_the_cap_are_swept_by_gates_paused_side_by_side(yielding):
+    """A tenant at its cap whose claims have expired (non-streamed answers trickling in past their claims' expiry
+    keep their keys until swept): a burst of new keys whose gates run side by side sweeps them, and exactly the
+    cap's worth are served, each gated (stamped max_tokens); the rest get 429. The count stays exact: another
+    burst once all is done again gets exactly IDEM_CAP through. (Before the sweep ran unpaused, a sweep paused in
+    its pairs walk while other gates added and dropped keys could raise, and the request then went upstream
+    ungated, or the count drifted.)"""
+    import concurrent.futures as cf
+
+    g = yielding
+    port = g["ports"]["assist"]
+    max_tokens = str(g["spec"].endpoint("assist").gateway.max_tokens)
+    trickled = [f"trickled-{uuid.uuid4()}" for _ in range(IDEM_CAP)]
+    stream = {"X-Fake-Chunks": "4", "X-Fake-Interval-Ms": "250"}
+
+    def burst(tag):
+        keys = [f"{tag}-{uuid.uuid4()}" for _ in range(IDEM_CAP + 2)]
+        statuses = posts_at_once(port, [(body(stream=True), {**stream, "Idempotency-Key": k}) for k in keys])
+        served = [k for k, st in zip(keys, statuses) if st == 200]
+        assert sorted(statuses) == [200] * IDEM_CAP + [429] * 2
+        assert sum(upstream_copies(g, k) for k in keys) == IDEM_CAP  # the refused ones reached nothing
+        bodies = [r.body for u in g["ups"].values() for r in u.log.completions()
+                  if r.headers.get("idempotency-key") in served]
+        assert len(bodies) == IDEM_CAP and all(str(b.get("max_tokens")) == max_tokens for b in bodies)
+
+    with cf.ThreadPoolExecutor(max_workers=IDEM_CAP) as pool:
+        slow = [pool.submit(post, port, body(), headers={"Idempotency-Key": k, "X-Fake-Body-Pieces": "10",
+                                                         "X-Fake-Interval-Ms": "250"}, timeout=15) for k in trickled]
+        assert wait_until(lambda: all(upstream_copies(g, k) == 1 for k in trickled))
+        time.sleep(IDEM_TTL_MS / 1000 + 0.2)  # every trickled claim expired; their answers go on past it
+        assert not any(f.done() for f in slow)
+        burst("sweep")
+        assert [f.result(timeout=15)[0] for f in slow] == [200] * IDEM_CAP
+    burst("again")
+
+
+def test_a_gate_that_fails_gets_a_json_500_and_nothing_reaches_the_upstream(yielding):
+    """After a Lua action's runtime error HAProxy goes on with the next rules; a request whose gate failed (here
+    the test's injected fault, raised after the gate claimed the request's Idempotency-Key) must not reach the
+    engine unchecked and unstamped. It gets a 500 and its claim is freed (the client's retry is served)."""
+    g = yielding
+    port = g["ports"]["assist"]
+    key = {"Idempotency-Key": f"fault-{uuid.uuid4()}"}
+    status, _, content, rid = post(port, body(), headers={**key, "X-Test-Gate-Fault": "1"})
+    assert status == 500 and json.loads(content)["error"]["code"] == 500
+    assert records(g, rid) == [] and upstream_copies(g, key["Idempotency-Key"]) == 0
+    assert wait_until(lambda: any("injected fault" in ln for ln in g["proc"].log_lines()))  # the gate did raise
+    status, _, _, rid = post(port, body(), headers=key)
+    assert status == 200 and len(records(g, rid)) == 1
 
 
 def test_overlong_idempotency_key_is_refused(gw):
