@@ -553,7 +553,10 @@ def _endpoint_sections(
         # with a floor, the gate also makes the floor pick (below), saving a Lua call per request
         pick = (f"{be_floor} floor {_slot_count(floor_servers[e.name])} {pick_threshold} {g.sticky_hash_header}"
                 if has_floor else "- - - - -")
-        fl.append(f"    http-request lua.llm_gate {g.max_tokens} {salt_env} {config_name(t.name)} {max_connections} "
+        # the claims' table is the endpoint's tenant's: one tenant's keys on two endpoints (prod's `default` on
+        # autocomplete and guard, one Lua state) are different requests, each with its own cap
+        idem_table = f"{config_name(e.name)}/{config_name(t.name)}"
+        fl.append(f"    http-request lua.llm_gate {g.max_tokens} {salt_env} {idem_table} {max_connections} "
                   f"{claim_ttl_ms} {ns_cap} {pick} if METH_POST "
                   f"{{ var(txn.tenant) -m str {config_name(t.name)} }}")
     # fail closed: a POST the gate did not finish (a Lua runtime error, after which HAProxy goes on with the next

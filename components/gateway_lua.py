@@ -229,42 +229,58 @@ end
 -- is, and other requests' actions run meanwhile: a claim paused between its check and its write lets a second
 -- request take the same key (both go upstream, and the count stays one too high for good), and one paused in the
 -- sweep's pairs walk while others add and drop keys makes `next` raise. So claims and releases run in a coroutine
--- of their own (unpaused below), which hlua_hook never pauses.
+-- of their own (unpaused below), which HAProxy never pauses.
 local idem = {}
 local idem_serial = 0
 local MAX_IDEM_KEY = 255
 local function idem_drop(tb, key)  -- keys (expiry) and claim (its number) are kept in step
   tb.keys[key] = nil; tb.claim[key] = nil; tb.n = tb.n - 1
 end
--- Runs f(...) to its end with no other request's Lua in between: hlua_hook forces a yield only on the stream's
--- own coroutine ("we don't want to enforce a yield on a sub coroutine", hlua.c 3.0.11), so f must not call
--- anything of HAProxy's that yields (the idempotency functions call nothing of HAProxy's; the floor pick only
--- sample fetches, which never yield). HAProxy's Lua timeouts are not checked there either (the sub coroutine
--- carries no hlua context), so f must be bounded: the sweep walks at most `cap` keys, the pick slots * slots steps.
+-- Runs f(...) to its end with no other request's Lua in between. A coroutine.wrap thread carries no HAProxy
+-- context (Lua 5.4's lua_newthread copies the main state's extra space, where HAProxy keeps none), so hlua_hook
+-- returns at once there (hlua.c 3.0.11, hlua_hook: no hlua, no yield): unlike HAProxy's own coroutine.create,
+-- which it replaces and does pause. So f must not call anything of HAProxy's that yields (the idempotency
+-- functions call nothing of HAProxy's but txn:set_var; the floor pick only sample fetches, which never yield), and
+-- HAProxy's Lua timeouts are not checked there either, so f must be bounded: a sweep walks at most `cap` keys and
+-- only once one may have expired (min_exp), the pick hashes at most KEY_HASH_BYTES and takes slots * slots steps.
 -- An error in f propagates to the caller.
 local function unpaused(f, ...)
   return coroutine.wrap(f)(...)
 end
-local function take_claim(tenant, key, cap, ttl_ms, t)
+local function take_claim(txn, tenant, key, cap, ttl_ms, t)
   local tb = idem[tenant]
-  if not tb then tb = { n = 0, keys = {}, claim = {} } idem[tenant] = tb end
+  -- min_exp: a lower bound of every key's expiry (renewals only move expiries later), so a tenant at its cap
+  -- whose keys cannot have expired yet is refused without walking them
+  if not tb then tb = { n = 0, keys = {}, claim = {}, min_exp = math.huge } idem[tenant] = tb end
   local exp = tb.keys[key]
   if exp and exp > t then return "busy" end
   if exp then idem_drop(tb, key) end
   if tb.n >= cap then
+    if t < tb.min_exp then return "full" end
+    local least = math.huge
     for k, e in pairs(tb.keys) do
-      if e <= t then idem_drop(tb, k) end  -- clearing a field during pairs is allowed: nothing runs in between
+      if e <= t then
+        idem_drop(tb, k)  -- clearing a field during pairs is allowed: nothing runs in between
+      elseif e < least then
+        least = e
+      end
     end
+    tb.min_exp = least
     if tb.n >= cap then return "full" end
   end
   idem_serial = idem_serial + 1
   tb.keys[key] = t + ttl_ms
   tb.claim[key] = idem_serial
   tb.n = tb.n + 1
-  return nil, idem_serial
+  if t + ttl_ms < tb.min_exp then tb.min_exp = t + ttl_ms end
+  -- the request's mark of its claim, in the same unpaused step: set after it, a Lua timeout raised at the next
+  -- pause point would leave the key claimed with nothing to release it (409 to every retry until it expires)
+  txn:set_var("txn.idem", tenant .. "\n" .. idem_serial .. "\n" .. key)
+  return nil
 end
-local function idem_claim(tenant, key, cap, ttl_ms, t)
-  return unpaused(take_claim, tenant, key, cap, ttl_ms, t)
+-- Claims `key` for the request (txn.idem set), or returns why not ("busy", "full")
+local function idem_claim(txn, tenant, key, cap, ttl_ms, t)
+  return unpaused(take_claim, txn, tenant, key, cap, ttl_ms, t)
 end
 local function idem_parse(claim)  -- txn.idem, "tenant\nnumber\nkey" -> the tenant's table, key, number
   local tenant, serial, key = claim:match("^([^\n]*)\n(%d+)\n(.*)$")
@@ -299,9 +315,13 @@ local function mix32(h)
   h = h ~ (h >> 13); h = (h * 0xc2b2ae35) & 0xffffffff
   return h ~ (h >> 16)
 end
+-- FNV-1a over the key's first KEY_HASH_BYTES bytes: the pick runs unpaused (with no Lua timeout), so its work must
+-- not grow with a client's header (a 200 KB X-Session-Id hashed in full took 35 ms of the one thread); session ids
+-- are far shorter
+local KEY_HASH_BYTES = 256
 local function key_hash(key)
   local h = 0x811c9dc5
-  for k = 1, #key do h = ((h ~ key:byte(k)) * 0x01000193) & 0xffffffff end
+  for k = 1, math.min(#key, KEY_HASH_BYTES) do h = ((h ~ key:byte(k)) * 0x01000193) & 0xffffffff end
   return h
 end
 -- In-flight (served + queued) of slot i, nil when it is not up. Each fetch gets a freshly built
@@ -344,7 +364,8 @@ core.register_fetches("llm_pick_floor", function(txn, backend, prefix, slots_arg
   return pick_floor(txn.f, backend, prefix, tonumber(slots_arg), tonumber(threshold_arg), header)
 end)
 
--- http-request lua.llm_gate <max_tokens> <salt env var or "-"> <tenant> <idempotency cap> <ttl ms>
+-- http-request lua.llm_gate <max_tokens> <salt env var or "-"> <endpoint/tenant: its Idempotency-Key table>
+--   <idempotency cap> <ttl ms>
 --   <non-streamed burst max_tokens, 0 = none> <floor backend> <server prefix> <slots> <threshold> <key header>
 -- (the floor pick's arguments, "-" without a floor: an accepted request's pick is made here, saving the
 -- llm_pick_floor call; HAProxy builds a transaction object per Lua call)
@@ -396,9 +417,8 @@ local function gate(txn, max_tokens_arg, salt_env, tenant, cap, ttl, ns_cap_arg,
       return
     end
     local t = core.now()
-    local refused, serial = idem_claim(tenant, idem_key, tonumber(cap), tonumber(ttl), t.sec * 1000 + t.usec // 1000)
+    local refused = idem_claim(txn, tenant, idem_key, tonumber(cap), tonumber(ttl), t.sec * 1000 + t.usec // 1000)
     if refused then txn:set_var("txn.idem_refused", refused) return end
-    txn:set_var("txn.idem", tenant .. "\n" .. serial .. "\n" .. idem_key)
   end
   txn:set_var("txn.stream", streamed and 1 or 0)
   local salt_part

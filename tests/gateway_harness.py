@@ -249,7 +249,7 @@ def instrumented(rendered: RenderedGateway, workdir: Path, global_lines: tuple[s
         extra.append(f"    lua-load-per-thread {workdir / FAULT_LUA_FILE}")
     cfg = cfg.replace(load, "\n".join([*extra, load]))
     for tenant, (cap, ttl_ms) in (idem_cap or {}).items():
-        cfg, n = re.subn(rf"(lua\.llm_gate \S+ \S+ {tenant} )\d+ \d+ ", rf"\g<1>{cap} {ttl_ms} ", cfg)
+        cfg, n = re.subn(rf"(lua\.llm_gate \S+ \S+ \S+/{re.escape(tenant)} )\d+ \d+ ", rf"\g<1>{cap} {ttl_ms} ", cfg)
         assert n > 0, f"no gate for tenant {tenant}"
     files[CONFIG_FILE] = cfg
     return RenderedGateway(files=files, secret_env=rendered.secret_env, ports=rendered.ports)
