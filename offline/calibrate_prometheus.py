@@ -74,7 +74,7 @@ def _scalar(result: list[dict]) -> float:
     return v if math.isfinite(v) else 0.0
 
 
-def requests_by_minute(prom: Prometheus, query: str, start_s: float, end_s: float,
+def requests_by_window(prom: Prometheus, query: str, start_s: float, end_s: float,
                        started_s: dict[str, float] | None = None, window_s: int = 60) -> list[list[float]]:
     """[[unix_s, requests in the window ending then], ...], windows of `window_s` (60: minutes; a divisor of 60)
     from the raw request counters (one series per gateway pod) sampled at each window's end: each series'
@@ -168,12 +168,12 @@ def query_results(prom: Prometheus, spec, namespace: str, start_s: float, end_s:
         started = {s["metric"].get("pod", ""): float(s["value"][1])
                    for s in prom.instant(QUERIES["gateway_started"].format(**fill), end_s)}
         counter = QUERIES["requests_by_minute"].format(**fill)
-        res["requests_by_minute"] = requests_by_minute(prom, counter, start_s, end_s, started)
+        res["requests_by_minute"] = requests_by_window(prom, counter, start_s, end_s, started)
         # arrival_cluster_size from windows within each minute, as fine as the scrape interval allows
         scrape_w = scrape_window_s(prom, counter, end_s)
         if scrape_w is not None:
             res["requests_by_window"] = {"window_s": scrape_w,
-                                         "rows": requests_by_minute(prom, counter, start_s, end_s, started, scrape_w)}
+                                         "rows": requests_by_window(prom, counter, start_s, end_s, started, scrape_w)}
         for key in ("prompt_tokens", "generation_tokens"):
             h = _histogram(prom, key, fill, end_s)
             if h is not None:

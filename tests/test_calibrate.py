@@ -337,7 +337,7 @@ def test_minute_counts_come_from_the_raw_counters_of_every_gateway_pod(tmp_path)
     """The I/O side against a real Prometheus: gateway pods' request counters scraped every 15 s for three hours —
     pod a restarts at 01:00 (its counter back to 0), pod b starts at 01:30:15 (its HAProxy start time exported, as
     promex does), pod c is first seen at 01:40:05 with a counter already at 1,000,000 (older than the data: no
-    start time in the window), and 02:00–03:00 pod a is scraped only every 5 minutes. requests_by_minute() gives
+    start time in the window), and 02:00–03:00 pod a is scraped only every 5 minutes. requests_by_window() gives
     each minute's requests summed over the pods exactly (the counts written) across the restart and the new pod, in
     range queries of at most 100 points (the chunking a week needs at 10,000); pod c's first minute is left out,
     not counted as a million requests; the coarsely scraped hour's minutes are left out, not lumped."""
@@ -379,8 +379,8 @@ def test_minute_counts_come_from_the_raw_counters_of_every_gateway_pod(tmp_path)
         query = f'haproxy_frontend_http_requests_total{{namespace="{NS}",proxy="fe_assist"}}'
         old, cp.RANGE_POINTS = cp.RANGE_POINTS, 100
         try:
-            rows = cp.requests_by_minute(prom, query, t0, t0 + minutes * 60, started)
-            quarter = cp.requests_by_minute(prom, query, t0, t0 + 60 * 60, started, window_s=15)
+            rows = cp.requests_by_window(prom, query, t0, t0 + minutes * 60, started)
+            quarter = cp.requests_by_window(prom, query, t0, t0 + 60 * 60, started, window_s=15)
         finally:
             cp.RANGE_POINTS = old
         scrape = cp.scrape_window_s(prom, query, t0 + 60 * 60)

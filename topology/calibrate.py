@@ -137,15 +137,16 @@ def hourly_profile(requests_by_hour: Sequence[Sequence[float]], timezone: str) -
     return [s / c if c else None for s, c in zip(sums, counts)]
 
 
-def minute_counts_by_hour(requests_by_minute: Sequence[Sequence[float]], window_s: int = 60,
-                          what: str = "requests_by_minute") -> np.ndarray:
+def counts_by_span(rows: Sequence[Sequence[float]], window_s: int = 60, what: str = "requests_by_minute"
+                   ) -> np.ndarray:
     """(hours, 60) request counts of the whole clock hours (UTC) in the samples, in time order: each sample counts
     the requests of the minute ending at its timestamp (rounded to the minute); an hour with a minute missing or
     not finite is left out (its dispersion and neighbours would be wrong), a minute sampled twice is refused.
     window_s < 60 (a divisor of 60): (minutes, 60 / window_s) counts of the whole minutes, the same way."""
     span, per = (3600, 60) if window_s == 60 else (60, 60 // window_s)
     groups: dict[int, list[float | None]] = {}
-    for t, n in requests_by_minute:
+    for row in rows:
+        t, n = _num(row[0], f"{what} time"), _num(row[1], f"{what} value")
         if not math.isfinite(t):
             raise CalibrationError(f"results: {what} has a time {t!r}, not a finite unix time")
         start = math.floor((t - window_s) / window_s + 0.5) * window_s  # nearest window (a half rounds up)
@@ -202,9 +203,7 @@ def calibrate_endpoint(ep: EndpointInputs, res: Mapping[str, Any], gpu_kind: str
 
     # within-hour burstiness from per-minute counts (the cluster size needs 10-second counts, finer than a scrape:
     # the current input's figure takes the Poisson noise out)
-    minutes = res.get("requests_by_minute") or []
-    by_hour = minute_counts_by_hour([(_num(t, "requests_by_minute time"), _num(n, "requests_by_minute value"))
-                                     for t, n in minutes])
+    by_hour = counts_by_span(res.get("requests_by_minute") or [])
     busy = int((by_hour.mean(axis=1) >= 1.0).sum()) if len(by_hour) else 0
     if busy >= MIN_HOURS_FOR_BURSTINESS:
         B = traffic.arrival_cluster_size
@@ -212,9 +211,7 @@ def calibrate_endpoint(ep: EndpointInputs, res: Mapping[str, Any], gpu_kind: str
         w = int(_num(windows.get("window_s", 0), "requests_by_window.window_s")) if windows else 0
         if windows and (w <= 0 or w >= 60 or 60 % w):
             raise CalibrationError(f"results: requests_by_window.window_s is {w}, not a divisor of 60 below 60")
-        by_minute = (minute_counts_by_hour([(_num(t, "requests_by_window time"), _num(n, "requests_by_window value"))
-                                            for t, n in windows.get("rows") or []], w, "requests_by_window")
-                     if w else np.zeros((0, 1)))
+        by_minute = counts_by_span(windows.get("rows") or [], w, "requests_by_window") if w else np.zeros((0, 1))
         measured_b = len(by_minute) >= MIN_HOURS_FOR_BURSTINESS * 60
         if measured_b:
             B = fig("traffic.arrival_cluster_size", traffic.arrival_cluster_size,

@@ -479,7 +479,8 @@ def _expected_containers(
     launch = (1.0 - avg) * p_on * MINUTES_PER_HOUR
     # the chain is on at minute ends; a level stopped by a run of idle minutes was on for part of the minute it
     # stopped in (idle_run_switching): that time, per unit of P(on), on top (not a base for launches)
-    avg *= 1.0 + stop_minute
+    if stop_minute.any():
+        avg *= 1.0 + stop_minute
     if order.size and (start_hour is not None or WARMUP_WEEKS == 0):
         launch[int(order[0])] += burst0  # each launched once, at the start
     if start_hour is not None:
@@ -959,14 +960,23 @@ def peak_factor_from_minute_counts(counts: np.ndarray, cluster_size: float = 1.0
     variance (at τ = 10 min a peak of 3 reads 2.68); correcting for that (÷ n(1 − V)/(n − 1), V the hour mean's
     share of the variance) counted the bundled replays' slow drifts twice (Azure conversation at 3 req/s:
     τ ≈ 44 min), and its 3-hour cell in tests/test_cost_model.py planned 11% over the simulated bill."""
-    c = np.asarray(counts, dtype=float)
-    mean = c.mean(axis=1)
+    V = _excess_variance(np.asarray(counts, dtype=float), cluster_size)
+    return 1.0 if V is None else _peak_of_variance(V)
+
+
+def _excess_variance(counts: np.ndarray, cluster_size: float) -> float | None:
+    """The minute factor's variance from counts[h, m]: (Var − B·c̄)/c̄² averaged over the hours with traffic (c̄ ≥ 1),
+    each around its own mean (peak_factor_from_minute_counts says why); None without such an hour."""
+    mean = counts.mean(axis=1)
     busy = mean >= 1.0
     if not busy.any():
-        return 1.0
-    excess = (c[busy].var(axis=1, ddof=1) - cluster_size * mean[busy]) / mean[busy] ** 2
-    inv_alpha = float(np.mean(excess))
-    return peak_factor_of_alpha(1.0 / inv_alpha) if inv_alpha > 1e-9 else 1.0
+        return None
+    return float(np.mean((counts[busy].var(axis=1, ddof=1) - cluster_size * mean[busy]) / mean[busy] ** 2))
+
+
+def _peak_of_variance(V: float) -> float:
+    """The peak factor of a Gamma factor of variance V = 1/α (1 where the factor does not vary)."""
+    return peak_factor_of_alpha(1.0 / V) if V > 1e-9 else 1.0
 
 
 def correlation_s_from_minute_counts(counts: np.ndarray, cluster_size: float = 1.0) -> float:
@@ -1049,11 +1059,9 @@ def within_hour_from_minute_counts(counts: np.ndarray, cluster_size: float = 1.0
     and the plan's factor had a variance 21% over the log's. Without idle minutes it is
     peak_factor_from_minute_counts's figure and p = 0."""
     c = np.asarray(counts, dtype=float)
-    mean = c.mean(axis=1)
-    busy = mean >= 1.0
-    if not busy.any():
+    V = _excess_variance(c, cluster_size)
+    if V is None:
         return 1.0, 0.0
-    V = float(np.mean((c[busy].var(axis=1, ddof=1) - cluster_size * mean[busy]) / mean[busy] ** 2))
 
     def alpha(p: float) -> float | None:
         inv = (1.0 + V) * (1.0 - p) - 1.0
@@ -1061,7 +1069,7 @@ def within_hour_from_minute_counts(counts: np.ndarray, cluster_size: float = 1.0
 
     p = _idle_share(c, cluster_size, alpha)
     if p <= 0.0:
-        return peak_factor_from_minute_counts(c, cluster_size), 0.0
+        return _peak_of_variance(V), 0.0
     a, z = alpha(p), active_minute_z(p)
     peak = (busiest_minute_factor(max(a, _most_bursty_alpha(z)), z) if a is not None else 1.0) / (1.0 - p)
     return max(1.0, peak), p
