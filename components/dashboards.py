@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from zoneinfo import ZoneInfo
 
 from topology.inputs import Prices
+from topology.names import dashboard_uid  # unique within Grafana's 40 characters
 from topology.spec import EndpointSpec
 
 from .floor_replicas import burst_backlog_query, gateway_queues_floor, queue_query
@@ -36,10 +37,6 @@ SCHEMA_VERSION = 39  # what the chart's own bundled dashboards declare
 GRID_WIDTH = 24
 PANEL_W, PANEL_H = 12, 8
 RATE = "$__rate_interval"  # Grafana's rate window: at least four scrape intervals of the datasource
-
-
-def dashboard_uid(endpoint: str) -> str:
-    return f"llm-serving-{config_name(endpoint)}"[:40]  # Grafana uids are at most 40 characters
 
 
 def _sel(namespace: str, ep: EndpointSpec, *, stable: bool) -> str:

@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 
 from components.gateway_lua import GATEWAY_LUA
 from components.names import burst_backend_name, config_name, floor_backend_name
+from topology.names import env_name  # noqa: F401  (components.gateway and tests import it from here)
 from topology.gateway_timing import GATEWAY_CLIENT_IDLE_S
 from topology.spec import EndpointSpec, TopologySpec
 
@@ -159,10 +160,6 @@ class RenderedGateway:
     """Environment variable -> key in the Secret that fills it (API keys, cache salts, Modal auth)."""
     ports: dict[str, int] = field(default_factory=dict)
     """Endpoint -> listening port in the cluster (tests bind elsewhere)."""
-
-
-def env_name(endpoint: str, secret_key: str) -> str:
-    return "GW_" + re.sub(r"[^A-Z0-9]+", "_", f"{endpoint}_{secret_key}".upper()).strip("_")
 
 
 def gated_endpoints(spec: TopologySpec) -> list[EndpointSpec]:

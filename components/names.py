@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+from topology.names import config_name  # noqa: F401  (the inputs check names with the same rule)
 
 TRACK_LABEL = "serving.llm/track"  # pod label: the revision track a pod serves (TRACK_STABLE or TRACK_CANARY)
 # the Prometheus label the PodMonitor copies TRACK_LABEL into (prometheus-operator sanitises the name)
@@ -11,11 +11,6 @@ TRACK_STABLE = "stable"
 TRACK_CANARY = "canary"  # a rollout candidate in shadow or canary
 TRACK_PREVIOUS = "previous"  # the previous version kept warm after a promotion (N−1)
 VERSION_LABEL = "serving.llm/model-version"  # pod label: the model version (weights + engine + settings) a pod runs
-
-
-def config_name(name: str) -> str:
-    """An endpoint name as HAProxy section names spell it."""
-    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
 def floor_backend_name(endpoint: str) -> str:

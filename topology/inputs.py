@@ -8,6 +8,7 @@ the value and what is allowed, before any arithmetic runs.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -15,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from .errors import FieldsError
 from .names import (
     check_aws_region,
+    config_name,
+    tenant_env_names,
     check_bucket_name,
     check_revision,
     check_model_name,
@@ -25,6 +28,8 @@ from .names import (
 from .engines import DEFAULT_ENGINE_IMAGE
 from .rollout import RolloutInputs
 from .timebase import HOURS_PER_WEEK
+TENANT_NAME_MAX = 63  # a tenant name spells Secret keys, env variables and HAProxy lines: kept to a DNS label's length
+TENANT_NAME = re.compile(r"[A-Za-z0-9_-]{0,%d}" % TENANT_NAME_MAX)  # with a letter or digit: checked below
 PRICES_MAX_AGE_DAYS = 183  # list prices older than about six months have usually moved: warn, do not refuse
 
 GpuKindName = Literal["H100-80GB", "H200-141GB", "A100-80GB", "A100-40GB", "L40S-48GB"]
@@ -391,7 +396,8 @@ class EndpointInputs(_Inputs):
     )
     tenants: list[str] = Field(
         default_factory=lambda: ["default"], min_length=1,
-        description="Tenants sharing the endpoint; more than one means per-tenant cache_salt.",
+        description="Tenants sharing the endpoint; more than one means per-tenant cache_salt. Names: 1–63 ASCII "
+        "letters, digits, '-' or '_', distinct even with case and runs of '-'/'_' ignored (the gateway folds them).",
     )
     lora: LoraAdapters | None = Field(default=None, description="Per-customer LoRA adapters, if any.")
     headroom_fraction: float = Field(
@@ -417,10 +423,20 @@ class EndpointInputs(_Inputs):
     @classmethod
     def _tenant_names(cls, v: list[str]) -> list[str]:
         for t in v:
-            if not t or not t.replace("-", "").replace("_", "").isalnum():
-                raise ValueError(f"tenant name {t!r} must be letters, digits, '-' or '_'")
+            if not TENANT_NAME.fullmatch(t) or not config_name(t):
+                raise ValueError(f"tenant name {t[:80]!r} must be 1–{TENANT_NAME_MAX} ASCII letters, digits, '-' or "
+                                 "'_', with at least one letter or digit")
         if len(set(v)) != len(v):
             raise ValueError(f"tenant names repeat: {v}")
+        # the gateway spells tenants folded (config_name: case and runs of '-'/'_' ignored); two that fold alike
+        # would be one tenant there, answering with each other's keys and cache salt
+        folded: dict[str, str] = {}
+        for t in v:
+            if config_name(t) in folded:
+                raise ValueError(f"tenant names {folded[config_name(t)]!r} and {t!r} are the same tenant to the "
+                                 f"gateway (both spelt {config_name(t)!r}: case and '-'/'_' runs are folded); "
+                                 "rename one")
+            folded[config_name(t)] = t
         return v
 
     @model_validator(mode="after")
@@ -542,6 +558,25 @@ class CostInputs(_Inputs):
         names = [e.name for e in self.endpoints]
         if len(set(names)) != len(names):
             raise FieldsError(("endpoints",), f"endpoint names repeat: {names}")
+        folded: dict[str, int] = {}
+        for i, e in enumerate(self.endpoints):
+            j = folded.setdefault(config_name(e.name), i)
+            if j != i:
+                raise FieldsError((f"endpoints.{j}.name", f"endpoints.{i}.name"),
+                    f"endpoint names {names[j]!r} and {e.name!r} are one endpoint to the gateway (both spelt "
+                    f"{config_name(e.name)!r}: runs of '-' are folded); rename one")
+        # one gateway pod reads every endpoint's tenant secrets from environment variables spelt from the
+        # endpoint and tenant names folded together: two pairs spelt alike would read one secret
+        owners: dict[str, tuple[int, str]] = {}
+        for i, e in enumerate(self.endpoints):
+            for t in e.tenants:
+                for var in tenant_env_names(e.name, t, len(e.tenants) > 1):
+                    j, u = owners.setdefault(var, (i, t))
+                    if (j, u) != (i, t):
+                        raise FieldsError((f"endpoints.{j}.tenants", f"endpoints.{i}.tenants"),
+                            f"endpoint {names[j]!r} tenant {u!r} and endpoint {e.name!r} tenant {t!r} would share "
+                            f"the gateway's secret variable {var} (endpoint and tenant names are joined and "
+                            "folded); rename a tenant or an endpoint")
         for i, e in enumerate(self.endpoints):
             for cap in e.engine:
                 if cap.gpu_kind not in self.prices.dedicated_on_demand_usd_per_gpu_hour:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
 import re
 import zoneinfo
 
@@ -127,3 +128,50 @@ def check_timezone(v: str) -> str:
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
         raise ValueError(f"{v[:80]!r} is not an IANA timezone (e.g. 'UTC', 'America/New_York', 'Europe/Berlin'){hint}")
     return v
+
+
+# How the deploy spells an endpoint's and a tenant's names where the gateway and dashboards fold them. The
+# inputs check with these rules that names written apart stay apart once folded, and the components spell what
+# they deploy with the same functions, so the check and the deploy cannot drift.
+GRAFANA_UID_MAX = 40  # Grafana's dashboard uid limit (Dashboard HTTP API docs: "a maximum length of 40 characters")
+
+
+def config_name(name: str) -> str:
+    """A name as HAProxy section names, variables and stick-table keys spell it: lower case, runs of anything but
+    a-z and 0-9 as one '_'. Folds 'Acme' and 'acme', and 'a-b' and 'a--b', together."""
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+def env_name(endpoint: str, secret_key: str) -> str:
+    """The gateway pod's environment variable carrying one endpoint's secret key (every endpoint's variables
+    share the pod: two pairs that fold alike would read one secret)."""
+    return "GW_" + re.sub(r"[^A-Z0-9]+", "_", f"{endpoint}_{secret_key}".upper()).strip("_")
+
+
+def tenant_api_key_secret_key(tenant: str) -> str:
+    """The key in the endpoint's tenants Secret holding this tenant's API key."""
+    return f"{tenant}-api-key"
+
+
+def tenant_cache_salt_secret_key(tenant: str) -> str:
+    """The key in the endpoint's tenants Secret holding this tenant's cache_salt (endpoints with > 1 tenant)."""
+    return f"{tenant}-cache-salt"
+
+
+def tenant_env_names(endpoint: str, tenant: str, multi_tenant: bool) -> list[str]:
+    """Every environment variable the gateway pod reads for this tenant of this endpoint."""
+    names = [env_name(endpoint, tenant_api_key_secret_key(tenant))]
+    if multi_tenant:
+        names.append(env_name(endpoint, tenant_cache_salt_secret_key(tenant)))
+    return names
+
+
+def dashboard_uid(endpoint: str) -> str:
+    """The endpoint's Grafana dashboard uid: `llm-serving-<name>` when that fits Grafana's 40 characters,
+    otherwise cut with a digest of the whole name appended, so two long names sharing a prefix keep apart
+    (a plain cut made one dashboard overwrite the other)."""
+    uid = f"llm-serving-{config_name(endpoint)}"
+    if len(uid) <= GRAFANA_UID_MAX:
+        return uid
+    digest = hashlib.sha256(endpoint.encode()).hexdigest()[:8]
+    return f"{uid[:GRAFANA_UID_MAX - 9]}-{digest}"

@@ -7,6 +7,7 @@ import math
 
 from ..gateway_timing import heartbeat_interval_s
 from ..inputs import EndpointInputs
+from ..names import tenant_api_key_secret_key, tenant_cache_salt_secret_key
 from ..spec import BurstSpec, GatewaySpec, TenantSpec
 from .limits import admission, floor_overflow
 from .placement import Placement
@@ -25,7 +26,8 @@ def gateway_spec(ep: EndpointInputs, pl: Placement, burst: BurstSpec | None) -> 
     inter_chunk = int(min(30, max(10, math.ceil(2 * prefill_max + 5))))
     multi = len(ep.tenants) > 1
     tenants = tuple(
-        TenantSpec(name=t, api_key_secret_key=f"{t}-api-key", cache_salt_secret_key=f"{t}-cache-salt" if multi else None)
+        TenantSpec(name=t, api_key_secret_key=tenant_api_key_secret_key(t),
+                   cache_salt_secret_key=tenant_cache_salt_secret_key(t) if multi else None)
         for t in ep.tenants
     )
     adm = admission(ep, pl, cold if burst is not None else 0.0)
