@@ -51,7 +51,10 @@ def synthetic_config(config: dict, template: str, n: int) -> dict:
     src = next((e for e in inputs["endpoints"] if e["name"] == template), None)
     if src is None:
         raise SystemExit(f"--template {template!r}: no such endpoint; have {[e['name'] for e in inputs['endpoints']]}")
-    inputs["endpoints"] = [{**copy.deepcopy(src), "name": f"ep-{i:03d}"} for i in range(1, n + 1)]
+    # each copy serves its own model name: one stack's endpoints may not share one (their vLLM metrics would mix)
+    inputs["endpoints"] = [{**copy.deepcopy(src), "name": f"ep-{i:03d}",
+                            "model": {**src["model"], "name": f"{src['model']['name']}-{i:03d}"}}
+                           for i in range(1, n + 1)]
     return {**config, INPUTS_KEY: inputs}
 
 

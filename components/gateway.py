@@ -214,7 +214,10 @@ class Gateway(pulumi.ComponentResource):
             spec={
                 "type": "ClusterIP",
                 "selector": labels,
-                "ports": [{"name": ep[:15], "port": p, "targetPort": p, "protocol": "TCP"}
+                # a Service port's name is a DNS-1123 label, unique in the Service (kubernetes
+                # pkg/apis/core/validation validateServicePort): the endpoint's name is one, whole (cutting it
+                # to a container port's 15 made 'support-en' and 'support-de' alike, or ended it in '-')
+                "ports": [{"name": ep, "port": p, "targetPort": p, "protocol": "TCP"}
                           for ep, p in self.ports.items()],
             },
             opts=child(self, depends_on=[deployment]),

@@ -731,7 +731,9 @@ def _endpoint_sections(
                ""]
     if g.shadow is not None:
         # mirrors from the Lua task enter here, on loopback only; same candidate backend and limits as users'
-        bl += [f"frontend {fe}_shadow",
+        # '-' is never in a folded endpoint name, so no endpoint's own frontend (fe_<name>) can take this one's
+        # name (fe_{n}_shadow was endpoint '<n>-shadow''s frontend too: HAProxy refused the whole config)
+        bl += [f"frontend {fe}-shadow",
                f"    bind {shadow_bind}",
                f"    maxconn {shadow_cap}",
                # a streamed mirror gets the same first-byte backstop as a user's stream (frees its slot sooner)

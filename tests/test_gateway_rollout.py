@@ -120,8 +120,8 @@ def test_a_dead_candidate_costs_the_user_nothing(planned_stacks, tmp_path_factor
         assert all(s == 200 and b"[DONE]" in c for s, _, c, _ in results)
         assert {h["x-served-by"] for *_, h in results} <= {"floor", "burst"}
         # the mirrors were sent and failed at the candidate (connection refused), on the shadow frontend only
-        assert wait_until(lambda: any("fe_assist_shadow" in ln for ln in on.proc.log_lines()))
-        mirror_lines = [ln for ln in on.proc.log_lines() if "fe_assist_shadow" in ln]
+        assert wait_until(lambda: any("fe_assist-shadow" in ln for ln in on.proc.log_lines()))
+        mirror_lines = [ln for ln in on.proc.log_lines() if "fe_assist-shadow" in ln]
         assert 1 <= len(mirror_lines) <= 12 and all(" 503 " in ln for ln in mirror_lines)
     finally:
         on.stop()

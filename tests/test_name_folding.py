@@ -36,6 +36,7 @@ def refused(d) -> str:
 def two_endpoints(first: dict, second: dict) -> dict:
     d = copy.deepcopy(INPUTS)
     d["endpoints"] = [{**copy.deepcopy(ENDPOINT), **first}, {**copy.deepcopy(ENDPOINT), **second}]
+    d["endpoints"][1]["model"]["name"] = "second-model"  # one stack's endpoints serve distinct model names
     return d
 
 
@@ -104,3 +105,104 @@ def test_the_dashboard_of_a_long_endpoint_carries_its_unique_uid():
     assert ep.node_pools, "the worked example plans floor replicas"
     board = endpoint_dashboard(ep, "prod")
     assert board["uid"] == dashboard_uid(name) and len(board["uid"]) <= GRAFANA_UID_MAX
+
+
+# ── names the components build from endpoint names (review of the fold check) ─────────────────────────────────
+
+
+def _prod_renamed(tmp_path: Path, old: str, new: str) -> Path:
+    """The prod stack with one endpoint renamed, beside a link to the bundled traces."""
+    text = (ROOT / "stacks" / "Pulumi.prod.yaml").read_text()
+    assert f"      - name: {old}\n" in text
+    (tmp_path / "traces").symlink_to(ROOT / "traces")
+    path = tmp_path / "Pulumi.prod.yaml"
+    path.write_text(text.replace(f"      - name: {old}\n", f"      - name: {new}\n"))
+    return path
+
+
+def test_an_endpoint_named_after_anothers_shadow_keeps_the_gateway_config_valid(tmp_path):
+    """Prod's assist is in shadow; its mirror frontend was `fe_assist_shadow`, which is also the frontend of an
+    endpoint named 'assist-shadow': HAProxy refused the whole config ('has the same name as frontend'), so the
+    first gateway pod to restart after assist entered shadow took every endpoint down."""
+    import subprocess
+
+    from components.gateway_config import StaticServers, gated_endpoints, render_gateway_config
+    from tests.gateway_harness import lua_path, no_recorder, pod_ca_dir, require_haproxy
+    from topology.loading import load_inputs
+
+    binary = require_haproxy()
+    spec = plan(load_inputs(_prod_renamed(tmp_path, "autocomplete", "assist-shadow")))
+    eps = gated_endpoints(spec)
+    assert any(e.gateway.shadow for e in eps if e.name == "assist")
+    r = render_gateway_config(
+        spec, quality_servers=no_recorder(), lua_path=lua_path(tmp_path), ca_path=str(pod_ca_dir(tmp_path / "ca")),
+        burst_urls={e.name: "https://burst.invalid" for e in eps if e.burst is not None},
+        floor_servers={e.name: StaticServers(("127.0.0.1:1",)) for e in spec.endpoints},
+        canary_servers={e.name: StaticServers(("127.0.0.1:2",)) for e in eps if e.gateway.canary or e.gateway.shadow})
+    for name, text in r.files.items():
+        (tmp_path / name).write_text(text)
+    env = {var: f"test-{key}" for var, key in r.secret_env.items()}
+    out = subprocess.run([binary, "-c", "-f", str(tmp_path / "haproxy.cfg")], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "frontend fe_assist_shadow\n" in r.files["haproxy.cfg"]  # the endpoint's own frontend
+
+
+def test_the_gateway_service_names_each_port_by_its_whole_endpoint_name(tmp_path):
+    """Service port names were cut to 15 characters: 'assist-prod-east-a' and '-b' both became
+    'assist-prod-eas' (the API server refuses duplicate port names) and 'code-assistant-fast' ended in '-'."""
+    from offline.mockrun import run_stack_file
+    from offline.names_check import check_recording
+
+    path = _prod_renamed(tmp_path, "autocomplete", "assist-production-east-b")
+    path.write_text(path.read_text().replace("      - name: assist\n", "      - name: assist-production-east-a\n"))
+    rec = run_stack_file(path)
+    (svc,) = [o for o in rec.kubernetes_objects()
+              if o["kind"] == "Service" and o["metadata"]["name"].endswith("gateway-haproxy")]
+    names = [p["name"] for p in svc["spec"]["ports"]]
+    assert {"assist-production-east-a", "assist-production-east-b"} <= set(names)
+    assert check_recording(rec) == []
+
+
+@pytest.mark.parametrize("ports, complaint", [
+    ([{"name": "customer-suppor", "port": 1}, {"name": "customer-suppor", "port": 2}], "appears 2 times"),
+    ([{"name": "code-assistant-", "port": 1}], "spec.ports[].name"),
+])
+def test_the_render_refuses_service_port_names_the_api_server_refuses(ports, complaint):
+    """kubernetes validateServicePort: a Service port name is a DNS-1123 label, unique in the Service."""
+    from offline.names_check import check_manifest
+
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gw", "namespace": "ns"},
+           "spec": {"ports": ports}}
+    assert any(complaint in e for e in check_manifest(svc))
+
+
+@pytest.mark.parametrize("name, ok", [("http", True), ("ep-0", True), ("metrics-portname", False),
+                                      ("ep-", False), ("a--b", False), ("8080", False)])
+def test_container_port_names_are_iana_service_names(name, ok):
+    """apimachinery IsValidPortName: ≤15 of [a-z0-9-], a letter, no '-' at an end, no '--'."""
+    from offline.names_check import check_manifest
+
+    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "ns"},
+           "spec": {"template": {"spec": {"containers": [{"name": "c", "ports": [{"name": name, "containerPort": 1}]}]}}}}
+    assert (check_manifest(dep) == []) == ok
+
+
+def test_an_endpoint_named_another_plus_pods_is_refused_by_the_render_not_left_to_pulumi(tmp_path):
+    """FloorReplicas children are named '<component>-<suffix>' and a URN holds the parent's type, not its name:
+    'assist' and 'assist-pods' both declare floor-assist-pods-service. The render now says so."""
+    from offline.mockrun import run_stack_file
+    from offline.names_check import check_recording
+
+    errors = check_recording(run_stack_file(_prod_renamed(tmp_path, "autocomplete", "assist-pods")))
+    assert any("floor-assist-pods-service is declared 2 times" in e and "rename one endpoint" in e for e in errors)
+
+
+def test_two_endpoints_serving_one_model_name_are_refused_naming_both():
+    """vLLM labels its metrics by served model name; every query that scales, alerts on or charts an endpoint
+    selects namespace + model_name, so 'chat' and 'chat-batch' on one model each scaled on both queues."""
+    d = two_endpoints({"name": "chat"}, {"name": "chat-batch"})
+    d["endpoints"][1]["model"]["name"] = d["endpoints"][0]["model"]["name"]
+    msg = refused(d)
+    assert "endpoints.0.model.name" in msg and "endpoints.1.model.name" in msg
+    assert "'chat'" in msg and "'chat-batch'" in msg and "llama-3.3-70b-instruct" in msg

@@ -103,8 +103,10 @@ def test_copies_naming_one_trace_read_it_once_and_each_is_warned_about(tmp_path,
     d = inputs_dict()
     ep = d["endpoints"][0]
     ep["traffic"] = {"rate_trace": {"path": str(p), "scale_to_mean_requests_per_s": 2.0}}
-    other = {**ep, "name": "copy", "traffic": {"rate_trace": {"path": str(p), "scale_to_mean_requests_per_s": 4.0}}}
-    d["endpoints"] = [ep, {**ep, "name": "copy-a"}, other]
+    # each copy serves its own model name (one stack's endpoints may not share one: their vLLM metrics would mix)
+    other = {**ep, "name": "copy", "model": {**ep["model"], "name": "copy-model"},
+             "traffic": {"rate_trace": {"path": str(p), "scale_to_mean_requests_per_s": 4.0}}}
+    d["endpoints"] = [ep, {**ep, "name": "copy-a", "model": {**ep["model"], "name": "copy-a-model"}}, other]
     inputs = CostInputs.model_validate(d)
     reads = []
     real = loading.rate_trace_profile
