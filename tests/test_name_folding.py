@@ -206,3 +206,18 @@ def test_two_endpoints_serving_one_model_name_are_refused_naming_both():
     msg = refused(d)
     assert "endpoints.0.model.name" in msg and "endpoints.1.model.name" in msg
     assert "'chat'" in msg and "'chat-batch'" in msg and "llama-3.3-70b-instruct" in msg
+
+
+@pytest.mark.parametrize("mutate, fields, words", [
+    # modal 1.6.4 (_utils/name_utils.py): object names at most 64 characters; 'en-' starts environment ids
+    (lambda d: d.update(project="p" * 30) or d["endpoints"][0].update(name="e" * 40),
+     "project, environment, endpoints.0.name", "is 82 characters; Modal allows 64"),
+    (lambda d: d.update(environment="en-gb"), "environment", "reserved by Modal"),
+    # two weight caches declared for one region (two Pulumi resources 'weights-us-east-1')
+    (lambda d: d.update(regions=d["regions"] * 2), "regions", "regions repeat"),
+])
+def test_names_modal_or_pulumi_would_refuse_at_deploy_are_refused_at_input(mutate, fields, words):
+    d = inputs_dict()
+    mutate(d)
+    msg = refused(d)
+    assert f"in.yaml: {fields}:" in msg and words in msg

@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from .errors import FieldsError
 from .names import (
+    MODAL_NAME_MAX,
+    burst_app_name,
     check_aws_region,
     config_name,
     tenant_env_names,
@@ -556,7 +558,18 @@ class CostInputs(_Inputs):
         region_names = [r.name for r in self.regions]
         if self.cluster_region not in region_names:
             raise FieldsError(("cluster_region", "regions"),f"cluster_region={self.cluster_region!r} is not among regions {region_names}")
+        if len({r.name for r in self.regions}) != len(self.regions):
+            raise FieldsError(("regions",), f"regions repeat: {region_names} (one weight cache per region)")
+        if self.environment.startswith("en-"):  # Modal reserves it for environment ids (name_utils.py)
+            raise FieldsError(("environment",), f"environment={self.environment!r}: names starting 'en-' are "
+                              "reserved by Modal, where the burst apps deploy into an environment of this name")
         names = [e.name for e in self.endpoints]
+        for i, n in enumerate(names):
+            app = burst_app_name(self.project, self.environment, n)
+            if len(app) > MODAL_NAME_MAX:
+                raise FieldsError(("project", "environment", f"endpoints.{i}.name"),
+                    f"the burst app name {app!r} is {len(app)} characters; Modal allows {MODAL_NAME_MAX}: shorten "
+                    "the project, environment or endpoint name")
         if len(set(names)) != len(names):
             raise FieldsError(("endpoints",), f"endpoint names repeat: {names}")
         folded: dict[str, int] = {}

@@ -133,6 +133,7 @@ def check_timezone(v: str) -> str:
 # How the deploy spells an endpoint's and a tenant's names where the gateway and dashboards fold them. The
 # inputs check with these rules that names written apart stay apart once folded, and the components spell what
 # they deploy with the same functions, so the check and the deploy cannot drift.
+MODAL_NAME_MAX = 64  # Modal object and environment names (modal 1.6.4 _utils/name_utils.py: is_valid_object_name)
 GRAFANA_UID_MAX = 40  # Grafana's dashboard uid limit (Dashboard HTTP API docs: "a maximum length of 40 characters")
 
 
@@ -175,3 +176,9 @@ def dashboard_uid(endpoint: str) -> str:
         return uid
     digest = hashlib.sha256(endpoint.encode()).hexdigest()[:8]
     return f"{uid[:GRAFANA_UID_MAX - 9]}-{digest}"
+
+
+def burst_app_name(project: str, environment: str, endpoint: str) -> str:
+    """The endpoint's Modal burst app: at most MODAL_NAME_MAX characters of [a-zA-Z0-9-_.] (checked in the
+    inputs, which are already lower case, digits and '-')."""
+    return f"{project}-{environment}-{endpoint}-burst"

@@ -10,6 +10,7 @@ import numpy as np
 from .. import costs
 from ..catalog import GpuKind
 from ..inputs import CostInputs, EndpointInputs
+from ..names import burst_app_name
 from ..spec import BurstSpec, Derivation
 from ..timebase import HOURS_PER_WEEK
 from ..windows import hour_windows, level_windows
@@ -67,7 +68,7 @@ def burst_spec(
               if win.tier == "serverless_only" else 0)
     kind = catalog[sls.gpu_kind]
     return BurstSpec(
-        app_name=f"{inp.project}-{inp.environment}-{ep.name}-burst", environment=inp.environment,
+        app_name=burst_app_name(inp.project, inp.environment, ep.name), environment=inp.environment,
         gpu=kind.modal_gpu if sls.gpus_per_replica == 1 else f"{kind.modal_gpu}:{sls.gpus_per_replica}",
         gpu_kind=sls.gpu_kind, gpus_per_container=sls.gpus_per_replica,
         planning_requests_per_s=round(sls.planning_rps, 4), region=ep.serverless.region,
