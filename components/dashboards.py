@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from zoneinfo import ZoneInfo
 
 from topology.inputs import Prices
-from topology.names import dashboard_uid  # unique within Grafana's 40 characters
+from topology.names import dashboard_file_name, dashboard_uid  # noqa: F401  (unique per namespace, ≤ 40)
 from topology.spec import EndpointSpec
 
 from .floor_replicas import burst_backlog_query, gateway_queues_floor, queue_query
@@ -210,8 +210,9 @@ def endpoint_dashboard(ep: EndpointSpec, namespace: str, prices: Prices | None =
         p["id"] = i + 1
         p["gridPos"] = {"h": PANEL_H, "w": PANEL_W, "x": (i % per_row) * PANEL_W, "y": (i // per_row) * PANEL_H}
     return {
-        "uid": dashboard_uid(ep.name),
-        "title": f"LLM serving / {ep.name}",
+        "uid": dashboard_uid(namespace, ep.name),
+        # Grafana keeps titles unique within a folder: the namespace tells two stacks' endpoints apart
+        "title": f"LLM serving / {ep.name} ({namespace})",
         "description": f"{ep.name} ({ep.tier}): {ep.engine.served_model_name}, production against the plan.",
         "tags": ["llm-serving", ep.tier],
         "timezone": "browser",
@@ -232,8 +233,3 @@ def endpoint_dashboard(ep: EndpointSpec, namespace: str, prices: Prices | None =
 
 def dashboard_configmap_labels(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return {DASHBOARD_LABEL[0]: DASHBOARD_LABEL[1], **(extra or {})}
-
-
-def dashboard_file_name(endpoint: str) -> str:
-    return f"llm-serving-{config_name(endpoint)}.json"
-

@@ -430,7 +430,7 @@ class Observability(pulumi.ComponentResource):
                     f"{name}-{ep}-dashboard",
                     metadata={"name": f"{ep}-dashboard", "namespace": args.namespace,
                               "labels": dashboard_configmap_labels(labels)},
-                    data={dashboard_file_name(ep): json.dumps(board, sort_keys=True)},
+                    data={dashboard_file_name(args.namespace, ep): json.dumps(board, sort_keys=True)},
                     opts=child(self),
                 )
                 self.dashboard_uids[ep] = board["uid"]

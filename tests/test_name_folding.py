@@ -91,20 +91,34 @@ def test_long_endpoint_names_sharing_a_prefix_get_distinct_dashboard_uids_within
     """Grafana refuses a uid over 40 characters (Dashboard HTTP API: 'a maximum length of 40 characters'); the
     uid was cut there, so these two (same first 28 characters) provisioned one dashboard over the other."""
     a, b = "assistant-production-us-east-1-primary", "assistant-production-us-east-1-standby"
-    ua, ub = dashboard_uid(a), dashboard_uid(b)
+    ua, ub = dashboard_uid("llm-serving", a), dashboard_uid("llm-serving", b)
     assert ua != ub
     assert len(ua) <= GRAFANA_UID_MAX and len(ub) <= GRAFANA_UID_MAX
     assert ua.startswith("llm-serving-assistant_product")  # still readable in Grafana's URL
-    assert dashboard_uid("assist") == "llm-serving-assist"  # names that fit keep their uid (existing dashboards)
+    assert dashboard_uid("llm-serving", "assist") == "llm-serving-assist"  # the uids bundled stacks always had
 
 
-def test_the_dashboard_of_a_long_endpoint_carries_its_unique_uid():
+def test_one_endpoint_name_in_two_namespaces_gets_two_dashboards():
+    """The Grafana sidecar writes every watched namespace's dashboards into one folder: staging's and prod's
+    'assist' had one file name, one uid and one title, so one overwrote the other."""
+    from components.dashboards import dashboard_file_name
+
+    spec = plan(load(inputs_dict(name="assist")))
+    ep = spec.endpoints[0]
+    assert ep.node_pools, "the worked example plans floor replicas"
+    boards = [endpoint_dashboard(ep, ns) for ns in ("llm-serving", "llm-staging")]
+    assert len({b["uid"] for b in boards}) == 2 and len({b["title"] for b in boards}) == 2
+    assert dashboard_file_name("llm-serving", "assist") != dashboard_file_name("llm-staging", "assist")
+    assert all(len(b["uid"]) <= GRAFANA_UID_MAX for b in boards)
+
+
+def test_the_dashboard_of_a_long_endpoint_carries_a_uid_within_grafanas_limit():
     name = "assistant-production-us-east-1-primary-a"  # 40 characters, the longest endpoint name allowed
     spec = plan(load(inputs_dict(name=name)))
     ep = spec.endpoints[0]
     assert ep.node_pools, "the worked example plans floor replicas"
-    board = endpoint_dashboard(ep, "prod")
-    assert board["uid"] == dashboard_uid(name) and len(board["uid"]) <= GRAFANA_UID_MAX
+    board = endpoint_dashboard(ep, "llm-serving")
+    assert len(board["uid"]) <= GRAFANA_UID_MAX and board["uid"] != dashboard_uid("llm-serving", name[:-1] + "b")
 
 
 # ── names the components build from endpoint names (review of the fold check) ─────────────────────────────────

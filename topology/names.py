@@ -167,15 +167,21 @@ def tenant_env_names(endpoint: str, tenant: str, multi_tenant: bool) -> list[str
     return names
 
 
-def dashboard_uid(endpoint: str) -> str:
-    """The endpoint's Grafana dashboard uid: `llm-serving-<name>` when that fits Grafana's 40 characters,
-    otherwise cut with a digest of the whole name appended, so two long names sharing a prefix keep apart
-    (a plain cut made one dashboard overwrite the other)."""
-    uid = f"llm-serving-{config_name(endpoint)}"
+def dashboard_uid(namespace: str, endpoint: str) -> str:
+    """The endpoint's Grafana dashboard uid: `<namespace>-<name>` (the bundled stacks' namespace llm-serving gives
+    the uids they always had) when that fits Grafana's 40 characters, otherwise cut with a digest of both names
+    appended. Two long names sharing a prefix, or one endpoint name in two stacks' namespaces under one Grafana,
+    keep apart (a plain cut, or no namespace, made one dashboard overwrite the other)."""
+    uid = f"{namespace}-{config_name(endpoint)}"
     if len(uid) <= GRAFANA_UID_MAX:
         return uid
-    digest = hashlib.sha256(endpoint.encode()).hexdigest()[:8]
+    digest = hashlib.sha256(f"{namespace}/{endpoint}".encode()).hexdigest()[:8]
     return f"{uid[:GRAFANA_UID_MAX - 9]}-{digest}"
+
+
+def dashboard_file_name(namespace: str, endpoint: str) -> str:
+    """The dashboard's file in the Grafana sidecar's folder, which holds every watched namespace's dashboards."""
+    return f"{namespace}-{config_name(endpoint)}.json"
 
 
 def burst_app_name(project: str, environment: str, endpoint: str) -> str:
