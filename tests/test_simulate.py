@@ -180,11 +180,20 @@ def _check_slo(results):
         assert r.rejected == 0
 
 
+@pytest.fixture(scope="module")
+def dev_week(planned_stacks):
+    """dev's whole synthetic week, seed 0: one run read by the SLO test and the plan comparison (it is a result:
+    neither test changes it)."""
+    inputs, spec = planned_stacks["dev"]
+    return simulate_week(inputs, spec, seed=0)
+
+
 @pytest.mark.parametrize("stack_name,endpoint", _endpoint_cases())
-def test_bundled_stacks_meet_their_slo_on_the_synthetic_week(planned_stacks, stack_name, endpoint):
+def test_bundled_stacks_meet_their_slo_on_the_synthetic_week(request, planned_stacks, stack_name, endpoint):
     inputs, spec = planned_stacks[stack_name]
     if endpoint is None:
-        res = simulate_week(inputs, spec, seed=0).endpoints
+        assert stack_name == "dev"
+        res = request.getfixturevalue("dev_week").endpoints
     else:
         ep_in = next(e for e in inputs.endpoints if e.name == endpoint)
         p = peak_hour(ep_in)
@@ -321,9 +330,9 @@ def test_managed_api_is_billed_per_token(planned_stacks):
     assert r.cost_usd["api"] == pytest.approx(r.requests * per_req, rel=0.05)
 
 
-def test_plan_comparison_warns_beyond_the_tolerance_and_not_within(planned_stacks):
+def test_plan_comparison_warns_beyond_the_tolerance_and_not_within(planned_stacks, dev_week):
     inputs, spec = planned_stacks["dev"]
-    res = simulate_week(inputs, spec, seed=0)
+    res = dev_week
     rows = {r.endpoint: compare_with_plan(r, spec.endpoint(r.endpoint)) for r in res.endpoints}
     for name, row in rows.items():
         sim = res.endpoint(name)
