@@ -11,11 +11,25 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing"}
+
+
+# `moto_server` with one constant computed once: on every request moto 5.x's server asks whether the host names a
+# service by listing moto's own package folder (moto/backends.py list_of_moto_modules, called from
+# moto_server/werkzeug_app.py get_backend_for_host: ~175 stat calls, about a fifth of an S3 request's server time),
+# and that folder does not change while the server runs. Its per-request log is not kept (it went to /dev/null).
+_SERVER = """
+import logging, sys
+import moto.backends as backends
+modules = tuple(backends.list_of_moto_modules())
+backends.list_of_moto_modules = lambda: modules
+logging.getLogger("werkzeug").setLevel(logging.WARNING)  # the request lines are INFO
+from moto.server import main
+main(sys.argv[1:])
+"""
 
 
 def _free_port() -> int:
@@ -26,11 +40,10 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def moto_endpoint():
-    """`moto_server` in its own process (its request handling then does not share this process's GIL with
+    """`moto_server` (as above) in its own process (its request handling then does not share this process's GIL with
     the boto3 clients under test), on 127.0.0.1 at a free port; stopped at the end of the session."""
     port = _free_port()
-    exe = Path(sys.executable).with_name("moto_server")
-    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)],
+    proc = subprocess.Popen([sys.executable, "-c", _SERVER, "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -1,7 +1,10 @@
-"""The plan report, JSON and Markdown outputs, and diff between two plans, through the real CLI."""
+"""The plan report, JSON and Markdown outputs, and diff between two plans, through the real CLI: its `main` in
+this process (what is checked is what it prints), the first test through `python -m topology` itself."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -10,20 +13,30 @@ from pathlib import Path
 import yaml
 
 from topology import TopologySpec
+from topology.cli import main
 from topology.report import floor_grid
 
 ROOT = Path(__file__).resolve().parent.parent
 PROD = ROOT / "stacks" / "Pulumi.prod.yaml"
 
 
-def run(*args):
+def run_process(*args):
     r = subprocess.run([sys.executable, "-m", "topology", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
 
+def run(*args):
+    """The command's exit status must be 0; what it printed on stdout."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(list(args))
+    assert status == 0, err.getvalue()
+    return out.getvalue()
+
+
 def test_plan_report_shows_decision_alternatives_break_even_floor_and_burst():
-    out = run("plan", str(PROD))
+    out = run_process("plan", str(PROD))
     assert "prices as of 2026-10-04" in out
     assert "== assist: dedicated floor + serverless burst" in out
     assert "why the runner-up lost:" in out

@@ -2,12 +2,15 @@
 must resolve to the very object a full import gives, every name of a full import must stay reachable, and a
 program must record the same resources either way. The files it imports are compiled with annotations kept as
 text: the runtime must resolve the same types from them, and the program record the same resources. Each check
-runs in a fresh interpreter: in this test session the SDK packages may already be imported in full."""
+runs in a fresh interpreter: in this test session the SDK packages may already be imported in full. A run several
+tests compare against (the program recorded the default way; the SDK files compiled afresh into an empty cache)
+runs once per module, and each test reads its output and works on its own copy of that cache."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -79,32 +82,44 @@ print(json.dumps({"names": seen, "placed_by_file_name": placed}))
     assert on_demand["names"] == full
 
 
-def test_the_program_records_the_same_resources_as_with_full_imports():
-    record = """
-import json, warnings
+# the program recorded under the offline runner; %s is what runs before it
+_RECORD = """
+import json, sys, warnings
 warnings.simplefilter("ignore")
 %s
-from offline.mockrun import run_stack_file
+import offline.mockrun as mockrun
 from offline.render import inventory
-rec = run_stack_file("stacks/Pulumi.prod.yaml")
-import sys
+rec = mockrun.run_stack_file("stacks/Pulumi.prod.yaml")
 from offline.sdk_imports import PACKAGES, OnDemandPackage
 on_demand = [isinstance(sys.modules[p], OnDemandPackage) for p in PACKAGES]
 assert all(on_demand) or not any(on_demand), on_demand
+lazy = type(sys.modules["pulumi_kubernetes.core.v1._inputs"].__loader__).__name__ == "LazyAnnotationsLoader"
 print(json.dumps({"inventory": inventory(rec), "objects": rec.kubernetes_objects(), "outputs": rec.outputs,
-                  "on_demand": all(on_demand)}, sort_keys=True))
+                  "on_demand": all(on_demand), "lazy": lazy}, sort_keys=True))
 """
+
+
+@pytest.fixture(scope="module")
+def default_recording(tmp_path_factory):
+    """The program recorded as the runner records it by default (SDK packages on demand, their files compiled
+    with annotations kept as text, into an empty cache): the reference both recording tests compare against."""
+    cache = tmp_path_factory.mktemp("sdk-recording") / "cache"
+    return json.loads(run_python(_RECORD % (_LAZY_SETUP % str(cache))))
+
+
+def test_the_program_records_the_same_resources_as_with_full_imports(default_recording):
     full_imports = """
-import importlib, sys, types
+import importlib, types
 import pulumi_aws, pulumi_kubernetes
 from offline.sdk_imports import PACKAGES
 for p in PACKAGES:
     importlib.import_module(p)._utilities  # reading a name runs the SDK's lazy import in full
 assert all(type(sys.modules[p]) is types.ModuleType for p in PACKAGES)
 """
-    on_demand = json.loads(run_python(record % ""))
-    full = json.loads(run_python(record % full_imports))
+    on_demand = dict(default_recording)
+    full = json.loads(run_python(_RECORD % full_imports))
     assert on_demand.pop("on_demand") and not full.pop("on_demand")
+    on_demand.pop("lazy"), full.pop("lazy")  # the other test's concern
     assert on_demand == full
 
 
@@ -135,7 +150,39 @@ init = core.ContainerArgs.__init__.__annotations__["image"]
 """
 
 
-def test_sdk_files_keep_annotations_as_text_and_resolve_to_the_types_a_plain_import_gives(tmp_path):
+_COUNTED = """
+compiled = []
+def counting_compile(source, filename, mode, *args, **kwargs):  # the SDK files' and the annotation texts'
+    if mode == "eval":  # an annotation text (the ForwardRef memo's miss)
+        compiled.append(source)
+    return compile(source, filename, mode, *args, **kwargs)
+sdk_imports.compile = counting_compile
+"""
+
+
+@pytest.fixture(scope="module")
+def first_compile(tmp_path_factory):
+    """The typed classes imported with their SDK files compiled afresh into an empty cache (which the run fills:
+    the files' bytecode and the annotation texts): (what the run printed, that cache). A test works on a copy
+    (`cache_as_left_by`), file times kept, so what it changes or checks is its own."""
+    cache = tmp_path_factory.mktemp("sdk-first-compile") / "cache"
+    out = json.loads(run_python(_LAZY_SETUP % str(cache) + _COUNTED + """
+sdk_imports.compile_annotations_lazily()
+""" + _TYPED_CLASSES + """
+loader = type(sys.modules[core.ContainerArgs.__module__].__loader__).__name__
+print(json.dumps({"hints": hints, "text": isinstance(init, str), "loader": loader, "compiled": len(compiled),
+                  "file": sys.modules[core.ContainerArgs.__module__].__file__}))
+"""))
+    return out, cache
+
+
+def cache_as_left_by(first_compile, tmp_path) -> Path:
+    """A copy of the cache the first compile wrote, its files' modification times kept (shutil.copy2)."""
+    _out, cache = first_compile
+    return Path(shutil.copytree(cache, tmp_path / "cache"))
+
+
+def test_sdk_files_keep_annotations_as_text_and_resolve_to_the_types_a_plain_import_gives(tmp_path, first_compile):
     plain = json.loads(run_python(_LAZY_SETUP % str(tmp_path / "unused") + _TYPED_CLASSES + """
 print(json.dumps({"hints": hints, "text": isinstance(init, str)}))
 """))
@@ -145,13 +192,14 @@ sdk_imports.compile_annotations_lazily()
 loader = type(sys.modules[core.ContainerArgs.__module__].__loader__).__name__
 print(json.dumps({"hints": hints, "text": isinstance(init, str), "loader": loader}))
 """
-    first = json.loads(run_python(lazy_code))  # compiles the files and writes their bytecode
-    cached = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir()}
+    first = first_compile[0]  # compiled the files and wrote their bytecode
+    cache = cache_as_left_by(first_compile, tmp_path)
+    cached = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
     second = json.loads(run_python(lazy_code))  # reads that bytecode
     assert not plain["text"] and first["text"] and second["text"]
     assert first["loader"] == second["loader"] == "LazyAnnotationsLoader"
     assert any(n.startswith("pulumi_kubernetes.core.v1._inputs.") for n in cached)
-    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache").iterdir()} == cached  # not rewritten
+    assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == cached  # not rewritten
     # the runtime resolves every property's type (nested args classes, Optional, Sequence, Mapping, enums) the same
     assert sum(len(h) for h in plain["hints"].values()) > 100
     assert first["hints"] == second["hints"] == plain["hints"]
@@ -168,20 +216,15 @@ print(json.dumps({"text": isinstance(init, str), "hints": len(hints)}))
     assert not (tmp_path / "cache").exists()
 
 
-def test_the_program_records_the_same_resources_with_annotations_kept_as_text(tmp_path):
-    record = _LAZY_SETUP % str(tmp_path / "cache") + """
+def test_the_program_records_the_same_resources_with_annotations_kept_as_text(tmp_path, default_recording):
+    plain_setup = _LAZY_SETUP % str(tmp_path / "cache") + """
 import offline.mockrun as mockrun
-if %r == "plain":
-    mockrun.compile_annotations_lazily = lambda: None
-from offline.render import inventory
-rec = mockrun.run_stack_file("stacks/Pulumi.prod.yaml")
-lazy = type(sys.modules["pulumi_kubernetes.core.v1._inputs"].__loader__).__name__ == "LazyAnnotationsLoader"
-print(json.dumps({"inventory": inventory(rec), "objects": rec.kubernetes_objects(), "outputs": rec.outputs,
-                  "lazy": lazy}, sort_keys=True))
+mockrun.compile_annotations_lazily = lambda: None
 """
-    lazy = json.loads(run_python(record % "lazy"))
-    plain = json.loads(run_python(record % "plain"))
+    lazy = dict(default_recording)
+    plain = json.loads(run_python(_RECORD % plain_setup))
     assert lazy.pop("lazy") and not plain.pop("lazy")
+    assert lazy.pop("on_demand") and plain.pop("on_demand")  # both on demand: only the annotations differ
     assert lazy == plain
 
 
@@ -205,7 +248,7 @@ def test_forward_refs_are_compiled_once_while_it_lasts_and_typing_is_left_as_it_
     assert "compile" not in vars(typing)
 
 
-def test_a_damaged_cached_file_under_a_good_header_is_compiled_afresh(tmp_path):
+def test_a_damaged_cached_file_under_a_good_header_is_compiled_afresh(tmp_path, first_compile):
     """A cached file whose header still matches but whose body is not code (a torn write the rename did not
     cover, a disk error) must not break every later render: it is compiled again and rewritten."""
     import marshal
@@ -215,9 +258,10 @@ sdk_imports.compile_annotations_lazily()
 """ + _TYPED_CLASSES + """
 print(json.dumps({"hints": hints, "file": sys.modules[core.ContainerArgs.__module__].__file__}))
 """
-    first = json.loads(run_python(code))
+    first = first_compile[0]
     src = os.fsencode(first["file"]) + b"\0"
-    (cached,) = [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("pulumi_kubernetes.core.v1._inputs.")]
+    (cached,) = [p for p in cache_as_left_by(first_compile, tmp_path).iterdir()
+                 if p.name.startswith("pulumi_kubernetes.core.v1._inputs.")]
     data = cached.read_bytes()
     cached.write_bytes(data[: data.index(src) + len(src)] + marshal.dumps(42))  # the header kept, the body not code
     second = json.loads(run_python(code))
@@ -227,24 +271,16 @@ print(json.dumps({"hints": hints, "file": sys.modules[core.ContainerArgs.__modul
 
 # --- annotation texts compiled once across processes, return annotations resolved once per run ---
 
-_COUNTED = """
-compiled = []
-def counting_compile(source, filename, mode, *args, **kwargs):  # the SDK files' and the annotation texts'
-    if mode == "eval":  # an annotation text (the ForwardRef memo's miss)
-        compiled.append(source)
-    return compile(source, filename, mode, *args, **kwargs)
-sdk_imports.compile = counting_compile
-"""
 
-
-def test_annotation_texts_compiled_by_one_process_are_read_back_by_the_next(tmp_path):
+def test_annotation_texts_compiled_by_one_process_are_read_back_by_the_next(tmp_path, first_compile):
     cache_dir = tmp_path / "cache"
     code = _LAZY_SETUP % str(cache_dir) + _COUNTED + """
 sdk_imports.compile_annotations_lazily()
 """ + _TYPED_CLASSES + """
 print(json.dumps({"hints": hints, "compiled": len(compiled)}))
 """
-    first = json.loads(run_python(code))
+    first = first_compile[0]  # the run that compiled the texts into an empty cache
+    cache_as_left_by(first_compile, tmp_path)
     saved = cache_dir / "forward-refs.marshal"
     written = saved.stat().st_mtime_ns
     second = json.loads(run_python(code))

@@ -180,11 +180,20 @@ def _check_slo(results):
         assert r.rejected == 0
 
 
+@pytest.fixture(scope="module")
+def dev_week(planned_stacks):
+    """dev's whole synthetic week, seed 0: one run read by the SLO test and the plan comparison (it is a result:
+    neither test changes it)."""
+    inputs, spec = planned_stacks["dev"]
+    return simulate_week(inputs, spec, seed=0)
+
+
 @pytest.mark.parametrize("stack_name,endpoint", _endpoint_cases())
-def test_bundled_stacks_meet_their_slo_on_the_synthetic_week(planned_stacks, stack_name, endpoint):
+def test_bundled_stacks_meet_their_slo_on_the_synthetic_week(request, planned_stacks, stack_name, endpoint):
     inputs, spec = planned_stacks[stack_name]
     if endpoint is None:
-        res = simulate_week(inputs, spec, seed=0).endpoints
+        assert stack_name == "dev"
+        res = request.getfixturevalue("dev_week").endpoints
     else:
         ep_in = next(e for e in inputs.endpoints if e.name == endpoint)
         p = peak_hour(ep_in)
@@ -321,9 +330,9 @@ def test_managed_api_is_billed_per_token(planned_stacks):
     assert r.cost_usd["api"] == pytest.approx(r.requests * per_req, rel=0.05)
 
 
-def test_plan_comparison_warns_beyond_the_tolerance_and_not_within(planned_stacks):
+def test_plan_comparison_warns_beyond_the_tolerance_and_not_within(planned_stacks, dev_week):
     inputs, spec = planned_stacks["dev"]
-    res = simulate_week(inputs, spec, seed=0)
+    res = dev_week
     rows = {r.endpoint: compare_with_plan(r, spec.endpoint(r.endpoint)) for r in res.endpoints}
     for name, row in rows.items():
         sim = res.endpoint(name)
@@ -367,16 +376,27 @@ def test_summary_plot_and_markdown(planned_stacks, tmp_path):
     assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 20_000
 
 
-def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "topology", "simulate", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=120)
+def _cli(*args, cwd, monkeypatch, capsys):
+    """`python -m topology simulate ARGS` run by the CLI's `main` in this process (these tests check what it
+    prints and its exit status; tests/test_fuzz.py runs real processes): (exit status, stdout, stderr)."""
+    from topology.cli import main
+
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()  # what earlier steps printed is not this command's
+    try:
+        status = main(["simulate", *args])
+    except SystemExit as e:  # argparse's own errors
+        status = e.code
+    out = capsys.readouterr()
+    return status, out.out, out.err
 
 
-def test_cli_runs_a_stack_and_writes_a_plot(root, tmp_path):
+def test_cli_runs_a_stack_and_writes_a_plot(root, tmp_path, monkeypatch, capsys):
     png = tmp_path / "week.png"
-    p = _cli("stacks/Pulumi.dev.yaml", "--plot", str(png), "--markdown", "--no-progress", cwd=root)
-    assert p.returncode == 0, p.stderr
-    assert "| guard |" in p.stdout and "plan $/month" in p.stdout
+    status, stdout, stderr = _cli("stacks/Pulumi.dev.yaml", "--plot", str(png), "--markdown", "--no-progress",
+                                  cwd=root, monkeypatch=monkeypatch, capsys=capsys)
+    assert status == 0, stderr
+    assert "| guard |" in stdout and "plan $/month" in stdout
     assert png.exists()
 
 
@@ -388,10 +408,10 @@ def test_cli_runs_a_stack_and_writes_a_plot(root, tmp_path):
     (["--trace", "nowhere.csv"], "--trace 'nowhere.csv': no such file"),
     (["--drill", "spike", "--spike-factor", "0.5"], "--spike-factor 0.5"),
 ])
-def test_cli_bad_input_is_a_clear_error_without_traceback(root, args, fragment):
-    p = _cli("stacks/Pulumi.dev.yaml", *args, cwd=root)
-    assert p.returncode == 2
-    assert fragment in p.stderr and "Traceback" not in p.stderr
+def test_cli_bad_input_is_a_clear_error_without_traceback(root, args, fragment, monkeypatch, capsys):
+    status, _stdout, stderr = _cli("stacks/Pulumi.dev.yaml", *args, cwd=root, monkeypatch=monkeypatch, capsys=capsys)
+    assert status == 2
+    assert fragment in stderr and "Traceback" not in stderr
 
 
 def test_importing_the_simulator_stays_light():
