@@ -92,9 +92,50 @@ def _jit(fn, inline="never"):
     between compiled functions passes every array as its seven-word struct and reference-counts the arrays
     the callee keeps (an atomic increment and decrement each); inlined, most of those counts cancel out."""
     try:
-        return numba.njit(cache=True, nogil=True, inline=inline)(fn)
+        disp = numba.njit(cache=True, nogil=True, inline=inline)(fn)
     except RuntimeError:  # "cannot cache function …: no locator available"
         return numba.njit(nogil=True, inline=inline)(fn)
+    if _KernelCache is not None and type(getattr(disp, "_cache", None)) is _KernelCache.replaces:
+        disp._cache = _KernelCache(fn)  # as numba's Dispatcher.enable_caching makes its FunctionCache
+    return disp
+
+
+def _kernel_cache_class():
+    """numba's on-disk function cache, loading a cached kernel without first refreshing numba's CPU target.
+
+    numba's `FunctionCache.load_overload` refreshes the target context before it reads a cached function
+    (numba 0.68.1 `numba/core/caching.py`; added in numba commit 15fcbb978, issue #2198, for cached (g)ufuncs,
+    whose wrappers are built from the context's implementations on load). The refresh imports and installs every
+    implementation registry numba has — ≈ 0.45 s of CPU here, more than the 3 req/s week's kernels take to load
+    (≈ 0.08 s) — and nothing of it serves loading a plain `njit` function: its machine code is linked against
+    numba's runtime (NRT) alone, which the refresh's first step initializes and which this loader initializes
+    too. On a miss numba compiles as before, and its compiler refreshes the context itself
+    (`numba/core/compiler.py`, `CompilerBase.__init__`). None where numba's cache does not have that shape
+    (another numba version): the kernels then load the usual way."""
+    if numba is None:
+        return None
+    try:
+        from numba.core.caching import FunctionCache
+        from numba.core.runtime import rtsys
+    except ImportError:
+        return None
+    if not all(hasattr(FunctionCache, a) for a in ("load_overload", "_load_overload",
+                                                   "_guard_against_spurious_io_errors")):
+        return None
+
+    class KernelCache(FunctionCache):
+        replaces = FunctionCache
+
+        def load_overload(self, sig, target_context):
+            rtsys.initialize(target_context)
+            with self._guard_against_spurious_io_errors():
+                return self._load_overload(sig, target_context)
+            return None  # an I/O error the guard swallowed: compiled afresh
+
+    return KernelCache
+
+
+_KernelCache = _kernel_cache_class()
 
 
 # --------------------------------------------------------------------------------------------------
