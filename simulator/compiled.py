@@ -23,6 +23,7 @@ writable they compile in memory on each run instead.
 from __future__ import annotations
 
 import math
+import operator
 import os
 import threading
 
@@ -60,6 +61,7 @@ _STATE = ("next_ready", "nodes_up", "node_surplus_since", "od_node_s", "res_node
  _V_BACKLOG_POLLS, _V_BACKLOG_ADDED, _V_BACKLOG_PEAK, _V_WAITING_PEAK, _V_LAST_TICK, _V_BINF, _V_BWPEAK,
  _V_CONTAINER_USD_S, _V_CONTAINER_S, _V_LAUNCHES, _V_BAD, _V_NEXT_TICK) = range(19)
 _N_STATE = 19
+_get_state = operator.attrgetter(*_STATE)
 _STATE_FLOAT = {"next_ready", "node_surplus_since", "od_node_s", "res_node_s", "last_tick", "container_usd_s",
                 "container_s_total"}
 # counts: floor replica ids, gateway pool, burst container ids, live containers, completions in the heap, and
@@ -1296,10 +1298,8 @@ class CompiledEndpointSim(_eng.EndpointSim):
                 c.resize(cap)
 
     def _pack(self) -> None:
-        sv = self._sv
-        for k, name in enumerate(_STATE):
-            v = getattr(self, name)
-            sv[k] = math.nan if v is None else v
+        # one slice assignment (the list converts to float64 as each item's assignment did); once per kernel call
+        self._sv[: len(_STATE)] = [math.nan if v is None else v for v in _get_state(self)]
         c = self._cnt
         c[_C_NF], c[_C_NROUT] = self.f_state.n, self.routable.n
         c[_C_NC], c[_C_NLIVE] = self.c_ready.n, self.live.n
@@ -1309,9 +1309,7 @@ class CompiledEndpointSim(_eng.EndpointSim):
         self._p[_P_PY_TICK] = ro is not None and ro.phase != "done"
 
     def _unpack(self) -> None:
-        sv = self._sv
-        for k, name in enumerate(_STATE):
-            v = float(sv[k])
+        for name, v in zip(_STATE, self._sv[: len(_STATE)].tolist()):  # tolist: the Python floats float() gave
             if name == "node_surplus_since":
                 self.node_surplus_since = None if math.isnan(v) else v
             elif name == "bad_revision":
@@ -1451,8 +1449,9 @@ class CompiledEndpointSim(_eng.EndpointSim):
         while True:
             self._pack()
             self._sv[_V_NEXT_TICK] = next_tick
-            why, i = _serve(i, T, IN, OUT, status, ns, abpos, pend, xo, ttft, itl, flag, *self._columns()[:10],
-                            self.f_runs.a, *self._columns()[10:21], self.c_runs.a, *self._columns()[21:], st)
+            cols = self._columns()
+            why, i = _serve(i, T, IN, OUT, status, ns, abpos, pend, xo, ttft, itl, flag, *cols[:10], self.f_runs.a,
+                            *cols[10:21], self.c_runs.a, *cols[21:], st)
             self._unpack()
             next_tick = float(self._sv[_V_NEXT_TICK])
             if why == _DONE:
