@@ -1272,7 +1272,10 @@ class CompiledEndpointSim(_eng.EndpointSim):
         self._cnt[_C_DN] = 0
 
     def _n_replicas(self, lo: int, hi: int) -> int:
-        return int(_count_states(self.f_state.a, self.f_state.n, lo, hi))
+        # numpy, not the _count_states kernel: called from Python only while the engine starts (and by drills'
+        # rollouts), where loading one more kernel from numba's cache cost more than the count
+        st = self.f_state.a[: self.f_state.n]
+        return int(np.count_nonzero((st >= lo) & (st <= hi)))
 
     def _pop_done(self, now: float) -> None:
         self._pack()
