@@ -5,8 +5,10 @@
 
 Each run is a fresh interpreter (`--child`) that loads and plans the stack and simulates the week; the parent
 reports medians over the runs of the whole process (wall and CPU: interpreter start, imports, planning, JIT or
-its cache, the simulation) and of the simulation alone as the child times it (`simulate_week` /
-`simulate_endpoint` and nothing around them). Weeks:
+its cache, the simulation, the exit) and of the simulation alone as the child times it (`simulate_week` /
+`simulate_endpoint` and nothing around them: numba's first dispatch and its cache loads are inside), and
+the child's CPU before the simulation in three parts: start-up (the interpreter and this script's imports),
+the imports of `topology` and `simulator` (pydantic, numpy, numba), loading and planning the stack. Weeks:
 
 - prod: `python -m topology simulate stacks/Pulumi.prod.yaml`'s week, every endpoint, seed 0 (49.3 M requests),
   its endpoints in threads as `simulate_week` runs them by default (`--workers 1`: one after the other);
@@ -60,9 +62,11 @@ def three_rps_stack():
 
 def child(week: str, workers: int | None) -> None:
     """One run in this process: plan, then time the simulation alone; prints one JSON line."""
+    c_start = time.process_time()  # the interpreter's start-up and this script's own imports
     from topology import load_inputs, plan
     from simulator.simulate import simulate_endpoint, simulate_week
 
+    c_imports = time.process_time()
     if week == "prod":
         inputs = load_inputs(ROOT / "stacks" / "Pulumi.prod.yaml")
         spec = plan(inputs)
@@ -79,7 +83,8 @@ def child(week: str, workers: int | None) -> None:
         requests = r.requests
         goodput = {"assist": r.goodput}
     tiers = {e.name: e.tier for e in spec.endpoints}
-    print(json.dumps({"sim_wall_s": w1 - w0, "sim_cpu_s": c1 - c0, "before_sim_cpu_s": c0, "requests": requests,
+    print(json.dumps({"sim_wall_s": w1 - w0, "sim_cpu_s": c1 - c0, "before_sim_cpu_s": c0, "start_cpu_s": c_start,
+                      "imports_cpu_s": c_imports - c_start, "plan_cpu_s": c0 - c_imports, "requests": requests,
                       "goodput": goodput, "tiers": tiers}))
 
 
@@ -113,6 +118,8 @@ def report(label: str, runs: list[dict]) -> None:
           f"whole process {med('proc_wall_s'):.2f} s wall / {med('proc_cpu_s'):.2f} s CPU; "
           f"simulation {med('sim_wall_s'):.2f} s wall / {med('sim_cpu_s'):.2f} s CPU "
           f"({r0['requests'] / med('sim_wall_s') / 1e6:.2f} M requests/s), CPU before it {med('before_sim_cpu_s'):.2f} s "
+          f"(start-up {med('start_cpu_s'):.2f}, imports {med('imports_cpu_s'):.2f}, loading and planning "
+          f"{med('plan_cpu_s'):.2f} s) "
           f"(process CPU ranges {min(r['proc_cpu_s'] for r in runs):.2f}–{max(r['proc_cpu_s'] for r in runs):.2f} s); "
           f"goodput {gp}", flush=True)
 
