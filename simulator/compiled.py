@@ -23,6 +23,7 @@ writable they compile in memory on each run instead.
 from __future__ import annotations
 
 import math
+import operator
 import os
 import threading
 
@@ -60,6 +61,7 @@ _STATE = ("next_ready", "nodes_up", "node_surplus_since", "od_node_s", "res_node
  _V_BACKLOG_POLLS, _V_BACKLOG_ADDED, _V_BACKLOG_PEAK, _V_WAITING_PEAK, _V_LAST_TICK, _V_BINF, _V_BWPEAK,
  _V_CONTAINER_USD_S, _V_CONTAINER_S, _V_LAUNCHES, _V_BAD, _V_NEXT_TICK) = range(19)
 _N_STATE = 19
+_get_state = operator.attrgetter(*_STATE)
 _STATE_FLOAT = {"next_ready", "node_surplus_since", "od_node_s", "res_node_s", "last_tick", "container_usd_s",
                 "container_s_total"}
 # counts: floor replica ids, gateway pool, burst container ids, live containers, completions in the heap, and
@@ -92,9 +94,50 @@ def _jit(fn, inline="never"):
     between compiled functions passes every array as its seven-word struct and reference-counts the arrays
     the callee keeps (an atomic increment and decrement each); inlined, most of those counts cancel out."""
     try:
-        return numba.njit(cache=True, nogil=True, inline=inline)(fn)
+        disp = numba.njit(cache=True, nogil=True, inline=inline)(fn)
     except RuntimeError:  # "cannot cache function …: no locator available"
         return numba.njit(nogil=True, inline=inline)(fn)
+    if _KernelCache is not None and type(getattr(disp, "_cache", None)) is _KernelCache.replaces:
+        disp._cache = _KernelCache(fn)  # as numba's Dispatcher.enable_caching makes its FunctionCache
+    return disp
+
+
+def _kernel_cache_class():
+    """numba's on-disk function cache, loading a cached kernel without first refreshing numba's CPU target.
+
+    numba's `FunctionCache.load_overload` refreshes the target context before it reads a cached function
+    (numba 0.68.1 `numba/core/caching.py`; added in numba commit 15fcbb978, issue #2198, for cached (g)ufuncs,
+    whose wrappers are built from the context's implementations on load). The refresh imports and installs every
+    implementation registry numba has — ≈ 0.45 s of CPU here, more than the 3 req/s week's kernels take to load
+    (≈ 0.08 s) — and nothing of it serves loading a plain `njit` function: its machine code is linked against
+    numba's runtime (NRT) alone, which the refresh's first step initializes and which this loader initializes
+    too. On a miss numba compiles as before, and its compiler refreshes the context itself
+    (`numba/core/compiler.py`, `CompilerBase.__init__`). None where numba's cache does not have that shape
+    (another numba version): the kernels then load the usual way."""
+    if numba is None:
+        return None
+    try:
+        from numba.core.caching import FunctionCache
+        from numba.core.runtime import rtsys
+    except ImportError:
+        return None
+    if not all(hasattr(FunctionCache, a) for a in ("load_overload", "_load_overload",
+                                                   "_guard_against_spurious_io_errors")):
+        return None
+
+    class KernelCache(FunctionCache):
+        replaces = FunctionCache
+
+        def load_overload(self, sig, target_context):
+            rtsys.initialize(target_context)
+            with self._guard_against_spurious_io_errors():
+                return self._load_overload(sig, target_context)
+            return None  # an I/O error the guard swallowed: compiled afresh
+
+    return KernelCache
+
+
+_KernelCache = _kernel_cache_class()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1229,7 +1272,10 @@ class CompiledEndpointSim(_eng.EndpointSim):
         self._cnt[_C_DN] = 0
 
     def _n_replicas(self, lo: int, hi: int) -> int:
-        return int(_count_states(self.f_state.a, self.f_state.n, lo, hi))
+        # numpy, not the _count_states kernel: called from Python only while the engine starts (and by drills'
+        # rollouts), where loading one more kernel from numba's cache cost more than the count
+        st = self.f_state.a[: self.f_state.n]
+        return int(np.count_nonzero((st >= lo) & (st <= hi)))
 
     def _pop_done(self, now: float) -> None:
         self._pack()
@@ -1255,10 +1301,8 @@ class CompiledEndpointSim(_eng.EndpointSim):
                 c.resize(cap)
 
     def _pack(self) -> None:
-        sv = self._sv
-        for k, name in enumerate(_STATE):
-            v = getattr(self, name)
-            sv[k] = math.nan if v is None else v
+        # one slice assignment (the list converts to float64 as each item's assignment did); once per kernel call
+        self._sv[: len(_STATE)] = [math.nan if v is None else v for v in _get_state(self)]
         c = self._cnt
         c[_C_NF], c[_C_NROUT] = self.f_state.n, self.routable.n
         c[_C_NC], c[_C_NLIVE] = self.c_ready.n, self.live.n
@@ -1268,9 +1312,7 @@ class CompiledEndpointSim(_eng.EndpointSim):
         self._p[_P_PY_TICK] = ro is not None and ro.phase != "done"
 
     def _unpack(self) -> None:
-        sv = self._sv
-        for k, name in enumerate(_STATE):
-            v = float(sv[k])
+        for name, v in zip(_STATE, self._sv[: len(_STATE)].tolist()):  # tolist: the Python floats float() gave
             if name == "node_surplus_since":
                 self.node_surplus_since = None if math.isnan(v) else v
             elif name == "bad_revision":
@@ -1410,8 +1452,9 @@ class CompiledEndpointSim(_eng.EndpointSim):
         while True:
             self._pack()
             self._sv[_V_NEXT_TICK] = next_tick
-            why, i = _serve(i, T, IN, OUT, status, ns, abpos, pend, xo, ttft, itl, flag, *self._columns()[:10],
-                            self.f_runs.a, *self._columns()[10:21], self.c_runs.a, *self._columns()[21:], st)
+            cols = self._columns()
+            why, i = _serve(i, T, IN, OUT, status, ns, abpos, pend, xo, ttft, itl, flag, *cols[:10], self.f_runs.a,
+                            *cols[10:21], self.c_runs.a, *cols[21:], st)
             self._unpack()
             next_tick = float(self._sv[_V_NEXT_TICK])
             if why == _DONE:
