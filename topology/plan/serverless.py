@@ -62,6 +62,7 @@ Pure and vectorised: numpy only, no randomness, no clock; one call costs every h
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import os
 from dataclasses import dataclass
@@ -341,9 +342,9 @@ def expected_containers(
 
 # Memos of pure functions, bounded (the oldest entry goes first); clear_memos() empties them.
 MEMO_CALLS = 4096  # whole weeks (two arrays of 168 floats each)
-MEMO_ROWS = 200_000  # one hour's switching probabilities (two arrays of at most a few hundred levels)
+MEMO_ROWS = 200_000  # one hour's switching probabilities (three arrays of at most a few hundred levels)
 _CALLS: dict = {}
-_ROWS: dict = {}
+_ROWS: dict = {}  # settings → {(rate, service, floor, replicas) → (3, levels) array}
 
 
 def clear_memos() -> None:
@@ -351,6 +352,19 @@ def clear_memos() -> None:
     _CALLS.clear()
     _ROWS.clear()
     _level_grid.cache_clear()
+
+
+def _trim_rows() -> None:
+    """Bound _ROWS (a dict of rows per setting) to about MEMO_ROWS rows: the oldest settings' rows go first."""
+    total = sum(map(len, _ROWS.values()))
+    while total > MEMO_ROWS:
+        oldest = next(iter(_ROWS))
+        if len(_ROWS) == 1:  # one setting alone: its oldest rows
+            rows = _ROWS[oldest]
+            for _ in range(total - MEMO_ROWS):
+                del rows[next(iter(rows))]
+            return
+        total -= len(_ROWS.pop(oldest))
 
 
 def _remember(memo: dict, key, value, limit: int) -> None:
@@ -532,27 +546,49 @@ def _affine_prefix(a: np.ndarray, c: np.ndarray, x0: np.ndarray | None = None) -
 
 def _switching_rows(act, lam, S, Q, reps, rate, mean, up, k, K, T, b, B, W, alpha, line_key, wg, keep=0.0):
     """_switching for the active hours, each hour's row read from the memo when the same hour (rate, service,
-    floor, levels, settings) was worked out before. A row depends only on its own hour, and each level's
-    entry on that level alone: with every level 1 … K evaluated (no interpolation), a row worked out for fewer
-    levels is extended by the missing ones, and one worked out for more serves by its prefix."""
+    floor, levels, settings) was worked out before, and worked out once for the hours of a week alike in those
+    (a profile of a few distinct hourly rates repeats them; the floor's DP gives equal hours equal floors). A row
+    depends only on its own hour, and each level's entry on that level alone: with every level 1 … K evaluated
+    (no interpolation), a row worked out for fewer levels is extended by the missing ones, and one worked out for
+    more serves by its prefix. A memo entry is one (3, levels) array: p_on, p_off, stop_minute."""
     dense = len(k) == K
     const = (T, b, B, W, alpha, line_key, wg.shape[0], "dense" if dense else K, keep)
-    keys = [(const, x, y, z, r) for x, y, z, r in zip(lam[act].tolist(), S[act].tolist(), Q[act].tolist(),
-                                                       reps[act].tolist())]
+    # one dict of rows per setting (a row's key, four floats, hashes cheaply; the settings' tuple once a call),
+    # the keys built and looked up in C (zip, map), not per hour in Python
+    memo = _ROWS.get(const)
+    if memo is None:
+        memo = _ROWS[const] = {}
+    keys = list(zip(lam[act].tolist(), S[act].tolist(), Q[act].tolist(), reps[act].tolist()))
     n = len(k)
-    found = [_ROWS.get(key) for key in keys]
-    have = np.array([0 if f is None else f[0].shape[0] for f in found])
-    for start in np.unique(have[have < n]):
-        # the rows that have levels k[:start] already: work out the rest
-        todo = np.flatnonzero(have == start)
-        rows = act[todo]
-        new = _switching(rate[rows], mean[rows], Q[rows], up[start:], k[start:], B, W, wg, keep)
-        for j, i in enumerate(todo.tolist()):
+    found = list(map(memo.get, keys))
+    short = [i for i, f in enumerate(found) if f is None or f.shape[1] < n]
+    if short:
+        # the distinct keys among the hours to work out, grouped by the levels they have already
+        first: dict = {}
+        for i in short:
+            first.setdefault(keys[i], i)
+        by_start: dict[int, list[int]] = {}
+        for i in first.values():
             f = found[i]
-            found[i] = (tuple(x[j] for x in new) if f is None else
-                        tuple(np.concatenate([a, x[j]]) for a, x in zip(f, new)))
-            _remember(_ROWS, keys[i], found[i], MEMO_ROWS)
-    return tuple(np.array([f[c][:n] for f in found]) for c in range(3))
+            by_start.setdefault(0 if f is None else f.shape[1], []).append(i)
+        for start in sorted(by_start):
+            todo = by_start[start]
+            rows = act[todo]
+            new = np.stack(_switching(rate[rows], mean[rows], Q[rows], up[start:], k[start:], B, W, wg, keep), axis=1)
+            if start:
+                new = np.concatenate([np.stack([found[i] for i in todo]), new], axis=2)
+            for j, i in enumerate(todo):
+                memo[keys[i]] = found[i] = new[j]
+        _trim_rows()
+        for i in short:
+            found[i] = found[first[keys[i]]]
+    if not found:
+        out = np.zeros((0, 3, n))
+    elif all(f.shape[1] == n for f in found):
+        out = np.array(found)  # one copy in C (np.stack makes a view of each row first)
+    else:
+        out = np.array([f[:, :n] for f in found])
+    return out[:, 0], out[:, 1], out[:, 2]
 
 
 def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
