@@ -344,7 +344,7 @@ def expected_containers(
 MEMO_CALLS = 4096  # whole weeks (two arrays of 168 floats each)
 MEMO_ROWS = 200_000  # one hour's switching probabilities (three arrays of at most a few hundred levels)
 _CALLS: dict = {}
-_ROWS: dict = {}  # settings → {(rate, service, floor, replicas) → (3, levels) array}
+_ROWS: dict = {}  # settings → {(rate, service, floor, replicas) → (levels, (3, levels) array)}
 
 
 def clear_memos() -> None:
@@ -545,14 +545,15 @@ def _affine_prefix(a: np.ndarray, c: np.ndarray, x0: np.ndarray | None = None) -
 
 
 def _switching_rows(act, lam, S, Q, reps, rate, mean, up, k, K, T, b, B, W, alpha, line_key, wg, keep=0.0):
-    """_switching for the active hours, each hour's row read from the memo when the same hour (rate, service,
-    floor, levels, settings) was worked out before, and worked out once for the hours of a week alike in those
-    (a profile of a few distinct hourly rates repeats them; the floor's DP gives equal hours equal floors). A row
-    depends only on its own hour, and each level's entry on that level alone: with every level 1 … K evaluated
-    (no interpolation), a row worked out for fewer levels is extended by the missing ones, and one worked out for
-    more serves by its prefix. A memo entry is one (3, levels) array: p_on, p_off, stop_minute."""
-    dense = len(k) == K
-    const = (T, b, B, W, alpha, line_key, wg.shape[0], "dense" if dense else K, keep)
+    """_switching for the active hours, each hour's entries read from the memo where the same hour (rate, service,
+    floor, settings) was worked out before at the same level, and worked out once for the hours of a week alike in
+    those (a profile of a few distinct hourly rates repeats them; the floor's DP gives equal hours equal floors).
+    A row depends only on its own hour, and each level's entry on that level's value alone (its start level up_k
+    follows from k and the settings; the cuts are thresholds on the level's value): so the memo keeps each hour's
+    levels worked out so far, from any grid (the grids of two calls differ with their K: a warm minimum, a burst
+    cap), and a call works out only the levels of its grid that the hour lacks. K itself is not part of the key.
+    A memo entry: (levels, (3, levels) array of p_on, p_off, stop_minute)."""
+    const = (T, b, B, W, alpha, line_key, wg.shape[0], keep)
     # one dict of rows per setting (a row's key, four floats, hashes cheaply; the settings' tuple once a call),
     # the keys built and looked up in C (zip, map), not per hour in Python
     memo = _ROWS.get(const)
@@ -561,33 +562,50 @@ def _switching_rows(act, lam, S, Q, reps, rate, mean, up, k, K, T, b, B, W, alph
     keys = list(zip(lam[act].tolist(), S[act].tolist(), Q[act].tolist(), reps[act].tolist()))
     n = len(k)
     found = list(map(memo.get, keys))
-    short = [i for i, f in enumerate(found) if f is None or f.shape[1] < n]
-    if short:
-        # the distinct keys among the hours to work out, grouped by the levels they have already
+    # the hours by the levels they have (entries worked out together share one levels array)
+    groups: dict[int, list[int]] = {}
+    for i, f in enumerate(found):
+        groups.setdefault(0 if f is None else id(f[0]), []).append(i)
+    out = np.empty((len(keys), 3, n))
+    stored = False
+    for gid, idx in groups.items():
+        lv = None if gid == 0 else found[idx[0]][0]
+        if lv is k:  # worked out on this very grid
+            out[idx] = np.array([found[i][1] for i in idx])
+            continue
+        if lv is None:
+            have, pos = np.zeros(n, dtype=bool), None
+        else:
+            pos = np.minimum(np.searchsorted(lv, k), len(lv) - 1)
+            have = lv[pos] == k
+        if have.all():
+            out[idx] = np.array([found[i][1] for i in idx])[:, :, pos]
+            continue
+        # the distinct hours of the group, their missing levels worked out in one call
         first: dict = {}
-        for i in short:
-            first.setdefault(keys[i], i)
-        by_start: dict[int, list[int]] = {}
-        for i in first.values():
-            f = found[i]
-            by_start.setdefault(0 if f is None else f.shape[1], []).append(i)
-        for start in sorted(by_start):
-            todo = by_start[start]
-            rows = act[todo]
-            new = np.stack(_switching(rate[rows], mean[rows], Q[rows], up[start:], k[start:], B, W, wg, keep), axis=1)
-            if start:
-                new = np.concatenate([np.stack([found[i] for i in todo]), new], axis=2)
-            for j, i in enumerate(todo):
-                memo[keys[i]] = found[i] = new[j]
+        for i in idx:
+            first.setdefault(keys[i], len(first))
+        todo = [idx[0]] * len(first)
+        for i in idx:
+            todo[first[keys[i]]] = i
+        miss = np.flatnonzero(~have)
+        new = np.stack(_switching(rate[act[todo]], mean[act[todo]], Q[act[todo]], up[miss], k[miss], B, W, wg, keep),
+                       axis=1)
+        if lv is None:
+            lv_new, vals = k, new
+        else:
+            both = np.concatenate([lv, k[miss]])
+            order = np.argsort(both, kind="stable")
+            lv_new = both[order]
+            lv_new.flags.writeable = False
+            vals = np.concatenate([np.array([found[i][1] for i in todo]), new], axis=2)[:, :, order]
+        for j, i in enumerate(todo):
+            memo[keys[i]] = (lv_new, vals[j])
+        stored = True
+        rows = vals[[first[keys[i]] for i in idx]]
+        out[idx] = rows if lv_new is k else rows[:, :, np.searchsorted(lv_new, k)]
+    if stored:
         _trim_rows()
-        for i in short:
-            found[i] = found[first[keys[i]]]
-    if not found:
-        out = np.zeros((0, 3, n))
-    elif all(f.shape[1] == n for f in found):
-        out = np.array(found)  # one copy in C (np.stack makes a view of each row first)
-    else:
-        out = np.array([f[:, :n] for f in found])
     return out[:, 0], out[:, 1], out[:, 2]
 
 
