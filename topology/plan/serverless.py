@@ -344,6 +344,7 @@ def expected_containers(
 MEMO_CALLS = 4096  # whole weeks (two arrays of 168 floats each)
 MEMO_ROWS = 200_000  # one hour's switching probabilities (three arrays of at most a few hundred levels)
 _CALLS: dict = {}
+_BURSTS: dict = {}  # (in flight at the first completion, B, weights) → {start level: P(launched in the burst)}
 _ROWS: dict = {}  # settings → {(rate, service, floor, replicas) → (levels, (3, levels) array)}
 
 
@@ -351,6 +352,7 @@ def clear_memos() -> None:
     """Forget every memoised result (benchmarks time a planner that pays for what it computes)."""
     _CALLS.clear()
     _ROWS.clear()
+    _BURSTS.clear()
     _level_grid.cache_clear()
 
 
@@ -524,8 +526,20 @@ def _startup_burst(rate_g: np.ndarray, Q: float, startup: tuple[float, float] | 
         return np.zeros(len(up))
     cold_start_s, first_service_s = startup
     mean0 = rate_g * (cold_start_s + first_service_s)  # (1, G) clusters in flight when the first request completes
-    _, above, _ = poisson_tails(np.ceil(up / B)[None, :, None], mean0[None])
-    return (above[0] * wg[None, :]).sum(axis=1)
+    # memoised per level (each level's figure depends on its own value alone: the calls of an endpoint ask for the
+    # same first hour on grids that differ with K)
+    key = (_key_array(mean0), float(B), _key_array(wg))
+    memo = _BURSTS.get(key)
+    if memo is None:
+        memo = _BURSTS[key] = {}
+        while len(_BURSTS) > MEMO_CALLS:
+            del _BURSTS[next(iter(_BURSTS))]
+    levels = up.tolist()
+    miss = [u for u in dict.fromkeys(levels) if u not in memo]
+    if miss:
+        _, above, _ = poisson_tails(np.ceil(np.array(miss) / B)[None, :, None], mean0[None])
+        memo.update(zip(miss, (above[0] * wg[None, :]).sum(axis=1).tolist()))
+    return np.array([memo[u] for u in levels])
 
 
 def _affine_prefix(a: np.ndarray, c: np.ndarray, x0: np.ndarray | None = None) -> np.ndarray:
