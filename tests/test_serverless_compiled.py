@@ -128,3 +128,40 @@ def test_off_unless_asked_for():
                            text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == want
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_memoised_hours_give_what_a_fresh_week_gives(compiled, monkeypatch):
+    """The planner memoises each hour's switching probabilities per level and reuses them across calls whose level
+    grids differ (a burst cap or a warm minimum moves K, and with it the geometric grid) and across the hours of a
+    week alike in rate, service and floor; the start-up burst, per level too. Each call's figures must be the ones a call with no memo gives, to the
+    last bit, whatever was worked out before it."""
+    monkeypatch.setattr(sv, "USE_COMPILED", compiled)
+    alpha = 2.5
+    rng = np.random.default_rng(7)
+    # a week of a few distinct hourly rates (repeated hours), a floor in some hours
+    lam = rng.choice([0.0, 0.4, 3.0, 11.0, 40.0], size=168)
+    floor = np.where(lam >= 11.0, rng.choice([1.0, 2.0], size=168), 0.0)
+    line = (0.6, 0.05, floor, 8)
+    lam[0] = 40.0  # the start-up burst (its own memo) reaches the first hour's levels
+    calls = [dict(max_containers=cap, warm_min=warm, floor_inflight=q, floor_service_line=fl, startup=(25.0, 1.5))
+             for cap in (3, 40, 200, 90) for warm in (0, np.where(lam > 3.0, 25, 0))
+             for q, fl in ((0.0, None), (floor * 8, line))]
+
+    def week(kw):
+        ch = sv.expected_containers(lam, 2.0, target_inputs=2, scaledown_window_s=120.0, alpha=alpha, **kw)
+        return ch.alive.copy(), ch.launches.copy()
+
+    sv.clear_memos()
+    fresh = []
+    for kw in calls:
+        sv.clear_memos()
+        fresh.append(week(kw))
+    sv.clear_memos()
+    try:
+        for _ in range(2):  # the second pass reads every hour from the memo
+            for kw, want in zip(calls, fresh):
+                got = week(kw)
+                assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    finally:
+        sv.clear_memos()

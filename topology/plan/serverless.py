@@ -62,6 +62,7 @@ Pure and vectorised: numpy only, no randomness, no clock; one call costs every h
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import os
 from dataclasses import dataclass
@@ -341,16 +342,31 @@ def expected_containers(
 
 # Memos of pure functions, bounded (the oldest entry goes first); clear_memos() empties them.
 MEMO_CALLS = 4096  # whole weeks (two arrays of 168 floats each)
-MEMO_ROWS = 200_000  # one hour's switching probabilities (two arrays of at most a few hundred levels)
+MEMO_ROWS = 200_000  # one hour's switching probabilities (three arrays of at most a few hundred levels)
 _CALLS: dict = {}
-_ROWS: dict = {}
+_BURSTS: dict = {}  # (in flight at the first completion, B, weights) → {start level: P(launched in the burst)}
+_ROWS: dict = {}  # settings → {(rate, service, floor, replicas) → (levels, (3, levels) array)}
 
 
 def clear_memos() -> None:
     """Forget every memoised result (benchmarks time a planner that pays for what it computes)."""
     _CALLS.clear()
     _ROWS.clear()
+    _BURSTS.clear()
     _level_grid.cache_clear()
+
+
+def _trim_rows() -> None:
+    """Bound _ROWS (a dict of rows per setting) to about MEMO_ROWS rows: the oldest settings' rows go first."""
+    total = sum(map(len, _ROWS.values()))
+    while total > MEMO_ROWS:
+        oldest = next(iter(_ROWS))
+        if len(_ROWS) == 1:  # one setting alone: its oldest rows
+            rows = _ROWS[oldest]
+            for _ in range(total - MEMO_ROWS):
+                del rows[next(iter(rows))]
+            return
+        total -= len(_ROWS.pop(oldest))
 
 
 def _remember(memo: dict, key, value, limit: int) -> None:
@@ -510,8 +526,20 @@ def _startup_burst(rate_g: np.ndarray, Q: float, startup: tuple[float, float] | 
         return np.zeros(len(up))
     cold_start_s, first_service_s = startup
     mean0 = rate_g * (cold_start_s + first_service_s)  # (1, G) clusters in flight when the first request completes
-    _, above, _ = poisson_tails(np.ceil(up / B)[None, :, None], mean0[None])
-    return (above[0] * wg[None, :]).sum(axis=1)
+    # memoised per level (each level's figure depends on its own value alone: the calls of an endpoint ask for the
+    # same first hour on grids that differ with K)
+    key = (_key_array(mean0), float(B), _key_array(wg))
+    memo = _BURSTS.get(key)
+    if memo is None:
+        memo = _BURSTS[key] = {}
+        while len(_BURSTS) > MEMO_CALLS:
+            del _BURSTS[next(iter(_BURSTS))]
+    levels = up.tolist()
+    miss = [u for u in dict.fromkeys(levels) if u not in memo]
+    if miss:
+        _, above, _ = poisson_tails(np.ceil(np.array(miss) / B)[None, :, None], mean0[None])
+        memo.update(zip(miss, (above[0] * wg[None, :]).sum(axis=1).tolist()))
+    return np.array([memo[u] for u in levels])
 
 
 def _affine_prefix(a: np.ndarray, c: np.ndarray, x0: np.ndarray | None = None) -> np.ndarray:
@@ -531,28 +559,68 @@ def _affine_prefix(a: np.ndarray, c: np.ndarray, x0: np.ndarray | None = None) -
 
 
 def _switching_rows(act, lam, S, Q, reps, rate, mean, up, k, K, T, b, B, W, alpha, line_key, wg, keep=0.0):
-    """_switching for the active hours, each hour's row read from the memo when the same hour (rate, service,
-    floor, levels, settings) was worked out before. A row depends only on its own hour, and each level's
-    entry on that level alone: with every level 1 … K evaluated (no interpolation), a row worked out for fewer
-    levels is extended by the missing ones, and one worked out for more serves by its prefix."""
-    dense = len(k) == K
-    const = (T, b, B, W, alpha, line_key, wg.shape[0], "dense" if dense else K, keep)
-    keys = [(const, x, y, z, r) for x, y, z, r in zip(lam[act].tolist(), S[act].tolist(), Q[act].tolist(),
-                                                       reps[act].tolist())]
+    """_switching for the active hours, each hour's entries read from the memo where the same hour (rate, service,
+    floor, settings) was worked out before at the same level, and worked out once for the hours of a week alike in
+    those (a profile of a few distinct hourly rates repeats them; the floor's DP gives equal hours equal floors).
+    A row depends only on its own hour, and each level's entry on that level's value alone (its start level up_k
+    follows from k and the settings; the cuts are thresholds on the level's value): so the memo keeps each hour's
+    levels worked out so far, from any grid (the grids of two calls differ with their K: a warm minimum, a burst
+    cap), and a call works out only the levels of its grid that the hour lacks. K itself is not part of the key.
+    A memo entry: (levels, (3, levels) array of p_on, p_off, stop_minute)."""
+    const = (T, b, B, W, alpha, line_key, wg.shape[0], keep)
+    # one dict of rows per setting (a row's key, four floats, hashes cheaply; the settings' tuple once a call),
+    # the keys built and looked up in C (zip, map), not per hour in Python
+    memo = _ROWS.get(const)
+    if memo is None:
+        memo = _ROWS[const] = {}
+    keys = list(zip(lam[act].tolist(), S[act].tolist(), Q[act].tolist(), reps[act].tolist()))
     n = len(k)
-    found = [_ROWS.get(key) for key in keys]
-    have = np.array([0 if f is None else f[0].shape[0] for f in found])
-    for start in np.unique(have[have < n]):
-        # the rows that have levels k[:start] already: work out the rest
-        todo = np.flatnonzero(have == start)
-        rows = act[todo]
-        new = _switching(rate[rows], mean[rows], Q[rows], up[start:], k[start:], B, W, wg, keep)
-        for j, i in enumerate(todo.tolist()):
-            f = found[i]
-            found[i] = (tuple(x[j] for x in new) if f is None else
-                        tuple(np.concatenate([a, x[j]]) for a, x in zip(f, new)))
-            _remember(_ROWS, keys[i], found[i], MEMO_ROWS)
-    return tuple(np.array([f[c][:n] for f in found]) for c in range(3))
+    found = list(map(memo.get, keys))
+    # the hours by the levels they have (entries worked out together share one levels array)
+    groups: dict[int, list[int]] = {}
+    for i, f in enumerate(found):
+        groups.setdefault(0 if f is None else id(f[0]), []).append(i)
+    out = np.empty((len(keys), 3, n))
+    stored = False
+    for gid, idx in groups.items():
+        lv = None if gid == 0 else found[idx[0]][0]
+        if lv is k:  # worked out on this very grid
+            out[idx] = np.array([found[i][1] for i in idx])
+            continue
+        if lv is None:
+            have, pos = np.zeros(n, dtype=bool), None
+        else:
+            pos = np.minimum(np.searchsorted(lv, k), len(lv) - 1)
+            have = lv[pos] == k
+        if have.all():
+            out[idx] = np.array([found[i][1] for i in idx])[:, :, pos]
+            continue
+        # the distinct hours of the group, their missing levels worked out in one call
+        first: dict = {}
+        for i in idx:
+            first.setdefault(keys[i], len(first))
+        todo = [idx[0]] * len(first)
+        for i in idx:
+            todo[first[keys[i]]] = i
+        miss = np.flatnonzero(~have)
+        new = np.stack(_switching(rate[act[todo]], mean[act[todo]], Q[act[todo]], up[miss], k[miss], B, W, wg, keep),
+                       axis=1)
+        if lv is None:
+            lv_new, vals = k, new
+        else:
+            both = np.concatenate([lv, k[miss]])
+            order = np.argsort(both, kind="stable")
+            lv_new = both[order]
+            lv_new.flags.writeable = False
+            vals = np.concatenate([np.array([found[i][1] for i in todo]), new], axis=2)[:, :, order]
+        for j, i in enumerate(todo):
+            memo[keys[i]] = (lv_new, vals[j])
+        stored = True
+        rows = vals[[first[keys[i]] for i in idx]]
+        out[idx] = rows if lv_new is k else rows[:, :, np.searchsorted(lv_new, k)]
+    if stored:
+        _trim_rows()
+    return out[:, 0], out[:, 1], out[:, 2]
 
 
 def _switching(rate: np.ndarray, mean: np.ndarray, Q: np.ndarray, up: np.ndarray, k: np.ndarray, B: float,
