@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import operator
 import os
+import re
 import threading
 
 import numpy as np
@@ -79,6 +80,7 @@ _N_COUNTS = 9
  _P_B_WINDOW, _P_MINUTES_PER_WEEK, _P_BURST_CAP, _P_FLOOR_QUEUE) = range(63)
 _N_PARAMS = 63
 
+TESTED_NUMBA = (0, 68)  # the numba line _kernel_cache_class's loader was read against (0.68.1)
 DISABLE_ENV = "SIMULATOR_PURE_PYTHON"  # set to 1: every run uses the pure-Python reference engine
 
 
@@ -98,7 +100,10 @@ def _jit(fn, inline="never"):
     except RuntimeError:  # "cannot cache function …: no locator available"
         return numba.njit(nogil=True, inline=inline)(fn)
     if _KernelCache is not None and type(getattr(disp, "_cache", None)) is _KernelCache.replaces:
-        disp._cache = _KernelCache(fn)  # as numba's Dispatcher.enable_caching makes its FunctionCache
+        try:
+            disp._cache = _KernelCache(fn)  # as numba's Dispatcher.enable_caching makes its FunctionCache
+        except (TypeError, AttributeError):  # FunctionCache's constructor moved: keep numba's own cache
+            pass
     return disp
 
 
@@ -116,6 +121,11 @@ def _kernel_cache_class():
     (another numba version): the kernels then load the usual way."""
     if numba is None:
         return None
+    # only on the numba release line whose source this was read in (pyproject allows any numba >= 0.60): a later
+    # release whose runtime set-up moved out of rtsys.initialize would run a loaded kernel on an uninitialised
+    # runtime and crash the process, which no exception handler can catch
+    if tuple(int(x) for x in re.findall(r"\d+", numba.__version__)[:2]) != TESTED_NUMBA:
+        return None
     try:
         from numba.core.caching import FunctionCache
         from numba.core.runtime import rtsys
@@ -129,9 +139,12 @@ def _kernel_cache_class():
         replaces = FunctionCache
 
         def load_overload(self, sig, target_context):
-            rtsys.initialize(target_context)
-            with self._guard_against_spurious_io_errors():
-                return self._load_overload(sig, target_context)
+            try:
+                rtsys.initialize(target_context)
+                with self._guard_against_spurious_io_errors():
+                    return self._load_overload(sig, target_context)
+            except (TypeError, AttributeError):  # a private signature moved within the line: numba's own path
+                return super().load_overload(sig, target_context)
             return None  # an I/O error the guard swallowed: compiled afresh
 
     return KernelCache
