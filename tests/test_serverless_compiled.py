@@ -165,3 +165,51 @@ def test_memoised_hours_give_what_a_fresh_week_gives(compiled, monkeypatch):
                 assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
     finally:
         sv.clear_memos()
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_call_differing_in_any_one_setting_is_never_served_anothers_memo(compiled, monkeypatch):
+    """The memo's keys must hold every setting the figures depend on: after a base call, a call changing one
+    setting (with a floor or without, correlation and idle share on, so the persisting and idle-run chains run)
+    must give what it gives with the memo empty. A key missing any of T, b, B, W, alpha, keep, the hour's rate,
+    floor or replicas, or the start-up burst's mean, makes one of these serve the base call's figures (a
+    reviewer's mutation sweep; the grid-reuse test above caught only the floor line's key)."""
+    monkeypatch.setattr(sv, "USE_COMPILED", compiled)
+    rng = np.random.default_rng(3)
+    lam = rng.choice([0.4, 3.0, 11.0, 40.0], size=168)
+    lam[0] = 40.0
+    floor = np.where(lam >= 11.0, 2.0, 0.0)
+    base = dict(service_s=2.0, target_inputs=2, buffer_containers=1, scaledown_window_s=120.0, alpha=2.5,
+                cluster_size=1.0, factor_correlation_s=90.0, idle_share=0.1, startup=(25.0, 1.5), max_containers=60,
+                floor_inflight=floor * 8, floor_service_line=(0.6, 0.05, floor, 8))
+    no_floor = dict(base, floor_inflight=0.0, floor_service_line=None)
+    changes = {
+        "service_s": dict(service_s=2.5), "target_inputs": dict(target_inputs=3), "buffer": dict(buffer_containers=2),
+        "scaledown window": dict(scaledown_window_s=300.0), "alpha": dict(alpha=3.0), "no factor": dict(alpha=None),
+        "cluster": dict(cluster_size=2.0), "correlation": dict(factor_correlation_s=600.0),
+        "idle share": dict(idle_share=0.2), "startup": dict(startup=(60.0, 3.0)), "cap": dict(max_containers=200),
+        "warm": dict(warm_min=5), "start hour": dict(start_hour=3), "warm lead": dict(warm_lead_s=60.0, warm_min=5),
+        "line s0": dict(floor_service_line=(0.7, 0.05, floor, 8)),
+        "line s1": dict(floor_service_line=(0.6, 0.06, floor, 8)),
+        "line cap": dict(floor_service_line=(0.6, 0.05, floor, 12)),
+        "line reps": dict(floor_service_line=(0.6, 0.05, floor * 2, 8)), "floor Q": dict(floor_inflight=floor * 9),
+    }
+
+    def week(kw):
+        ch = sv.expected_containers(lam, **kw)
+        return ch.alive.copy(), ch.launches.copy()
+
+    try:
+        for b in (base, no_floor):
+            for name, change in changes.items():
+                if b is no_floor and name.startswith(("line", "floor")):
+                    continue
+                kw = dict(b, **change)
+                sv.clear_memos()
+                want = week(kw)
+                sv.clear_memos()
+                week(b)
+                got = week(kw)
+                assert all(np.array_equal(x, y) for x, y in zip(got, want)), (name, b is base)
+    finally:
+        sv.clear_memos()
