@@ -168,7 +168,6 @@ def simulate_endpoint(
 
     compiled: the numba engine (simulator/compiled.py, same results) when True, the pure-Python reference
     when False; None picks the compiled one when numba is installed and SIMULATOR_PURE_PYTHON is unset."""
-    _skip_exit_collection()
     ep = spec.endpoint(name)
     ep_in = next(e for e in inputs.endpoints if e.name == name)
     rng = np.random.default_rng([seed, _stable_hash(name)])
@@ -256,13 +255,15 @@ def _progress_bar(inputs: CostInputs, names: Sequence[str], start_h: float, end_
 _EXIT_COLLECTION_SKIPPED = False
 
 
-def _skip_exit_collection() -> None:
+def skip_exit_collection() -> None:
     """At exit the interpreter collects cyclic garbage once more across everything still alive — after a
     simulation numba's types, templates and dispatchers, pydantic's schemas and the inputs, a walk costing
     ≈ 0.35–0.45 s of CPU, a third of the 3 req/s week's whole process — to free memory the operating system
     takes back anyway (Python does not promise finalizers at exit). Objects alive then are frozen out of that
     last collection (`gc.freeze` from an exit handler, after the caller's own work; offline/render.py does the
-    same for a render). Collections while the process runs are unchanged."""
+    same for a render). Collections while the process runs are unchanged. Called by the simulate command, a
+    one-shot process, not by the library functions: a notebook or service that simulates keeps the
+    interpreter's usual exit (finalizers of objects in cycles run)."""
     global _EXIT_COLLECTION_SKIPPED
     if not _EXIT_COLLECTION_SKIPPED:
         _EXIT_COLLECTION_SKIPPED = True
