@@ -213,3 +213,25 @@ def test_a_call_differing_in_any_one_setting_is_never_served_anothers_memo(compi
                 assert all(np.array_equal(x, y) for x, y in zip(got, want)), (name, b is base)
     finally:
         sv.clear_memos()
+
+
+def test_switching_between_numpy_and_the_kernel_never_serves_the_other_modes_figures(monkeypatch):
+    """The kernel agrees with numpy to 1e-12, not to the bit: a process that plans in one mode and then the other
+    must get each mode's own figures (a reviewer measured numpy rows served to a compiled call: 2e-15 apart)."""
+    lam = np.array([0.4, 3.0, 11.0, 40.0] * 42)
+    kw = dict(target_inputs=2, scaledown_window_s=120.0, alpha=2.5, factor_correlation_s=90.0, idle_share=0.1,
+              startup=(25.0, 1.5), max_containers=60)
+    got = {}
+    try:
+        for mode in (True, False):
+            monkeypatch.setattr(sv, "USE_COMPILED", mode)
+            sv.clear_memos()
+            got[mode] = sv.expected_containers(lam, 2.0, **kw).alive.copy()
+        sv.clear_memos()
+        for first, second in ((False, True), (True, False)):
+            monkeypatch.setattr(sv, "USE_COMPILED", first)
+            sv.expected_containers(lam, 2.0, **kw)
+            monkeypatch.setattr(sv, "USE_COMPILED", second)
+            assert np.array_equal(sv.expected_containers(lam, 2.0, **kw).alive, got[second])
+    finally:
+        sv.clear_memos()

@@ -326,7 +326,8 @@ def expected_containers(
            int(buffer_containers), float(scaledown_window_s), alpha, _key_array(warm_min),
            max_containers, start_hour, float(cluster_size), startup, float(factor_correlation_s), float(warm_lead_s),
            float(idle_share),
-           None if line is None else (float(line[0]), float(line[1]), _key_array(line[2]), int(line[3])))
+           None if line is None else (float(line[0]), float(line[1]), _key_array(line[2]), int(line[3])),
+           USE_COMPILED)  # numpy and the kernel agree to 1e-12, not to the bit: a mode's figures stay its own
     hit = _CALLS.get(key)
     if hit is None:
         hit = _expected_containers(rate_rps, service_s, floor_inflight=floor_inflight, target_inputs=target_inputs,
@@ -567,7 +568,7 @@ def _switching_rows(act, lam, S, Q, reps, rate, mean, up, k, K, T, b, B, W, alph
     levels worked out so far, from any grid (the grids of two calls differ with their K: a warm minimum, a burst
     cap), and a call works out only the levels of its grid that the hour lacks. K itself is not part of the key.
     A memo entry: (levels, (3, levels) array of p_on, p_off, stop_minute)."""
-    const = (T, b, B, W, alpha, line_key, wg.shape[0], keep)
+    const = (T, b, B, W, alpha, line_key, wg.shape[0], keep, USE_COMPILED)
     # one dict of rows per setting (a row's key, four floats, hashes cheaply; the settings' tuple once a call),
     # the keys built and looked up in C (zip, map), not per hour in Python
     memo = _ROWS.get(const)
