@@ -235,3 +235,30 @@ def test_switching_between_numpy_and_the_kernel_never_serves_the_other_modes_fig
             assert np.array_equal(sv.expected_containers(lam, 2.0, **kw).alive, got[second])
     finally:
         sv.clear_memos()
+
+
+def test_planning_from_threads_gives_what_planning_alone_gives(monkeypatch):
+    """The memos are shared by the process and bounded (the oldest entries evicted): a library user planning from
+    threads must neither trip over another thread's eviction nor get its figures. Small bounds force evictions."""
+    import concurrent.futures as cf
+
+    monkeypatch.setattr(sv, "MEMO_CALLS", 3)
+    monkeypatch.setattr(sv, "MEMO_ROWS", 40)
+    lam = np.array([0.4, 3.0, 11.0, 40.0, 7.0, 0.0] * 28)
+    calls = [dict(target_inputs=2, scaledown_window_s=w, alpha=2.5, max_containers=cap, startup=(25.0, 1.5),
+                  factor_correlation_s=90.0) for w in (60.0, 120.0, 300.0) for cap in (5, 40, 200)]
+
+    def week(kw):
+        ch = sv.expected_containers(lam, 2.0, **kw)
+        return ch.alive.copy(), ch.launches.copy()
+
+    try:
+        sv.clear_memos()
+        alone = [week(kw) for kw in calls]
+        sv.clear_memos()
+        with cf.ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(week, calls * 4))
+        for got, want in zip(together, alone * 4):
+            assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    finally:
+        sv.clear_memos()

@@ -65,6 +65,7 @@ import functools
 import itertools
 import math
 import os
+import threading
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -328,32 +329,35 @@ def expected_containers(
            float(idle_share),
            None if line is None else (float(line[0]), float(line[1]), _key_array(line[2]), int(line[3])),
            USE_COMPILED)  # numpy and the kernel agree to 1e-12, not to the bit: a mode's figures stay its own
-    hit = _CALLS.get(key)
-    if hit is None:
-        hit = _expected_containers(rate_rps, service_s, floor_inflight=floor_inflight, target_inputs=target_inputs,
-                                   buffer_containers=buffer_containers, scaledown_window_s=scaledown_window_s,
-                                   alpha=alpha, warm_min=warm_min, max_containers=max_containers,
-                                   start_hour=start_hour, cluster_size=cluster_size, floor_service_line=line,
-                                   startup=startup, factor_correlation_s=factor_correlation_s,
-                                   warm_lead_s=warm_lead_s, idle_share=idle_share)
-        hit.alive.flags.writeable = hit.launches.flags.writeable = False
-        _remember(_CALLS, key, hit, MEMO_CALLS)
-    return hit
+    with _MEMO_LOCK:  # the memos are shared by the process: one planning thread at a time works on them
+        hit = _CALLS.get(key)
+        if hit is None:
+            hit = _expected_containers(rate_rps, service_s, floor_inflight=floor_inflight, target_inputs=target_inputs,
+                                       buffer_containers=buffer_containers, scaledown_window_s=scaledown_window_s,
+                                       alpha=alpha, warm_min=warm_min, max_containers=max_containers,
+                                       start_hour=start_hour, cluster_size=cluster_size, floor_service_line=line,
+                                       startup=startup, factor_correlation_s=factor_correlation_s,
+                                       warm_lead_s=warm_lead_s, idle_share=idle_share)
+            hit.alive.flags.writeable = hit.launches.flags.writeable = False
+            _remember(_CALLS, key, hit, MEMO_CALLS)
+        return hit
 
 
 # Memos of pure functions, bounded (the oldest entry goes first); clear_memos() empties them.
 MEMO_CALLS = 4096  # whole weeks (two arrays of 168 floats each)
 MEMO_ROWS = 200_000  # one hour's switching probabilities (three arrays of at most a few hundred levels)
 _CALLS: dict = {}
+_MEMO_LOCK = threading.RLock()  # a library user may plan from threads: evictions would race on the dicts
 _BURSTS: dict = {}  # (in flight at the first completion, B, weights) → {start level: P(launched in the burst)}
 _ROWS: dict = {}  # settings → {(rate, service, floor, replicas) → (levels, (3, levels) array)}
 
 
 def clear_memos() -> None:
     """Forget every memoised result (benchmarks time a planner that pays for what it computes)."""
-    _CALLS.clear()
-    _ROWS.clear()
-    _BURSTS.clear()
+    with _MEMO_LOCK:
+        _CALLS.clear()
+        _ROWS.clear()
+        _BURSTS.clear()
     _level_grid.cache_clear()
 
 
