@@ -99,8 +99,10 @@ def test_copies_of_an_endpoint_are_prepared_once_and_each_gets_its_own_options(m
 
     inp = load_inputs(ROOT / "stacks" / "Pulumi.prod.yaml")
     a, b = inp.endpoints[0], inp.endpoints[1]
-    eps = [a, b, a.model_copy(update={"name": "copy-a"}), a.model_copy(update={"name": "copy-a2"}),
-           b.model_copy(update={"name": "copy-b"})]
+    def copy(ep, name):  # a copy serves its own model name (the inputs refuse two endpoints sharing one)
+        return ep.model_copy(update={"name": name, "model": ep.model.model_copy(update={"name": f"{name}-model"})})
+
+    eps = [a, b, copy(a, "copy-a"), copy(a, "copy-a2"), copy(b, "copy-b")]
     fleet = inp.model_copy(update={"endpoints": eps})
     staged = []
     real_stage = options_mod._stage_endpoint
@@ -109,7 +111,7 @@ def test_copies_of_an_endpoint_are_prepared_once_and_each_gets_its_own_options(m
     assert staged == [a.name, b.name]
     monkeypatch.setattr(options_mod, "_stage_endpoint", real_stage)
     for ep, t in zip(eps, together):
-        alone = prepare_endpoint(inp, a if ep.model_copy(update={"name": a.name}) == a else b, GPU_KINDS)
+        alone = prepare_endpoint(inp, a if ep.model.revision == a.model.revision else b, GPU_KINDS)
         assert [(o.tier, o.feasible, o.reason, o.weekly_usd, o.breakdown_weekly, o.layers) for o in t.options] == \
                [(o.tier, o.feasible, o.reason, o.weekly_usd, o.breakdown_weekly, o.layers) for o in alone.options]
     first, copy = together[0].options, together[2].options

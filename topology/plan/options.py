@@ -487,10 +487,12 @@ class Prepared:
 def prepare_endpoints(inp: CostInputs, catalog: Mapping[str, GpuKind]) -> list[Prepared]:
     """Every endpoint's options, the floor candidates of all endpoints solved in one schedule DP.
 
-    Endpoints alike in everything but their name (copies per region or tenant) are prepared once: nothing
-    here reads the name except the errors, and the first copy in order raises the same error the others would."""
+    Endpoints alike in everything but their name and their model's served name (copies per region or tenant,
+    each serving its own model name as the inputs require) are prepared once: nothing here reads either name
+    except the errors, and the first copy in order raises the same error the others would."""
     first: dict[str, int] = {}
-    rep = [first.setdefault(ep.model_dump_json(exclude={"name"}), i) for i, ep in enumerate(inp.endpoints)]
+    rep = [first.setdefault(ep.model_dump_json(exclude={"name": True, "model": {"name"}}), i)
+           for i, ep in enumerate(inp.endpoints)]
     todo = sorted(set(rep))
     staged = {i: _stage_endpoint(inp, inp.endpoints[i], catalog) for i in todo}
     solve_floor_candidates([c for i in todo for c in staged[i].floors])
