@@ -6,6 +6,10 @@ from pathlib import Path
 
 import pytest
 
+# The moto server's fixtures are this file's, so the session runs one server: a session fixture imported into
+# each test module is a fixture of that module, started again (and kept to the end) for each one.
+from tests.moto_support import aws_env, moto_endpoint  # noqa: F401
+
 ROOT = Path(__file__).resolve().parent.parent
 STACKS = sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))
 

@@ -59,11 +59,14 @@ def moto_endpoint():
             raise RuntimeError(f"moto_server did not answer on {url}")
         yield url
     finally:
+        # moto's SIGTERM handler exits the main thread, and the interpreter then waits for request threads still
+        # holding a client's keep-alive connection (seconds at the session's end); nothing it holds is kept
         proc.terminate()
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=1)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait(timeout=10)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from ops.seed_weights import MANIFEST_NAME
-from tests.moto_support import aws_env, client, moto_endpoint  # noqa: F401 (fixtures)
+from tests.moto_support import client  # the fixtures moto_endpoint and aws_env: conftest.py
 from tests.pulumi_support import recording
 
 ROOT = Path(__file__).resolve().parent.parent

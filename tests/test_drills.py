@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from simulator.drills import (
@@ -230,13 +227,16 @@ def test_rollback_with_the_previous_revision_warm_recovers_faster(planned_stacks
     assert r.values["pod / node cold starts"][1] > r.values["pod / node cold starts"][0]
 
 
-def test_drill_command_prints_a_table_per_endpoint(root):
-    p = subprocess.run(
-        [sys.executable, "-m", "topology", "simulate", "stacks/Pulumi.prod.yaml", "--drill", "long-prompt",
-         "--markdown"], cwd=root, capture_output=True, text=True, timeout=120,
-    )
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.startswith("### Drill long-prompt on prod")
+def test_drill_command_prints_a_table_per_endpoint(root, monkeypatch, capsys):
+    # the CLI's main in this process: what is checked is what it prints (test_fuzz.py runs real processes)
+    from topology.cli import main
+
+    monkeypatch.chdir(root)
+    capsys.readouterr()
+    status = main(["simulate", "stacks/Pulumi.prod.yaml", "--drill", "long-prompt", "--markdown"])
+    out = capsys.readouterr()
+    assert status == 0, out.err
+    assert out.out.startswith("### Drill long-prompt on prod")
     for name in ("assist", "autocomplete", "guard"):
-        assert f"**{name}:" in p.stdout
-    assert "| preemptions |" in p.stdout
+        assert f"**{name}:" in out.out
+    assert "| preemptions |" in out.out

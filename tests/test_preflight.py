@@ -18,7 +18,7 @@ import yaml
 from botocore.exceptions import ClientError
 
 from ops import preflight as P
-from tests.moto_support import aws_env, client, moto_endpoint  # noqa: F401 (fixtures)
+from tests.moto_support import client  # the fixtures moto_endpoint and aws_env: conftest.py
 
 ROOT = Path(__file__).resolve().parent.parent
 

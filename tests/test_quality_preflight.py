@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.moto_support import aws_env, client, moto_endpoint  # noqa: F401 (fixtures)
+from tests.moto_support import client  # the fixtures moto_endpoint and aws_env: conftest.py
 from tests.test_preflight import run, world  # noqa: F401 (fixture)
 
 

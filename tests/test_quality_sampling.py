@@ -17,7 +17,7 @@ import pytest
 
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_harness import SilentServer, free_port, require_haproxy
-from tests.moto_support import client, moto_endpoint  # noqa: F401 (fixture)
+from tests.moto_support import client  # the fixture moto_endpoint: conftest.py
 from tests.quality_support import (
     DelayingProxy, RecorderProcess, SampledGateway, sampled_spec, sink_records, total, wait_until,
 )

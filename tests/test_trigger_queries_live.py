@@ -5,6 +5,7 @@ library, the gauge declared as vllm/v1/metrics/loggers.py declares it).
 
 In the cluster the PodMonitor's relabelling adds `namespace`, `pod` and the track label to every scraped series;
 here the scrape config's target labels add the same, so the queries are the rendered ones, character for character.
+The servers are started once for the file; each test starts from the same gauges, upstream logs and holds.
 """
 
 from __future__ import annotations
@@ -91,8 +92,34 @@ def wait_for_value(prom: PrometheusServer, query: str, want: float | None) -> fl
     return got
 
 
+# What a test changes on the shared servers, put back before the next one: the engines' queue gauges, the
+# upstreams' logs and their hold (released at a test's end).
+ENGINE_WAITING = {"guard-vllm-0": 0, "assist-vllm-0": 3, "assist-vllm-1": 5, "assist-vllm-canary-0": 40,
+                  "autocomplete-vllm-0": 100, "assist-vllm-0-staging": 50}
+
+
 @pytest.fixture
-def live(planned_stacks, tmp_path):
+def live(live_servers):
+    """The shared servers as a test starts: every engine's gauge at its first value, the upstreams holding again
+    and their logs empty (each test first waits until Prometheus shows the gauges it reads at these values)."""
+    spec = live_servers["spec"]
+    for pod, (engine, labels) in live_servers["engines"].items():
+        model = spec.endpoint(pod.split("-vllm")[0]).engine.served_model_name
+        engine.set(model, ENGINE_WAITING[pod])
+    for u in live_servers["ups"].values():
+        u.release_event.clear()
+        with u.log.lock:
+            u.log.requests.clear()
+    yield live_servers
+    for u in live_servers["ups"].values():
+        u.release()  # nothing stays held by a failed test
+
+
+@pytest.fixture(scope="module")
+def live_servers(planned_stacks, tmp_path_factory):
+    """HAProxy, the fake engines and Prometheus, started once for this file's tests (Prometheus 2.42 applies the
+    targets of a new config only after ~5 s)."""
+    tmp_path = tmp_path_factory.mktemp("trigger-queries")
     require_haproxy()
     require_binary("prometheus")
     spec = planned_stacks["prod"][1]
@@ -123,16 +150,20 @@ def live(planned_stacks, tmp_path):
         served = spec.endpoint("assist").engine.served_model_name
         other = spec.endpoint("autocomplete").engine.served_model_name
         guard = spec.endpoint("guard").engine.served_model_name
+        w = ENGINE_WAITING
         engines = {  # pod: (engine, target labels the PodMonitor would add)
             # guard's engines never queue: the gateway holds them at the admission cap (≤ max_num_seqs)
-            "guard-vllm-0": (FakeEngine(guard, 0), {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
-            "assist-vllm-0": (FakeEngine(served, 3), {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
-            "assist-vllm-1": (FakeEngine(served, 5), {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
+            "guard-vllm-0": (FakeEngine(guard, w["guard-vllm-0"]), {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
+            "assist-vllm-0": (FakeEngine(served, w["assist-vllm-0"]), {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
+            "assist-vllm-1": (FakeEngine(served, w["assist-vllm-1"]), {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
             # the canary serves the same model name: its queue is not the stable floor's
-            "assist-vllm-canary-0": (FakeEngine(served, 40), {"namespace": NS, TRACK_METRIC_LABEL: "canary"}),
+            "assist-vllm-canary-0": (FakeEngine(served, w["assist-vllm-canary-0"]),
+                                     {"namespace": NS, TRACK_METRIC_LABEL: "canary"}),
             # another endpoint's pods, and the same model in another namespace (a second environment)
-            "autocomplete-vllm-0": (FakeEngine(other, 100), {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
-            "assist-vllm-0-staging": (FakeEngine(served, 50), {"namespace": "llm-staging", TRACK_METRIC_LABEL: "stable"}),
+            "autocomplete-vllm-0": (FakeEngine(other, w["autocomplete-vllm-0"]),
+                                    {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
+            "assist-vllm-0-staging": (FakeEngine(served, w["assist-vllm-0-staging"]),
+                                      {"namespace": "llm-staging", TRACK_METRIC_LABEL: "stable"}),
         }
         for engine, _ in engines.values():
             stack.callback(engine.stop)
