@@ -64,7 +64,8 @@ def child(week: str, workers: int | None) -> None:
     """One run in this process: plan, then time the simulation alone; prints one JSON line."""
     c_start = time.process_time()  # the interpreter's start-up and this script's own imports
     from topology import load_inputs, plan
-    from simulator.simulate import skip_exit_collection, simulate_endpoint, simulate_week
+    from simulator.simulate import simulate_endpoint, simulate_week
+    from topology.cli import skip_exit_collection
 
     skip_exit_collection()  # as the simulate command does (simulator/cli.py): a one-shot process
     c_imports = time.process_time()

@@ -15,10 +15,8 @@ re-render removes only the files its previous run listed.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import datetime as dt
-import gc
 import json
 import os
 import sys
@@ -325,23 +323,10 @@ def _program_error(e: BaseException) -> str | None:
     return None
 
 
-_EXIT_COLLECTION_SKIPPED = False
-
-
-def _skip_exit_collection() -> None:
-    """At exit the interpreter collects cyclic garbage once more across everything still alive — after a render
-    the SDKs' classes, their types and the recording, a full walk costing ≈ 0.2 s of CPU — to free memory the
-    operating system takes back anyway (Python does not promise finalizers at exit). Objects alive then are
-    frozen out of that last collection (`gc.freeze`, from an exit handler: after the render, before the
-    interpreter's own teardown); the files are written and closed before."""
-    global _EXIT_COLLECTION_SKIPPED
-    if not _EXIT_COLLECTION_SKIPPED:
-        _EXIT_COLLECTION_SKIPPED = True
-        atexit.register(gc.freeze)
-
-
 def cli_main(args: Any) -> int:
-    _skip_exit_collection()
+    from topology.cli import skip_exit_collection
+
+    skip_exit_collection()  # a one-shot process; the files are written and closed before exit
     out_arg = str(args.out)
     if not out_arg.strip():
         print("error: --out '': name an output folder, e.g. --out out/render", file=sys.stderr)

@@ -52,7 +52,7 @@ def parse_hours(text: str) -> tuple[float, float]:
 def cli_main(args: argparse.Namespace, inputs: CostInputs, spec: TopologySpec) -> int:
     """Run what the parsed options ask for on a planned stack (the caller plans it: the simulator imports
     nothing of the planner)."""
-    from .simulate import skip_exit_collection
+    from topology.cli import skip_exit_collection
 
     skip_exit_collection()  # a one-shot process: no last collection at exit
     names = [e.name for e in spec.endpoints]

@@ -17,8 +17,6 @@ Pure: no clock reads, no network; randomness from an explicit seed; matplotlib a
 
 from __future__ import annotations
 
-import atexit
-import gc
 import math
 import os
 import sys
@@ -250,24 +248,6 @@ def _progress_bar(inputs: CostInputs, names: Sequence[str], start_h: float, end_
 
     expected = _expected_requests(inputs, names, start_h, end_h)
     return tqdm(total=int(expected), unit="req", unit_scale=True, file=sys.stderr, disable=not sys.stderr.isatty())
-
-
-_EXIT_COLLECTION_SKIPPED = False
-
-
-def skip_exit_collection() -> None:
-    """At exit the interpreter collects cyclic garbage once more across everything still alive — after a
-    simulation numba's types, templates and dispatchers, pydantic's schemas and the inputs, a walk costing
-    ≈ 0.35–0.45 s of CPU, a third of the 3 req/s week's whole process — to free memory the operating system
-    takes back anyway (Python does not promise finalizers at exit). Objects alive then are frozen out of that
-    last collection (`gc.freeze` from an exit handler, after the caller's own work; offline/render.py does the
-    same for a render). Collections while the process runs are unchanged. Called by the simulate command, a
-    one-shot process, not by the library functions: a notebook or service that simulates keeps the
-    interpreter's usual exit (finalizers of objects in cycles run)."""
-    global _EXIT_COLLECTION_SKIPPED
-    if not _EXIT_COLLECTION_SKIPPED:
-        _EXIT_COLLECTION_SKIPPED = True
-        atexit.register(gc.freeze)
 
 
 def _stable_hash(s: str) -> int:
