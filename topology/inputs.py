@@ -18,21 +18,33 @@ from .names import (
     MODAL_NAME_MAX,
     burst_app_name,
     check_aws_region,
-    config_name,
-    tenant_env_names,
     check_bucket_name,
     check_revision,
     check_model_name,
     check_modal_region,
     check_timezone,
+    config_name,
+    tenant_env_names,
 )
 
 from .engines import DEFAULT_ENGINE_IMAGE
 from .rollout import RolloutInputs
 from .timebase import HOURS_PER_WEEK
+
 TENANT_NAME_MAX = 63  # a tenant name spells Secret keys, env variables and HAProxy lines: kept to a DNS label's length
-TENANT_NAME = re.compile(r"[A-Za-z0-9_-]{0,%d}" % TENANT_NAME_MAX)  # with a letter or digit: checked below
+TENANT_NAME = re.compile(r"(?=.*[A-Za-z0-9])[A-Za-z0-9_-]{1,%d}" % TENANT_NAME_MAX)  # with a letter or digit
 PRICES_MAX_AGE_DAYS = 183  # list prices older than about six months have usually moved: warn, do not refuse
+
+
+def first_repeat(keys: list) -> tuple[int, int] | None:
+    """(first index, index of its first repeat) of the first key met twice, or None when all differ."""
+    seen: dict = {}
+    for i, k in enumerate(keys):
+        j = seen.setdefault(k, i)
+        if j != i:
+            return j, i
+    return None
+
 
 GpuKindName = Literal["H100-80GB", "H200-141GB", "A100-80GB", "A100-40GB", "L40S-48GB"]
 Precision = Literal["bf16", "fp16", "fp8", "int8", "int4"]
@@ -426,20 +438,18 @@ class EndpointInputs(_Inputs):
     @classmethod
     def _tenant_names(cls, v: list[str]) -> list[str]:
         for t in v:
-            if not TENANT_NAME.fullmatch(t) or not config_name(t):
+            if not TENANT_NAME.fullmatch(t):
                 raise ValueError(f"tenant name {t[:80]!r} must be 1–{TENANT_NAME_MAX} ASCII letters, digits, '-' or "
                                  "'_', with at least one letter or digit")
         if len(set(v)) != len(v):
             raise ValueError(f"tenant names repeat: {v}")
         # the gateway spells tenants folded (config_name: case and runs of '-'/'_' ignored); two that fold alike
         # would be one tenant there, answering with each other's keys and cache salt
-        folded: dict[str, str] = {}
-        for t in v:
-            if config_name(t) in folded:
-                raise ValueError(f"tenant names {folded[config_name(t)]!r} and {t!r} are the same tenant to the "
-                                 f"gateway (both spelt {config_name(t)!r}: case and '-'/'_' runs are folded); "
-                                 "rename one")
-            folded[config_name(t)] = t
+        clash = first_repeat([config_name(t) for t in v])
+        if clash:
+            a, b = v[clash[0]], v[clash[1]]
+            raise ValueError(f"tenant names {a!r} and {b!r} are the same tenant to the gateway (both spelt "
+                             f"{config_name(b)!r}: case and '-'/'_' runs are folded); rename one")
         return v
 
     @model_validator(mode="after")
@@ -572,37 +582,34 @@ class CostInputs(_Inputs):
                     "the project, environment or endpoint name")
         if len(set(names)) != len(names):
             raise FieldsError(("endpoints",), f"endpoint names repeat: {names}")
-        folded: dict[str, int] = {}
-        for i, e in enumerate(self.endpoints):
-            j = folded.setdefault(config_name(e.name), i)
-            if j != i:
-                raise FieldsError((f"endpoints.{j}.name", f"endpoints.{i}.name"),
-                    f"endpoint names {names[j]!r} and {e.name!r} are one endpoint to the gateway (both spelt "
-                    f"{config_name(e.name)!r}: runs of '-' are folded); rename one")
+        clash = first_repeat([config_name(n) for n in names])
+        if clash:
+            j, i = clash
+            raise FieldsError((f"endpoints.{j}.name", f"endpoints.{i}.name"),
+                f"endpoint names {names[j]!r} and {names[i]!r} are one endpoint to the gateway (both spelt "
+                f"{config_name(names[i])!r}: runs of '-' are folded); rename one")
         # vLLM labels its metrics by the served model name (and the pod), not the endpoint: the queries that drive
         # each endpoint's autoscaling, alerts and dashboards select namespace + model_name, so two endpoints of one
         # stack serving one model name would each scale on both endpoints' queue
-        served: dict[str, int] = {}
-        for i, e in enumerate(self.endpoints):
-            j = served.setdefault(e.model.name, i)
-            if j != i:
-                raise FieldsError((f"endpoints.{j}.model.name", f"endpoints.{i}.model.name"),
-                    f"endpoints {names[j]!r} and {e.name!r} both serve model.name {e.model.name!r}: vLLM labels its "
-                    "metrics by served model name, so each endpoint's autoscaling queue, alerts and dashboards "
-                    "would count both endpoints' replicas; give one a distinct model.name (what its clients send "
-                    "as \"model\") or serve both from one endpoint with tenants")
+        clash = first_repeat([e.model.name for e in self.endpoints])
+        if clash:
+            j, i = clash
+            raise FieldsError((f"endpoints.{j}.model.name", f"endpoints.{i}.model.name"),
+                f"endpoints {names[j]!r} and {names[i]!r} both serve model.name {self.endpoints[i].model.name!r}: "
+                "vLLM labels its metrics by served model name, so each endpoint's autoscaling queue, alerts and "
+                "dashboards would count both endpoints' replicas; give one a distinct model.name (what its clients "
+                "send as \"model\") or serve both from one endpoint with tenants")
         # one gateway pod reads every endpoint's tenant secrets from environment variables spelt from the
         # endpoint and tenant names folded together: two pairs spelt alike would read one secret
-        owners: dict[str, tuple[int, str]] = {}
-        for i, e in enumerate(self.endpoints):
-            for t in e.tenants:
-                for var in tenant_env_names(e.name, t, len(e.tenants) > 1):
-                    j, u = owners.setdefault(var, (i, t))
-                    if (j, u) != (i, t):
-                        raise FieldsError((f"endpoints.{j}.tenants", f"endpoints.{i}.tenants"),
-                            f"endpoint {names[j]!r} tenant {u!r} and endpoint {e.name!r} tenant {t!r} would share "
-                            f"the gateway's secret variable {var} (endpoint and tenant names are joined and "
-                            "folded); rename a tenant or an endpoint")
+        owners = [(i, t, var) for i, e in enumerate(self.endpoints) for t in e.tenants
+                  for var in tenant_env_names(e.name, t, len(e.tenants) > 1)]
+        clash = first_repeat([var for _, _, var in owners])
+        if clash:
+            (j, u, var), (i, t, _) = owners[clash[0]], owners[clash[1]]
+            raise FieldsError((f"endpoints.{j}.tenants", f"endpoints.{i}.tenants"),
+                f"endpoint {names[j]!r} tenant {u!r} and endpoint {names[i]!r} tenant {t!r} would share the "
+                f"gateway's secret variable {var} (endpoint and tenant names are joined and folded); rename a "
+                "tenant or an endpoint")
         for i, e in enumerate(self.endpoints):
             for cap in e.engine:
                 if cap.gpu_kind not in self.prices.dedicated_on_demand_usd_per_gpu_hour:
