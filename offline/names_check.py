@@ -108,10 +108,11 @@ def check_recording(rec: Recording) -> list[str]:
     errors += [f"Pulumi resource URN {urn} is declared {c} times: two endpoints' names make one resource name "
                "(e.g. 'X' and 'X-pods'); rename one endpoint"
                for urn, c in Counter(r.urn for r in rec.resources).items() if c > 1]
-    ident = Counter((o.get("apiVersion", "").split("/")[0] if "/" in o.get("apiVersion", "") else "", o.get("kind"),
-                     (o.get("metadata") or {}).get("namespace"), (o.get("metadata") or {}).get("name")) for o in objs)
-    errors += [f"Kubernetes object {kind} {ns or ''}/{name} is declared {c} times" for (_, kind, ns, name), c in ident.items()
-               if c > 1]
+    # one object whatever the version it is declared at: its API group ("" for the core group), kind, namespace, name
+    ident = Counter((o.get("apiVersion", "").rpartition("/")[0], o.get("kind"), (o.get("metadata") or {}).get("namespace"),
+                     (o.get("metadata") or {}).get("name")) for o in objs)
+    errors += [f"Kubernetes object {kind} {ns or ''}/{name} is declared {c} times"
+               for (_, kind, ns, name), c in ident.items() if c > 1]
     for r in rec.resources:
         if r.type == "aws:s3/bucket:Bucket" and r.inputs.get("bucket") is not None:
             _check(errors, f"Bucket {r.name}", "bucket", r.inputs["bucket"], check_bucket_name)
