@@ -601,12 +601,11 @@ def _switching_rows(act, lam, S, Q, reps, rate, mean, up, k, K, T, b, B, W, alph
             out[idx] = np.array([found[i][1] for i in idx])[:, :, pos]
             continue
         # the distinct hours of the group, their missing levels worked out in one call
-        first: dict = {}
+        rep: dict = {}  # each distinct hour's key → one of its hours (alike hours have alike entries)
         for i in idx:
-            first.setdefault(keys[i], len(first))
-        todo = [idx[0]] * len(first)
-        for i in idx:
-            todo[first[keys[i]]] = i
+            rep.setdefault(keys[i], i)
+        todo = list(rep.values())
+        first = {key: j for j, key in enumerate(rep)}
         miss = np.flatnonzero(~have)
         new = np.stack(_switching(rate[act[todo]], mean[act[todo]], Q[act[todo]], up[miss], k[miss], B, W, wg, keep),
                        axis=1)
