@@ -8,7 +8,7 @@
     .venv/bin/python benchmarks/cost_gaps.py levels --trace synthetic --peak-factor 3 --correlation 600 \
         --rate 3 --hours 12
     .venv/bin/python benchmarks/cost_gaps.py hours [--trace azure2023_conv.csv] [--rate 3] [--hours 168] [--start 0]
-        [--option serverless_only] [--spike-warm-hours-fraction 0.1]
+        [--option serverless_only] [--spike-warm-hours-fraction 0.1] [--seed 0]
 
 All but `hours` from Tuesday 09:00 (hour 33), prod `assist` scaled to the rate, as tests/test_cost_model.py.
 
@@ -310,7 +310,7 @@ def hourly(args) -> None:
         e.model_copy(update={"traffic": e.traffic.model_copy(update=upd)}) for e in base.endpoints]})
     trace = None if args.trace == "synthetic" else args.trace
     start = args.start if args.start is not None else 0.0
-    rows = costcheck.check(STACK, "assist", trace, args.rate, start, start + args.hours, base=base)
+    rows = costcheck.check(STACK, "assist", trace, args.rate, start, start + args.hours, base=base, seed=args.seed)
     r = next((x for x in rows if x.option == args.option), None)
     if r is None or not r.planned_serverless_usd_by_hour:
         print(f"{args.option}: no serverless bill in this check")
@@ -349,6 +349,7 @@ def main() -> int:
     ap.add_argument("--correlation", type=float, default=0.0, help="--trace synthetic: within_hour_correlation_s")
     ap.add_argument("--start", type=float, default=None, help="hours: the first hour (0 = Monday 00:00)")
     ap.add_argument("--option", default="serverless_only", help="hours: which option's bill")
+    ap.add_argument("--seed", type=int, default=0, help="hours: the replay (costcheck.check's seed)")
     ap.add_argument("--spike-warm-hours-fraction", type=float, default=0.1,
                     help="hours: the endpoint's traffic.spike_warm_hours_fraction (the stack's 0.1)")
     args = ap.parse_args()
