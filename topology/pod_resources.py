@@ -5,6 +5,13 @@ node carries only its endpoint's replicas (node selector and GPU taint) plus dae
 gets an equal share of what the node can allocate to pods, with requests = limits (Guaranteed QoS).
 
 What is kept back from the instance, per node, and why:
+- The memory the node itself reports (the kubelet's capacity, MemTotal) is below the EC2 instance type's
+  figure: the hypervisor, the firmware's reservations, the kernel's own memory and page tables (and on GPU nodes
+  the driver's) come off it first. AWS publishes no per-type figure; Karpenter subtracts
+  VM_MEMORY_OVERHEAD_FRACTION = 7.5 % of the EC2 figure before packing pods (its `vmMemoryOverheadPercent`
+  default, aws/karpenter-provider-aws; issue #5161 on discovering it per type), and a measured i4i.32xlarge
+  reports 3.9 % less (issue #6611). Pods sized to the EC2 figure do not fit: an equal share of it left
+  autocomplete's one pod per p5.4xlarge 258,304 MiB against ≈ 251,000 MiB the node reports, Pending for good.
 - kubeReserved, as the EKS AMI bootstrap sets it (awslabs/amazon-eks-ami bootstrap.sh):
   memory 11 MiB × max pods + 255 MiB; CPU 6 % of the first core, 1 % of the second, 0.5 % of the third and
   fourth, 0.25 % of every further core. Max pods is taken at the EKS max-pods calculator's caps (110 below
@@ -31,6 +38,7 @@ from .catalog import GpuKind, InstanceType
 from .spec import Derivation, PodResourcesSpec
 
 MIB_PER_GIB = 1024
+VM_MEMORY_OVERHEAD_FRACTION = 0.075  # of the EC2 figure, not reported by the node (module docstring)
 EKS_MAX_PODS_SMALL, EKS_MAX_PODS_LARGE, EKS_MAX_PODS_VCPU_THRESHOLD = 110, 250, 30
 KUBE_RESERVED_MIB_PER_POD, KUBE_RESERVED_BASE_MIB = 11, 255
 EVICTION_HARD_MEMORY_MIB = 100
@@ -66,9 +74,16 @@ class NodeBudget:
     for_replicas_memory_mib: int
 
 
+def node_memory_capacity_mib(instance: InstanceType) -> int:
+    """The memory the node reports (its kubelet's capacity), taken as the EC2 figure less
+    VM_MEMORY_OVERHEAD_FRACTION, rounded down to a MiB."""
+    return int(instance.memory_gib * MIB_PER_GIB * (1.0 - VM_MEMORY_OVERHEAD_FRACTION))
+
+
 def node_budget(instance: InstanceType) -> NodeBudget:
     cpu = int(instance.vcpus * 1000 - kube_reserved_cpu_millicores(instance.vcpus))  # floor: never over-promise
-    mem = instance.memory_gib * MIB_PER_GIB - kube_reserved_memory_mib(instance.vcpus) - EVICTION_HARD_MEMORY_MIB
+    mem = (node_memory_capacity_mib(instance) - kube_reserved_memory_mib(instance.vcpus)
+           - EVICTION_HARD_MEMORY_MIB)
     return NodeBudget(cpu, mem, cpu - DAEMONSET_CPU_MILLICORES, mem - DAEMONSET_MEMORY_MIB)
 
 
@@ -124,7 +139,8 @@ def floor_pod_resources(
         ),
         Derivation(
             figure="pod_memory_request_mib", value=mem_share, unit="MiB",
-            formula=(f"⌊({instance.memory_gib} GiB × 1024 − kubeReserved (11 × {eks_max_pods_cap(instance.vcpus)} pods"
+            formula=(f"⌊({instance.memory_gib} GiB × 1024 × (1 − VM overhead {VM_MEMORY_OVERHEAD_FRACTION:g}) = "
+                     f"{node_memory_capacity_mib(instance)} − kubeReserved (11 × {eks_max_pods_cap(instance.vcpus)} pods"
                      f" + 255 = {kube_reserved_memory_mib(instance.vcpus)}) − eviction {EVICTION_HARD_MEMORY_MIB} − "
                      f"daemonsets {DAEMONSET_MEMORY_MIB}) / {replicas_per_node} replicas per node⌋ to {MEMORY_STEP_MIB}"
                      f" MiB = {mem_share} MiB; engine minimum shm {SHM_MIB} + host {ENGINE_HOST_MEMORY_MIB} = "
