@@ -78,6 +78,9 @@ class GatewayArgs:
     quality_recorder: str | None = None
 
 
+# seconds a stopping gateway pod keeps listening before HAProxy's soft-stop (the floor's PRESTOP_SLEEP_S)
+GATEWAY_PRESTOP_SLEEP_S = 10
+
 def tenant_secret_name(endpoint: str) -> str:
     return f"{endpoint}-gateway-tenants"
 
@@ -173,8 +176,8 @@ class Gateway(pulumi.ComponentResource):
                     "metadata": {"labels": labels, "annotations": {"serving.llm/config-sha256": config_hash}},
                     "spec": {
                         # streams in flight may finish when a pod is replaced (haproxy soft-stops
-                        # on the image's STOPSIGNAL, SIGUSR1; hard-stop-after bounds it)
-                        "terminationGracePeriodSeconds": longest_request_s(spec) + 30,
+                        # on the image's STOPSIGNAL, SIGUSR1; hard-stop-after bounds it), after the preStop
+                        "terminationGracePeriodSeconds": GATEWAY_PRESTOP_SLEEP_S + longest_request_s(spec) + 30,
                         "topologySpreadConstraints": [{
                             "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
                             "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": labels},
@@ -195,6 +198,12 @@ class Gateway(pulumi.ComponentResource):
                             # check it cannot verify ("image has non-numeric user"), so state the uid
                             "securityContext": restricted_security_context(args.image.uid, args.image.gid),
                             "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+                            # the stop signal (SIGUSR1, the image's STOPSIGNAL) makes HAProxy unbind its ports
+                            # at once (doc/management.txt, "soft-stop"), while the kubelet removes the pod from
+                            # the Service's endpoints at the same moment and kube-proxy / the load balancer
+                            # take seconds to stop sending it connections: those would be refused. Keep
+                            # listening until they have (the kubelet's own sleep: no binary in the image)
+                            "lifecycle": {"preStop": {"sleep": {"seconds": GATEWAY_PRESTOP_SLEEP_S}}},
                         }],
                         "volumes": [{"name": "config", "configMap": {"name": config_map.metadata["name"]}}],
                     },

@@ -42,7 +42,7 @@ class WeightReader:
 
 def reader_policy(bucket: str, prefixes: tuple[str, ...]) -> str:
     """Read-only access to the given prefixes: list them, get their objects; nothing else in the bucket."""
-    ordered = sorted(prefixes)
+    ordered = sorted(set(prefixes))  # the canary or the previous version may serve the stable revision
     return json.dumps({
         "Version": "2012-10-17",
         "Statement": [
@@ -162,7 +162,7 @@ class WeightCache(pulumi.ComponentResource):
         for r in sorted(args.readers, key=lambda r: r.endpoint):
             role = iam.Role(
                 f"{name}-reader-{r.endpoint}",
-                description=f"read {c.bucket_name}/{{{','.join(sorted(r.prefixes))}}} for {r.namespace}/{r.service_account}",
+                description=f"read {c.bucket_name}/{{{','.join(sorted(set(r.prefixes)))}}} for {r.namespace}/{r.service_account}",
                 assume_role_policy=_POD_IDENTITY_ASSUME,
                 tags=tags,
                 opts=child(self),

@@ -177,3 +177,21 @@ def test_undeployed_burst_renders_a_serverless_backend_not_an_invented_url(plann
     cfg = cm["data"]["haproxy.cfg"]
     assert "no Modal URL for assist yet" in cfg
     assert "server burst acme-prod--ac.modal.run:443" in cfg
+
+
+def test_a_stopping_gateway_pod_keeps_listening_until_the_service_has_dropped_it(prod):
+    """SIGUSR1 (the haproxy image's STOPSIGNAL, docker-library/haproxy 3.0/Dockerfile) unbinds the listeners at
+    once (HAProxy doc/management.txt, soft-stop), and the kubelet takes the pod out of the Service's endpoints at the
+    same moment: kube-proxy and the load balancer keep sending it new connections for seconds, which would be
+    refused on every rollout, scale-in and node drain. The pod sleeps first, then soft-stops, and its grace period
+    covers the sleep and the longest request (HAProxy's hard-stop-after) with room."""
+    spec, rec = prod
+    (dep,) = [o for o in rec.kubernetes_objects() if o["kind"] == "Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    (haproxy,) = pod["containers"]
+    sleep_s = haproxy["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert sleep_s >= 5
+    cfg = next(o for o in rec.kubernetes_objects() if o["kind"] == "ConfigMap")["data"]["haproxy.cfg"]
+    hard_stop = int(next(line.split()[1] for line in cfg.splitlines() if line.strip().startswith("hard-stop-after"))
+                    .rstrip("s"))
+    assert pod["terminationGracePeriodSeconds"] >= sleep_s + hard_stop + 10

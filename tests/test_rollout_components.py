@@ -138,3 +138,20 @@ def test_a_new_weights_revision_reaches_the_candidate_pods_and_the_reader_role()
 def test_a_bad_planning_date_names_the_setting():
     with pytest.raises(Exception, match=r"planningDate='yesterday': must be a date"):
         run_prod("yesterday")
+
+
+def test_a_reader_policy_names_each_prefix_once():
+    """The stable track, a candidate and the previous version often serve one weights revision (prod's assist and
+    guard do): the reader policy lists each prefix once (it listed assist's twice)."""
+    from pulumi_support import recording
+
+    rec = recording("prod")
+    policies = [p for p in rec.of_type("aws:iam/rolePolicy:RolePolicy") if "-reader-" in p.name]
+    assert len(policies) >= 3
+    for p in policies:
+        doc = json.loads(p.inputs["policy"])
+        for st in doc["Statement"]:
+            res = st["Resource"] if isinstance(st["Resource"], list) else [st["Resource"]]
+            assert len(res) == len(set(res)), (p.name, res)
+            for values in st.get("Condition", {}).get("StringLike", {}).values():
+                assert len(values) == len(set(values)), (p.name, values)
