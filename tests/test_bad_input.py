@@ -190,6 +190,25 @@ def test_a_yaml_alias_bomb_is_refused_from_its_small_graph(tmp_path):
         read_document(f)
 
 
+@pytest.mark.parametrize("text", ["&a [*a]\n", "config: &c {llm-serving:inputs: {endpoints: [*c]}}\n",
+                                  "a: &a {b: [1, {c: *a}]}\n"])
+def test_a_recursive_yaml_alias_is_refused_at_once(tmp_path, text):
+    """An alias inside its own anchor composes into a cycle (PyYAML builds recursive objects): infinitely many
+    values. The alias-bomb count walked it forever, its stack growing by the cycle each turn — every command hung
+    on this 8-byte file and took the machine's memory (3 GB a minute; found by FUZZ_SCALE=10). Refused naming
+    the line."""
+    f = tmp_path / "loop.yaml"
+    f.write_text(text)
+    with pytest.raises(InputError, match=r"line \d+, column \d+: a YAML alias refers to a node that contains it"):
+        read_document(f)
+
+
+def test_a_shared_alias_is_not_mistaken_for_a_recursive_one(tmp_path):
+    f = tmp_path / "shared.yaml"
+    f.write_text("base: &b {x: [1, 2]}\nuses: [*b, {y: *b}, [*b, *b]]\n")
+    assert read_document(f)["uses"][1]["y"] == {"x": [1, 2]}
+
+
 def test_a_profile_beyond_every_cap_is_refused_without_sizing_millions_of_replicas(monkeypatch):
     import sys
 

@@ -177,12 +177,23 @@ _BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct
 def _expanded_nodes(root: yaml.Node, name: str) -> int:
     """Nodes in the document with every alias expanded, from the shared composed graph (memoised)."""
     sizes: dict[int, int] = {}
-    # iterative post-order: the graph is at most MAX_DEPTH deep, but no recursion at all is simpler to trust
+    # iterative post-order: the graph is at most MAX_DEPTH deep, but no recursion at all is simpler to trust.
+    # `open_` holds the nodes expanded and not yet summed: between a node's expansion and its sum the stack
+    # yields exactly its descendants, so meeting an open node again means it contains itself — an alias inside
+    # its own anchor (`&a [*a]`), which PyYAML composes into a cycle: infinitely many values, and without this
+    # check a loop that grows the stack until the machine runs out of memory
+    open_: set[int] = set()
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
         node, done = stack.pop()
         if id(node) in sizes:
             continue
+        if not done and id(node) in open_:
+            mark = node.start_mark
+            raise InputError(
+                f"{name}: line {mark.line + 1}, column {mark.column + 1}: a YAML alias refers to a node that "
+                "contains it (a recursive alias: infinitely many values); refused"
+            )
         if isinstance(node, yaml.MappingNode):
             kids = [n for pair in node.value for n in pair]
         elif isinstance(node, yaml.SequenceNode):
@@ -190,6 +201,7 @@ def _expanded_nodes(root: yaml.Node, name: str) -> int:
         else:
             kids = []
         if done:
+            open_.discard(id(node))
             total = 1 + sum(sizes.get(id(k), 0) for k in kids)
             sizes[id(node)] = total
             if total > MAX_YAML_NODES:
@@ -198,6 +210,7 @@ def _expanded_nodes(root: yaml.Node, name: str) -> int:
                     "(an alias bomb?); refused"
                 )
         else:
+            open_.add(id(node))
             stack.append((node, True))
             stack.extend((k, False) for k in kids if id(k) not in sizes)
     return sizes[id(root)]
