@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pulumi
 
+from topology.names import ENDPOINT_LABEL  # noqa: F401  (the pod label; its Prometheus name is in names.py)
+
 TYPE_PREFIX = "serving:components"
 
 # The node label the GPU operator's mig-manager reads to choose a mig-parted config (facts.md).
@@ -11,7 +13,6 @@ MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 # The layout applied to MIG-capable GPUs that serve whole-GPU replicas: MIG off, one device per GPU.
 MIG_DISABLED = "all-disabled"
 
-ENDPOINT_LABEL = "serving.llm/endpoint"
 CAPACITY_LABEL = "serving.llm/capacity"
 GPU_TAINT_EFFECT_EKS = "NO_SCHEDULE"  # EKS API spelling of the taint effect
 GPU_TAINT_EFFECT_K8S = "NoSchedule"  # Kubernetes spelling of the same effect

@@ -21,7 +21,7 @@ from topology.names import dashboard_file_name, dashboard_uid  # noqa: F401  (un
 from topology.spec import EndpointSpec
 
 from .floor_replicas import burst_backlog_query, gateway_queues_floor, queue_query
-from .names import TRACK_METRIC_LABEL, burst_backend_name, config_name
+from .names import TRACK_METRIC_LABEL, burst_backend_name, config_name, engine_selector
 from .observability import (
     KV_SATURATION,
     SHAPE_WINDOW_S,
@@ -40,8 +40,7 @@ RATE = "$__rate_interval"  # Grafana's rate window: at least four scrape interva
 
 
 def _sel(namespace: str, ep: EndpointSpec, *, stable: bool) -> str:
-    track = f',{TRACK_METRIC_LABEL}="stable"' if stable else ""
-    return f'{{namespace="{namespace}",model_name="{ep.engine.served_model_name}"{track}}}'
+    return engine_selector(namespace, ep.name, ep.engine.served_model_name, stable=stable)
 
 
 def _line(value: float) -> str:
@@ -127,7 +126,7 @@ def endpoint_panels(ep: EndpointSpec, namespace: str, prices: Prices | None, yea
         "The queue trigger's query (engine queue, plus the gateway's floor queue under admission control) divided "
         "by the replicas reporting it (KEDA's AverageValue compares this).",
         "short",
-        [(f"({queue_query(namespace, ep.engine.served_model_name, m.requests_waiting, ep.name if gateway_queues_floor(ep) else None)})"
+        [(f"({queue_query(namespace, ep.name, ep.engine.served_model_name, m.requests_waiting, gateway_queues_floor(ep))})"
           f" / count({m.requests_waiting}{stable})",
           "waiting per replica"), (_line(a.target_waiting_per_replica), "target")]))
     panels.append(_panel(

@@ -30,8 +30,8 @@ from topology.timebase import MINUTES_PER_DAY, MINUTES_PER_WEEK
 from ._common import CAPACITY_LABEL, ENDPOINT_LABEL, GPU_TAINT_EFFECT_K8S, MIG_CONFIG_LABEL, TYPE_PREFIX, child
 from .gpu_node_pool import NVME_MOUNT, node_labels
 from .names import (
-    TRACK_CANARY, TRACK_LABEL, TRACK_METRIC_LABEL, TRACK_PREVIOUS, TRACK_STABLE, VERSION_LABEL, burst_backend_name,
-    floor_backend_name,
+    POD_TARGET_LABELS, TRACK_CANARY, TRACK_LABEL, TRACK_METRIC_LABEL, TRACK_PREVIOUS, TRACK_STABLE, VERSION_LABEL,
+    burst_backend_name, engine_selector, floor_backend_name,
 )
 
 WEIGHTS_MOUNT = "/models"  # where the node-local weight copy appears inside the pod
@@ -77,22 +77,23 @@ def _number(x: float) -> str:
     return f"{x:g}"
 
 
-def queue_query(namespace: str, served_model_name: str, waiting_metric: str, gateway_queue_of: str | None = None) -> str:
+def queue_query(namespace: str, endpoint: str, served_model_name: str, waiting_metric: str,
+                gateway_queues: bool = False) -> str:
     """Requests waiting summed over the endpoint's stable replicas; KEDA's AverageValue divides by replicas.
-    Canary pods serve the same model name, so the track label keeps their queue out of the stable count.
+    The endpoint label (copied from the pods by the PodMonitor) keeps another endpoint serving the same model name
+    out; canary pods serve the same model name too, so the track label keeps their queue out of the stable count.
     `waiting_metric` is the pinned engine version's name (EngineSpec.metrics.requests_waiting).
 
-    `gateway_queue_of` (an endpoint name): the endpoint runs admission control, so the gateway holds each floor
+    `gateway_queues`: the endpoint runs admission control, so the gateway holds each floor
     server at maxconn = the spec's admission cap (at most the engine's max_num_seqs) and the floor's queue waits
     in HAProxy, not in vLLM — the engine's gauge stays near 0 however long the queue. Then the requests queued in the gateway's floor backend
     (backend and per-server queues: a request pinned to a full replica waits on that server) are added, from
     every gateway pod. An absent gateway series adds 0; an absent engine series still leaves the sum undefined
     (the trigger's ignoreNullValues false holds the size rather than read "no queue")."""
-    q = (f'sum({waiting_metric}{{namespace="{namespace}",model_name="{served_model_name}",'
-         f'{TRACK_METRIC_LABEL}="{TRACK_STABLE}"}})')
-    if gateway_queue_of is None:
+    q = f"sum({waiting_metric}{engine_selector(namespace, endpoint, served_model_name, stable=True)})"
+    if not gateway_queues:
         return q
-    sel = f'{{namespace="{namespace}",proxy="{floor_backend_name(gateway_queue_of)}"}}'
+    sel = f'{{namespace="{namespace}",proxy="{floor_backend_name(endpoint)}"}}'
     return (f"{q} + (sum(haproxy_backend_current_queue{sel}) or vector(0))"
             f" + (sum(haproxy_server_current_queue{sel}) or vector(0))")
 
@@ -282,7 +283,7 @@ class FloorReplicas(pulumi.ComponentResource):
             metadata={"name": app, "namespace": ns, "labels": {**labels, **args.monitor_labels}},
             spec={
                 "selector": {"matchLabels": labels},
-                "podTargetLabels": [TRACK_LABEL],
+                "podTargetLabels": list(POD_TARGET_LABELS),
                 "podMetricsEndpoints": [{
                     "port": "http", "path": "/metrics", "interval": f"{ep.autoscaling.polling_interval_s}s",
                     "metricRelabelings": colon_restoring_relabelings(tuple(ep.engine.metrics.model_dump().values())),
@@ -531,8 +532,8 @@ def scaled_object_spec(ep: EndpointSpec, deployment: str, namespace: str, promet
                 "metricType": "AverageValue",
                 "metadata": {
                     "serverAddress": prometheus_url,
-                    "query": queue_query(namespace, ep.engine.served_model_name, ep.engine.metrics.requests_waiting,
-                                         ep.name if gateway_queues_floor(ep) else None),
+                    "query": queue_query(namespace, ep.name, ep.engine.served_model_name,
+                                         ep.engine.metrics.requests_waiting, gateway_queues_floor(ep)),
                     "threshold": _number(a.target_waiting_per_replica),
                     # no metric (Prometheus down) must not read as "no queue": hold the current size
                     "ignoreNullValues": "false",

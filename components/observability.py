@@ -20,7 +20,9 @@ Each alert compares production with what the plan assumed, so every threshold is
   a floor replica: the floor is not growing (max replicas, pending nodes) while the burst is saturated.
 
 Selectors: the floor pods' metrics carry `namespace`, `model_name` (= engine.served_model_name) and the
-track label the PodMonitor copies (`serving_llm_track`). Alerts about what the plan assumed (queue, SLOs,
+endpoint and track labels the PodMonitor copies from the pods (`serving_llm_endpoint`, `serving_llm_track`).
+Every selector names the endpoint: two endpoints of one stack may serve one model name, and each alerts on its
+own pods only (components/names.py engine_selector). Alerts about what the plan assumed (queue, SLOs,
 prefix hits) read the stable track only: the canary is a different revision on a hash of users and is
 judged by its own rollout gate. Per-pod engine health (preemptions, KV) and the traffic's prompt shape
 read both tracks: a canary pod heading for OOM is as much an incident, and both tracks see the same users.
@@ -44,7 +46,7 @@ from topology.spec import EndpointSpec, TopologySpec
 
 from ._common import ENDPOINT_LABEL, TYPE_PREFIX, child
 from .floor_replicas import burst_backlog_query, gateway_queues_floor, queue_query
-from .names import TRACK_METRIC_LABEL, TRACK_STABLE
+from .names import TRACK_METRIC_LABEL, engine_selector
 
 # Metrics the alerts read, exported by vLLM's v1 engine (vllm/v1/metrics/loggers.py): prometheus_client
 # exposes a Counter `x` as `x_total` and a Histogram's buckets as `x_bucket`. Each series is labelled
@@ -203,12 +205,7 @@ class EndpointAlerts:
 
 
 def _selector(namespace: str, ep: EndpointSpec, *, stable: bool, extra: str = "") -> str:
-    matchers = [f'namespace="{namespace}"', f'model_name="{ep.engine.served_model_name}"']
-    if stable:
-        matchers.append(f'{TRACK_METRIC_LABEL}="{TRACK_STABLE}"')
-    if extra:
-        matchers.append(extra)
-    return "{" + ",".join(matchers) + "}"
+    return engine_selector(namespace, ep.name, ep.engine.served_model_name, stable=stable, extra=extra)
 
 
 def prompt_p99_query(namespace: str, ep: EndpointSpec, threshold_tokens: float) -> str:
@@ -312,7 +309,7 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
     alerts.append(Alert(
         name="VllmQueueNotDraining",
         # under admission control the queue waits in the gateway: the trigger's own sum, per replica
-        query=(f"({queue_query(namespace, served, m.requests_waiting, name)}) / "
+        query=(f"({queue_query(namespace, name, served, m.requests_waiting, True)}) / "
                f"count(sum by (pod) ({m.requests_waiting}{_selector(namespace, ep, stable=True)}))"
                if gateway_queues_floor(ep) else
                f"avg(sum by (pod) ({m.requests_waiting}{_selector(namespace, ep, stable=True)}))"),

@@ -23,6 +23,7 @@ import yaml
 
 from topology.calibrate import QUERIES, calibrate, provenance_header
 from topology.loading import InputError, load_inputs
+from topology.names import promql_escape
 from topology.plan import plan
 
 DEFAULT_NAMESPACE = "llm-serving"
@@ -151,17 +152,24 @@ def _histogram(prom: Prometheus, key: str, fill: dict[str, str], end_s: float) -
             "buckets": buckets}
 
 
-def query_results(prom: Prometheus, spec, namespace: str, start_s: float, end_s: float) -> dict:
-    """The results document for every endpoint with floor replicas, over [start_s, end_s]."""
+def query_fill(namespace: str, e, window: str) -> dict[str, str]:
+    """What QUERIES' placeholders hold for one endpoint, escaped as PromQL string contents: re.escape writes the
+    '-' of a name like 'chat-batch' as `\\-`, which PromQL refuses unescaped ("unknown escape sequence")."""
     from components.gateway_config import config_name
 
+    fill = {"ns": namespace, "endpoint": e.name, "model": e.engine.served_model_name,
+            "frontend": f"fe_{config_name(e.name)}", "pod_re": f"{re.escape(e.name)}-vllm-.*"}
+    return {**{k: promql_escape(v) for k, v in fill.items()}, "w": window}
+
+
+def query_results(prom: Prometheus, spec, namespace: str, start_s: float, end_s: float) -> dict:
+    """The results document for every endpoint with floor replicas, over [start_s, end_s]."""
     window = f"{int(end_s - start_s)}s"
     out: dict[str, Any] = {"window": {"start_s": start_s, "end_s": end_s}, "endpoints": {}}
     for e in spec.endpoints:
         if not e.node_pools:
             continue
-        fill = {"ns": namespace, "model": e.engine.served_model_name, "frontend": f"fe_{config_name(e.name)}",
-                "pod_re": f"{re.escape(e.name)}-vllm-.*", "w": window}
+        fill = query_fill(namespace, e, window)
         res: dict[str, Any] = {"queries": {k: q.format(**fill) for k, q in QUERIES.items()}}
         series = prom.range(QUERIES["requests_by_hour"].format(**fill), start_s + 3600, end_s, 3600)
         res["requests_by_hour"] = [[float(t), float(v)] for s in series for t, v in s["values"]]

@@ -17,7 +17,7 @@ image pins; prometheus_client adds `_total` to counters and `_bucket{le=...}` to
                                        vllm:inter_token_latency_seconds, same buckets)
   vllm:kv_cache_usage_perc             gauge, 0..1
 HAProxy's built-in exporter (2.6, and 3.0 the tests run): haproxy_backend_current_sessions{proxy=...} (gauge; checked against a real
-HAProxy in test_trigger_queries_live.py). The PodMonitor adds namespace, pod and the track label.
+HAProxy in test_trigger_queries_live.py). The PodMonitor adds namespace, pod, the endpoint and the track label.
 
 How Prometheus 2.42 evaluates (the hand model behind each expected firing minute): rules run every
 `evaluation_interval` (1m here); range selectors are closed [t-w, t], so with one sample a minute and w a
@@ -36,6 +36,7 @@ import pytest
 import yaml
 
 from components.floor_replicas import TRACK_METRIC_LABEL
+from components.names import ENDPOINT_METRIC_LABEL
 from components.gateway_config import burst_backend_name
 from tests.conftest import STACKS, stack_name
 from tests.prometheus_support import rendered_rule_groups, require_binary, write_rule_file
@@ -107,7 +108,8 @@ class Endpoint:
 
     def __init__(self, e):
         self.e = e
-        self.base = {"namespace": NS, "model_name": e.engine.served_model_name, "engine": "0"}
+        self.base = {"namespace": NS, ENDPOINT_METRIC_LABEL: e.name, "model_name": e.engine.served_model_name,
+                     "engine": "0"}
         self.stable = [{**self.base, "pod": f"{e.name}-vllm-{i}", TRACK_METRIC_LABEL: "stable"} for i in (0, 1)]
         self.canary = {**self.base, "pod": f"{e.name}-vllm-canary-0", TRACK_METRIC_LABEL: "canary"}
         self.pods = [*self.stable, self.canary]

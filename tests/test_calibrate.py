@@ -76,7 +76,8 @@ def synthetic_week(max_model_len: int, max_sequences: int):
     all_in, all_out, hourly_gen = [], [], np.zeros((len(PODS), 168 * 1))
     peak_rate = max(rate_of_hour(h) for h in range(168))
     for i, pod in enumerate(PODS):
-        lab = f'namespace="{NS}",pod="{pod}",model_name="llama-3.3-70b-instruct",engine="0",serving_llm_track="stable"'
+        lab = (f'namespace="{NS}",pod="{pod}",serving_llm_endpoint="assist",model_name="llama-3.3-70b-instruct",'
+               'engine="0",serving_llm_track="stable"')
         n = rng.poisson(requests[1:] * FLOOR_SHARE / len(PODS))
         prompt_cum = {b: [0.0] for b in [*bounds, math.inf]}
         out_cum = {b: [0.0] for b in [*bounds, math.inf]}
@@ -112,6 +113,27 @@ def synthetic_week(max_model_len: int, max_sequences: int):
         add("vllm:generation_tokens", "counter", f"vllm:generation_tokens_total{{{lab}}}", gen)
         running = [0.95 * max_sequences * rate_of_hour((max(k - 1, 0) // 12) % 168) / peak_rate for k in range(STEPS + 1)]
         add("vllm:num_requests_running", "gauge", f"vllm:num_requests_running{{{lab}}}", running)
+    # another endpoint of the stack serving the same model name in the same namespace (a batch twin of assist):
+    # one-token prompts and outputs, no prefix hits, an absurd prefill time and output rate, nothing running. Every
+    # figure above would move if assist's queries counted it.
+    lab = (f'namespace="{NS}",pod="assist-batch-vllm-0",serving_llm_endpoint="assist-batch",'
+           'model_name="llama-3.3-70b-instruct",engine="0",serving_llm_track="stable"')
+    steps = np.arange(STEPS + 1, dtype=float)
+    for family in ("vllm:request_prompt_tokens", "vllm:request_generation_tokens"):
+        for b in [*bounds, math.inf]:
+            le = "+Inf" if math.isinf(b) else repr(float(b))
+            add(family, "histogram", f'{family}_bucket{{{lab},le="{le}"}}', 500 * steps)
+        add(family, "histogram", f"{family}_sum{{{lab}}}", 500 * steps)
+        add(family, "histogram", f"{family}_count{{{lab}}}", 500 * steps)
+    add("vllm:request_prefill_time_seconds", "histogram", f'vllm:request_prefill_time_seconds_bucket{{{lab},le="+Inf"}}',
+        500 * steps)
+    add("vllm:request_prefill_time_seconds", "histogram", f"vllm:request_prefill_time_seconds_sum{{{lab}}}", 250 * steps)
+    add("vllm:request_prefill_time_seconds", "histogram", f"vllm:request_prefill_time_seconds_count{{{lab}}}",
+        500 * steps)
+    add("vllm:prefix_cache_queries", "counter", f"vllm:prefix_cache_queries_total{{{lab}}}", 500 * steps)
+    add("vllm:prefix_cache_hits", "counter", f"vllm:prefix_cache_hits_total{{{lab}}}", 0 * steps)
+    add("vllm:generation_tokens", "counter", f"vllm:generation_tokens_total{{{lab}}}", 10**6 * steps)
+    add("vllm:num_requests_running", "gauge", f"vllm:num_requests_running{{{lab}}}", 0 * steps)
     for pod, (created, started, ready) in COLD.items():
         lab = f'namespace="{NS}",pod="{pod}",uid="uid-{pod}"'
         for family, at in (("kube_pod_created", created), ("kube_pod_start_time", started),
@@ -429,3 +451,26 @@ def test_calibrate_measures_the_cluster_size_from_windows_within_minutes():
                                                              "requests_by_window": {"window_s": 7, "rows": []}}}}
     with pytest.raises(CalibrationError, match="window_s is 7, not a divisor of 60"):
         calibrate(inputs, bad, {"assist": ("H100-80GB", None)}, PRICES_DAY)
+
+
+def test_every_query_parses_for_endpoints_named_with_a_dash(tmp_path):
+    """The kube_pod_* queries match pods by a regex of the endpoint's name; re.escape writes 'chat-batch' as
+    `chat\\-batch`, which PromQL refused unescaped inside a string ("unknown escape sequence"): calibrating any
+    endpoint with a '-' in its name failed. promtool parses every query as it is sent, for such names."""
+    import types
+
+    from offline.calibrate_prometheus import query_fill
+    from topology.calibrate import QUERIES
+
+    require_binary("promtool")
+    rules = []
+    for i, name in enumerate(("chat-batch", "a-b-c", "assist")):
+        e = types.SimpleNamespace(name=name, engine=types.SimpleNamespace(served_model_name="org/llama-3.3-70b"))
+        fill = query_fill(NS, e, "604800s")
+        rules += [{"record": f"calibrate:{key}_{i}", "expr": q.format(**fill)} for key, q in QUERIES.items()]
+        assert fill["pod_re"] == name.replace("-", "\\\\-") + "-vllm-.*"
+    (tmp_path / "q.yml").write_text(yaml.safe_dump({"groups": [{"name": "calibrate", "rules": rules}]}, width=100_000))
+    out = subprocess.run(["promtool", "check", "rules", "q.yml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in out.stdout + out.stderr

@@ -20,6 +20,7 @@ import yaml
 
 from components.dashboards import endpoint_dashboard, schedule_query, utc_offsets_min
 from components.floor_replicas import TRACK_METRIC_LABEL
+from components.names import ENDPOINT_METRIC_LABEL
 from components.observability import GATEWAY_METRICS, VLLM_METRICS
 from offline.validate import validate_objects
 from tests.conftest import ROOT
@@ -177,7 +178,10 @@ def test_queries_evaluated_by_prometheus(prod, tmp_path):
     waiting = panel["Requests waiting per stable replica vs the KEDA target"]["targets"][0]["expr"]
     share = next(t["expr"] for t in panel["Burst: requests in flight and share"]["targets"] if t["legendFormat"] == "burst share")
     replicas = panel["Floor replicas vs the planned schedule"]["targets"][0]["expr"]
-    base = {"namespace": NS, "model_name": assist.engine.served_model_name, "engine": "0"}
+    base = {"namespace": NS, ENDPOINT_METRIC_LABEL: "assist", "model_name": assist.engine.served_model_name,
+            "engine": "0"}
+    # another endpoint serving the same model name in the same namespace: none of assist's panels may count it
+    other = {**base, ENDPOINT_METRIC_LABEL: "assist-batch"}
 
     def series(metric, labels, value):
         return {"series": metric + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}",
@@ -187,6 +191,8 @@ def test_queries_evaluated_by_prometheus(prod, tmp_path):
         series("vllm:num_requests_waiting", {**base, "pod": "a-0", TRACK_METRIC_LABEL: "stable"}, 3),
         series("vllm:num_requests_waiting", {**base, "pod": "a-1", TRACK_METRIC_LABEL: "stable"}, 5),
         series("vllm:num_requests_waiting", {**base, "pod": "a-c", TRACK_METRIC_LABEL: "canary"}, 40),
+        series("vllm:num_requests_waiting", {**other, "pod": "b-0", TRACK_METRIC_LABEL: "stable"}, 70),
+        series("vllm:num_requests_waiting", {**other, "pod": "b-c", TRACK_METRIC_LABEL: "canary"}, 9),
         *[series("haproxy_backend_current_sessions", {"namespace": NS, "pod": "gw-0", "proxy": f"be_assist_{side}"}, n)
           for side, n in (("floor", 98), ("canary", 4), ("burst", 23))],
         series("haproxy_backend_current_sessions", {"namespace": NS, "pod": "gw-0", "proxy": "be_autocomplete_burst"}, 500),

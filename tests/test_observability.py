@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from components.floor_replicas import TRACK_METRIC_LABEL, burst_backlog_query, gateway_queues_floor, queue_query
+from components.names import ENDPOINT_METRIC_LABEL
 from components.observability import (
     INTER_TOKEN_TOP_BUCKET_S,
     KV_SATURATION,
@@ -36,7 +37,7 @@ MONITOR_LABELS = {"release": "kube-prometheus-stack"}
 # What the expressions may use besides vLLM's metric names.
 PROMQL_FUNCTIONS = {"sum", "avg", "max", "rate", "histogram_quantile", "count", "vector"}
 GROUPING_LABELS = {"namespace", "pod", TRACK_METRIC_LABEL, "le"}
-MATCHER_LABELS = {"namespace", "model_name", TRACK_METRIC_LABEL, "le"}
+MATCHER_LABELS = {"namespace", ENDPOINT_METRIC_LABEL, "model_name", TRACK_METRIC_LABEL, "le"}
 GATEWAY_MATCHER_LABELS = {"namespace", "proxy"}
 STABLE_ONLY = {"VllmQueueNotDraining", "VllmTtftSloBreach", "VllmInterTokenSloBreach", "VllmPrefixCacheHitRateDrop"}
 ALL_TRACKS = {"VllmPreemptionStorm", "VllmKvCacheSaturated", "VllmPromptLengthShift"}
@@ -285,6 +286,8 @@ def test_expressions_use_only_vllm_metrics_and_are_plausible_promql(declared):
                     assert metric in VLLM_METRICS, (alert, metric)
                     assert set(matchers) <= MATCHER_LABELS, (alert, matchers)
                     assert matchers["namespace"] == NS and matchers["model_name"] == e.engine.served_model_name
+                    # the endpoint's own pods: another endpoint may serve the same model name
+                    assert matchers[ENDPOINT_METRIC_LABEL] == e.name, (alert, matchers)
                     stable = matchers.get(TRACK_METRIC_LABEL)
                     assert stable == ("stable" if alert in STABLE_ONLY else None), (alert, matchers)
                 # every name with a colon is a vLLM metric; every call is a known PromQL function
@@ -315,13 +318,13 @@ def test_labels_and_annotations(declared):
 
 
 def test_queue_alert_watches_what_the_autoscaler_scales_on(declared):
-    """The alert's selector is the KEDA trigger's: same namespace, served model and stable track."""
+    """The alert's selector is the KEDA trigger's: same namespace, endpoint, served model and stable track."""
     spec, rec, _ = declared["prod"]
     for rule_obj in rules_of(rec):
         e = spec.endpoint(rule_obj["metadata"]["labels"]["serving.llm/endpoint"])
         expr = alerts_by_name(rule_obj)["VllmQueueNotDraining"]["expr"]
-        trigger = queue_query(NS, e.engine.served_model_name, e.engine.metrics.requests_waiting,
-                              e.name if gateway_queues_floor(e) else None)
+        trigger = queue_query(NS, e.name, e.engine.served_model_name, e.engine.metrics.requests_waiting,
+                              gateway_queues_floor(e))
         def unique(q):
             return {(m, tuple(sorted(d.items()))) for m, d in selectors(q)}
         assert unique(expr) == unique(trigger), (expr, trigger)

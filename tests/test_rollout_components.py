@@ -53,6 +53,11 @@ def test_canary_candidate_runs_its_own_engine_settings_on_its_own_track():
     assert cand["spec"]["template"]["metadata"]["labels"]["serving.llm/model-version"] == "assist-2026-12-kvfp8"
     assert stable["spec"]["template"]["metadata"]["labels"]["serving.llm/model-version"] == "assist-2026-10"
     assert cand["spec"]["selector"]["matchLabels"]["serving.llm/track"] == "canary" and cand["spec"]["replicas"] == 1
+    # the PodMonitor scrapes the candidate's pods too, under the endpoint's label (queries select by endpoint)
+    monitor = objs[("PodMonitor", "assist-vllm")]["spec"]
+    assert cand["spec"]["template"]["metadata"]["labels"]["serving.llm/endpoint"] == "assist"
+    assert monitor["selector"]["matchLabels"].items() <= cand["spec"]["template"]["metadata"]["labels"].items()
+    assert monitor["podTargetLabels"] == ["serving.llm/endpoint", "serving.llm/track"]
     assert cand["metadata"]["annotations"]["serving.llm/rollout-stage"] == "canary"
     assert cand["metadata"]["annotations"]["serving.llm/canary-percent"] == "5"
     assert objs[("Service", "assist-vllm-canary-pods")]["spec"]["selector"]["serving.llm/track"] == "canary"
@@ -88,6 +93,9 @@ def test_after_promotion_the_candidate_serves_and_the_previous_version_stays_war
     assert prev["spec"]["replicas"] == 1 and prev["metadata"]["annotations"]["serving.llm/warm-until"] == "2026-12-07"
     assert prev["spec"]["template"]["metadata"]["labels"]["serving.llm/model-version"] == "guard-2026-08"
     assert prev["spec"]["selector"]["matchLabels"]["serving.llm/track"] == "previous"
+    assert prev["spec"]["template"]["metadata"]["labels"]["serving.llm/endpoint"] == "guard"
+    assert objs[("PodMonitor", "guard-vllm")]["spec"]["selector"]["matchLabels"].items() <= \
+        prev["spec"]["template"]["metadata"]["labels"].items()
     assert all(o["spec"]["scaleTargetRef"]["name"] != "guard-vllm-previous" for (k, _), o in objs.items() if k == "ScaledObject")
     assert ("Deployment", "guard-vllm-canary") not in objs
     assert rec.outputs["endpoints"]["guard"]["previousPods"].startswith("guard-vllm-previous-pods.")

@@ -23,7 +23,7 @@ from contextlib import ExitStack
 import pytest
 
 from components.floor_replicas import TRACK_METRIC_LABEL, colon_restoring_relabelings, gateway_queues_floor, queue_query
-from components.names import TRACK_STABLE
+from components.names import ENDPOINT_METRIC_LABEL, TRACK_STABLE
 from pulumi_support import by_name, objects, recording
 from tests.prometheus_support import PrometheusServer, operator_relabel_configs, require_binary
 
@@ -125,7 +125,7 @@ def scraped(planned_stacks, tmp_path):
             stack.callback(engine.stop)
             engines[job] = engine
             targets.append((job, engine.address, {"namespace": namespace, "pod": f"{job}-0",
-                                                  TRACK_METRIC_LABEL: TRACK_STABLE}))
+                                                  ENDPOINT_METRIC_LABEL: "assist", TRACK_METRIC_LABEL: TRACK_STABLE}))
             settings[job] = {"metrics_path": path, **({"metric_relabel_configs": relabelling} if relabelling else {})}
         (tmp_path / "prom").mkdir()
         prom = PrometheusServer(tmp_path / "prom", targets, job_settings=settings)
@@ -142,20 +142,20 @@ def test_relabelled_negotiated_scrape_answers_the_projects_queue_query(scraped):
     assert metric == "vllm:num_requests_waiting"
     ep = scraped["spec"].endpoint("assist")
     # the function is what the ScaledObject carries (assist runs admission control: the gateway's queue is added)
-    assert queue_query(ns, served, metric, "assist" if gateway_queues_floor(ep) else None) == scraped["query"]
+    assert queue_query(ns, "assist", served, metric, gateway_queues_floor(ep)) == scraped["query"]
     assert len(prom.query("up == 1")) == 3, "not every fake engine was scraped in time"
     # Prometheus 2.42 asked for OpenMetrics first, without an escaping term
     accept = scraped["engines"]["negotiated-bare"].accept_headers[0]
     assert accept.startswith("application/openmetrics-text;version=1.0.0,") and "escaping" not in accept
 
     # the defect: a negotiated scrape without the rule stores the escaped name, the project's query finds nothing
-    assert prom.scalar(queue_query("llm-bare", served, metric)) is None
+    assert prom.scalar(queue_query("llm-bare", "assist", served, metric)) is None
     assert prom.scalar('sum(vllm_num_requests_waiting{namespace="llm-bare"})') == 5
 
     # the fix: the same negotiated scrape with the PodMonitor's rule answers the rendered query verbatim
     assert prom.scalar(scraped["query"]) == 3
     # vLLM's own `/metrics` route keeps the colon: the rule does not match, the value is there once
-    assert prom.scalar(queue_query("llm-text", served, metric)) == 7
+    assert prom.scalar(queue_query("llm-text", "assist", served, metric)) == 7
     escaped = {s["metric"]["namespace"] for s in prom.query('{__name__=~"vllm_.+"}')}
     assert escaped == {"llm-bare"}  # no escaped name survives a relabelled scrape
     # other metrics pass through unchanged

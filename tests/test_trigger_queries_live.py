@@ -3,8 +3,9 @@ temp storage) that scrapes a real HAProxy running the rendered gateway config wh
 small fake vLLM engines exporting `vllm:num_requests_waiting` through prometheus_client (vLLM's own exporter
 library, the gauge declared as vllm/v1/metrics/loggers.py declares it).
 
-In the cluster the PodMonitor's relabelling adds `namespace`, `pod` and the track label to every scraped series;
-here the scrape config's target labels add the same, so the queries are the rendered ones, character for character.
+In the cluster the PodMonitor's relabelling adds `namespace`, `pod`, the endpoint label and the track label to
+every scraped series; here the scrape config's target labels add the same, so the queries are the rendered ones,
+character for character.
 The servers are started once for the file; each test starts from the same gauges, upstream logs and holds.
 """
 
@@ -20,6 +21,7 @@ from contextlib import ExitStack
 import pytest
 
 from components.floor_replicas import TRACK_METRIC_LABEL, scaled_object_spec
+from components.names import ENDPOINT_METRIC_LABEL
 from components.gateway_config import StaticServers, config_name, env_name, floor_capacity, render_gateway_config
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_harness import HaproxyProcess, free_port, lua_path, require_haproxy, stream_once, no_recorder
@@ -151,19 +153,20 @@ def live_servers(planned_stacks, tmp_path_factory):
         other = spec.endpoint("autocomplete").engine.served_model_name
         guard = spec.endpoint("guard").engine.served_model_name
         w = ENGINE_WAITING
+        def labels(endpoint, track, namespace=NS):
+            return {"namespace": namespace, ENDPOINT_METRIC_LABEL: endpoint, TRACK_METRIC_LABEL: track}
+
         engines = {  # pod: (engine, target labels the PodMonitor would add)
             # guard's engines never queue: the gateway holds them at the admission cap (≤ max_num_seqs)
-            "guard-vllm-0": (FakeEngine(guard, w["guard-vllm-0"]), {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
-            "assist-vllm-0": (FakeEngine(served, w["assist-vllm-0"]), {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
-            "assist-vllm-1": (FakeEngine(served, w["assist-vllm-1"]), {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
+            "guard-vllm-0": (FakeEngine(guard, w["guard-vllm-0"]), labels("guard", "stable")),
+            "assist-vllm-0": (FakeEngine(served, w["assist-vllm-0"]), labels("assist", "stable")),
+            "assist-vllm-1": (FakeEngine(served, w["assist-vllm-1"]), labels("assist", "stable")),
             # the canary serves the same model name: its queue is not the stable floor's
-            "assist-vllm-canary-0": (FakeEngine(served, w["assist-vllm-canary-0"]),
-                                     {"namespace": NS, TRACK_METRIC_LABEL: "canary"}),
+            "assist-vllm-canary-0": (FakeEngine(served, w["assist-vllm-canary-0"]), labels("assist", "canary")),
             # another endpoint's pods, and the same model in another namespace (a second environment)
-            "autocomplete-vllm-0": (FakeEngine(other, w["autocomplete-vllm-0"]),
-                                    {"namespace": NS, TRACK_METRIC_LABEL: "stable"}),
+            "autocomplete-vllm-0": (FakeEngine(other, w["autocomplete-vllm-0"]), labels("autocomplete", "stable")),
             "assist-vllm-0-staging": (FakeEngine(served, w["assist-vllm-0-staging"]),
-                                      {"namespace": "llm-staging", TRACK_METRIC_LABEL: "stable"}),
+                                      labels("assist", "stable", "llm-staging")),
         }
         for engine, _ in engines.values():
             stack.callback(engine.stop)

@@ -32,6 +32,7 @@ from pydantic import ValidationError
 
 from .inputs import HOURS_PER_WEEK, CostInputs, EndpointInputs
 from .loading import InputError, format_validation_error
+from .names import ENDPOINT_METRIC_LABEL
 from .plan.serverless import cluster_size_from_counts, correlation_s_from_minute_counts, within_hour_from_minute_counts
 
 # The floor runs near saturation when its mean running sequences reach this share of what a replica holds: only
@@ -44,7 +45,10 @@ MIN_REQUESTS_FOR_SHAPE = 100  # fewer finished requests than this say nothing ab
 # traffic figures move: a day's hours, so one odd hour does not set an endpoint's burstiness
 MIN_HOURS_FOR_BURSTINESS = 24
 
-# What the I/O side asks Prometheus for ({ns}, {model}, {frontend}, {pod_re} filled per endpoint; [{w}] the window).
+# What the I/O side asks Prometheus for ({ns}, {endpoint}, {model}, {frontend}, {pod_re} filled per endpoint, as PromQL
+# string contents; [{w}] the window). The floor pods' series are selected by the endpoint label the PodMonitor copies
+# from the pods: vLLM labels them by served model name, which two endpoints of one stack may share.
+_ENGINE = '{{namespace="{ns}",' + ENDPOINT_METRIC_LABEL + '="{endpoint}",model_name="{model}"}}'
 QUERIES: dict[str, str] = {
     "requests_by_hour": 'sum(increase(haproxy_frontend_http_requests_total{{namespace="{ns}",proxy="{frontend}"}}[1h]))',
     # the raw counters, one series per gateway pod, sampled each minute: their differences are the minute's
@@ -53,16 +57,16 @@ QUERIES: dict[str, str] = {
     # each gateway pod's HAProxy start (promex's process info, addons/promex in 3.0): a counter first seen in the
     # window counts from 0 only when its process started within the minute before
     "gateway_started": 'max_over_time(haproxy_process_start_time_seconds{{namespace="{ns}"}}[{w}])',
-    "prompt_tokens": 'sum by (le) (increase(vllm:request_prompt_tokens_bucket{{namespace="{ns}",model_name="{model}"}}[{w}]))',
-    "prompt_tokens_sum": 'sum(increase(vllm:request_prompt_tokens_sum{{namespace="{ns}",model_name="{model}"}}[{w}]))',
-    "generation_tokens": 'sum by (le) (increase(vllm:request_generation_tokens_bucket{{namespace="{ns}",model_name="{model}"}}[{w}]))',
-    "generation_tokens_sum": 'sum(increase(vllm:request_generation_tokens_sum{{namespace="{ns}",model_name="{model}"}}[{w}]))',
-    "prefix_hits": 'sum(increase(vllm:prefix_cache_hits_total{{namespace="{ns}",model_name="{model}"}}[{w}]))',
-    "prefix_queries": 'sum(increase(vllm:prefix_cache_queries_total{{namespace="{ns}",model_name="{model}"}}[{w}]))',
-    "prefill_seconds": 'sum(increase(vllm:request_prefill_time_seconds_sum{{namespace="{ns}",model_name="{model}"}}[{w}]))',
-    "generation_per_replica": 'sum(rate(vllm:generation_tokens_total{{namespace="{ns}",model_name="{model}"}}[1h])) '
-                              '/ count(vllm:num_requests_running{{namespace="{ns}",model_name="{model}"}})',
-    "running_per_replica": 'avg(avg_over_time(vllm:num_requests_running{{namespace="{ns}",model_name="{model}"}}[1h]))',
+    "prompt_tokens": 'sum by (le) (increase(vllm:request_prompt_tokens_bucket' + _ENGINE + '[{w}]))',
+    "prompt_tokens_sum": 'sum(increase(vllm:request_prompt_tokens_sum' + _ENGINE + '[{w}]))',
+    "generation_tokens": 'sum by (le) (increase(vllm:request_generation_tokens_bucket' + _ENGINE + '[{w}]))',
+    "generation_tokens_sum": 'sum(increase(vllm:request_generation_tokens_sum' + _ENGINE + '[{w}]))',
+    "prefix_hits": 'sum(increase(vllm:prefix_cache_hits_total' + _ENGINE + '[{w}]))',
+    "prefix_queries": 'sum(increase(vllm:prefix_cache_queries_total' + _ENGINE + '[{w}]))',
+    "prefill_seconds": 'sum(increase(vllm:request_prefill_time_seconds_sum' + _ENGINE + '[{w}]))',
+    "generation_per_replica": 'sum(rate(vllm:generation_tokens_total' + _ENGINE + '[1h])) '
+                              '/ count(vllm:num_requests_running' + _ENGINE + ')',
+    "running_per_replica": 'avg(avg_over_time(vllm:num_requests_running' + _ENGINE + '[1h]))',
     "pod_created": 'last_over_time(kube_pod_created{{namespace="{ns}",pod=~"{pod_re}"}}[{w}])',
     "pod_started": 'last_over_time(kube_pod_start_time{{namespace="{ns}",pod=~"{pod_re}"}}[{w}])',
     "pod_ready": 'last_over_time(kube_pod_status_ready_time{{namespace="{ns}",pod=~"{pod_re}"}}[{w}])',

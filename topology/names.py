@@ -184,6 +184,35 @@ def dashboard_file_name(namespace: str, endpoint: str) -> str:
     return f"{namespace}-{config_name(endpoint)}.json"
 
 
+# The pod label every floor pod (stable, canary, previous) carries with its endpoint's name. The floor PodMonitor
+# copies it onto the pods' series (podTargetLabels), so the queries that drive one endpoint's autoscaling, alerts,
+# dashboards and calibration select its pods by endpoint: vLLM labels its series by served model name, which two
+# endpoints of one stack may share.
+ENDPOINT_LABEL = "serving.llm/endpoint"
+
+
+def prometheus_label_name(pod_label: str) -> str:
+    """The Prometheus label a PodMonitor's `podTargetLabels` entry becomes: prometheus-operator writes
+    `target_label: sanitizeLabelName(l)` (pkg/prometheus/promcfg.go), which replaces every character outside
+    [a-zA-Z0-9_] by '_' (`serving.llm/endpoint` -> `serving_llm_endpoint`)."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", pod_label)
+
+
+ENDPOINT_METRIC_LABEL = prometheus_label_name(ENDPOINT_LABEL)
+
+
+def promql_escape(value: str) -> str:
+    """`value` as the contents of a PromQL double-quoted string (backslash, quote and line breaks escaped: PromQL
+    unquotes strings as Go does, so a regex's `\\-` must arrive as `\\\\-`). The names that reach label matchers
+    are checked at input time to need none of this; it keeps a matcher a matcher whatever reaches it."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+
+
+def promql_string(value: str) -> str:
+    """A PromQL double-quoted string literal holding `value`."""
+    return f'"{promql_escape(value)}"'
+
+
 def burst_app_name(project: str, environment: str, endpoint: str) -> str:
     """The endpoint's Modal burst app: at most MODAL_NAME_MAX characters of [a-zA-Z0-9-_.] (checked in the
     inputs, which are already lower case, digits and '-')."""
