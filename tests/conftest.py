@@ -48,6 +48,25 @@ def prod_unwarmed(planned_stacks):
     return unwarmed, plan(unwarmed)
 
 
+# Two endpoints of one stack serving one model name: prod with autocomplete serving assist's model name (an
+# interactive and a batch-like endpoint of one model, one namespace). vLLM labels series by served model name only.
+SHARED_MODEL_ENDPOINTS = ("assist", "autocomplete")
+SHARED_MODEL_NAME = "llama-3.3-70b-instruct"
+
+
+@pytest.fixture(scope="session")
+def shared_model_stack(tmp_path_factory) -> Path:
+    """The prod stack file with autocomplete's model.name set to assist's, beside a link to the bundled traces."""
+    text = (ROOT / "stacks" / "Pulumi.prod.yaml").read_text()
+    old = "      - name: autocomplete\n        model:\n          name: llama-3.1-8b-instruct\n"
+    assert text.count(old) == 1
+    d = tmp_path_factory.mktemp("shared-model")
+    (d / "traces").symlink_to(ROOT / "traces")
+    path = d / "Pulumi.prod.yaml"
+    path.write_text(text.replace(old, old.replace("llama-3.1-8b-instruct", SHARED_MODEL_NAME)))
+    return path
+
+
 @pytest.fixture(params=[stack_name(f) for f in STACKS])
 def stack(request, planned_stacks):
     """Parametrised over every stack file: (name, inputs, spec)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -70,6 +71,20 @@ def operator_relabel_configs(relabelings: list[dict]) -> list[dict]:
         # separator and replacement are pointers there (written when set, even empty); the rest when non-zero
         out.append({snake: rc[camel].lower() if camel == "action" else rc[camel] for camel, snake in fields
                     if (rc.get(camel) is not None if camel in ("separator", "replacement") else rc.get(camel))})
+    return out
+
+
+def operator_pod_target_labels(monitor_spec: dict, pod_labels: dict[str, str]) -> dict[str, str]:
+    """The target labels a PodMonitor's `podTargetLabels` put on a pod's series, as prometheus-operator v0.93.0
+    writes them (pkg/prometheus/promcfg.go generatePodMonitorConfig): per entry l, source
+    `__meta_kubernetes_pod_label_<sanitizeLabelName(l)>`, regex `(.+)` (an absent or empty pod label adds
+    nothing), target `sanitizeLabelName(l)` — every character outside [a-zA-Z0-9_] replaced by '_' (written here
+    from the operator's rule, not from the project's function, so the two are checked against each other)."""
+    out = {}
+    for label in monitor_spec.get("podTargetLabels", []):
+        value = pod_labels.get(label, "")
+        if value:
+            out[re.sub(r"[^a-zA-Z0-9_]", "_", label)] = value
     return out
 
 

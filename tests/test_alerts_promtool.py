@@ -410,3 +410,64 @@ def test_promtool_catches_a_wrong_for_delay_or_label(rendered, tmp_path):
         d.mkdir()
         out = promtool("test", "rules", unit_test_files(d, spec, groups, mutate).name, cwd=d)
         assert out.returncode != 0 and "FAILED" in out.stdout + out.stderr, (name, out.stdout)
+
+
+def test_two_endpoints_serving_one_model_name_alert_only_on_their_own_pods(shared_model_stack, tmp_path):
+    """assist and autocomplete serve one model name in one namespace (tests/conftest.py shared_model_stack). With
+    both endpoints' rules loaded, one endpoint's deep queue and saturated KV cache fire its alerts only: the idle
+    endpoint's rules, which select the same model name, stay silent. The levels are chosen so that selecting by
+    model name alone would fire the idle endpoint's alerts too (checked below), so the test tells the two apart."""
+    from tests.conftest import SHARED_MODEL_ENDPOINTS
+    from topology import plan
+    from topology.loading import load_inputs
+
+    require_binary("promtool")
+    spec = plan(load_inputs(shared_model_stack))
+    groups = rendered_rule_groups(shared_model_stack)
+    eps = {n: Endpoint(spec.endpoint(n)) for n in SHARED_MODEL_ENDPOINTS}
+    rules = {n: {r["alert"]: r for r in groups[n]["rules"]} for n in SHARED_MODEL_ENDPOINTS}
+    assert len({ep.base["model_name"] for ep in eps.values()}) == 1
+    targets = {n: ep.e.autoscaling.target_waiting_per_replica for n, ep in eps.items()}
+    level = 6 * max(targets.values())  # per deep stable pod
+    # by model name alone the idle endpoint's rule would average 2 deep and 2 idle stable pods: above its target
+    assert 2 * level / 4 > max(targets.values())
+    cases = []
+    for deep_name, idle_name in (SHARED_MODEL_ENDPOINTS, SHARED_MODEL_ENDPOINTS[::-1]):
+        deep, idle = eps[deep_name], eps[idle_name]
+        minutes = range(END_MIN + 1)
+        queue = [("vllm:num_requests_waiting", p, [targets[deep_name] / 2 if m < T0_MIN else level for m in minutes])
+                 for p in deep.stable]
+        queue += [("vllm:num_requests_waiting", p, [0.0] * (END_MIN + 1)) for p in idle.stable]
+        fire = firing_minute(T0_MIN, rules[deep_name]["VllmQueueNotDraining"]["for"])
+        late = max(fire, firing_minute(T0_MIN, rules[idle_name]["VllmQueueNotDraining"]["for"])) + 1
+        own = [expected(rules[deep_name]["VllmQueueNotDraining"], deep.alert_labels())]
+        cases.append(scenario(f"{deep_name} queues, {idle_name} idle on the same model", queue, [
+            (fire - 1, "VllmQueueNotDraining", []), (fire, "VllmQueueNotDraining", own),
+            (late, "VllmQueueNotDraining", own)]))
+        kv = [("vllm:kv_cache_usage_perc", deep.stable[0], [0.7 if m < T0_MIN else 0.99 for m in minutes])]
+        kv += [("vllm:kv_cache_usage_perc", p, [0.7] * (END_MIN + 1)) for p in [*deep.stable[1:], *idle.stable]]
+        fire = firing_minute(T0_MIN, rules[deep_name]["VllmKvCacheSaturated"]["for"])
+        late = max(fire, firing_minute(T0_MIN, rules[idle_name]["VllmKvCacheSaturated"]["for"])) + 1
+        labels = deep.alert_labels(namespace=NS, pod=deep.stable[0]["pod"], **{TRACK_METRIC_LABEL: "stable"})
+        own = [expected(rules[deep_name]["VllmKvCacheSaturated"], labels)]
+        cases.append(scenario(f"{deep_name}'s KV cache saturated, {idle_name} healthy on the same model", kv, [
+            (fire - 1, "VllmKvCacheSaturated", []), (fire, "VllmKvCacheSaturated", own),
+            (late, "VllmKvCacheSaturated", own)]))
+    test_groups = [{**g, "rules": [{**r, "annotations": {k: v for k, v in r["annotations"].items() if k != "description"}}
+                                   for r in g["rules"]]} for g in groups.values()]
+    write_rule_file(tmp_path / "rules.yml", test_groups)
+    doc = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": cases}
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(doc, sort_keys=False, width=10_000))
+    out = promtool("test", "rules", "t.yml", cwd=tmp_path)
+    assert out.returncode == 0 and "SUCCESS" in out.stdout + out.stderr, out.stdout + out.stderr
+
+    # the same rules selecting by model name alone (the endpoint matcher dropped) fire for the idle endpoint too
+    unscoped = [{**g, "rules": [{**r, "expr": re.sub(ENDPOINT_METRIC_LABEL + r'="[^"]*",', "", r["expr"])}
+                                for r in g["rules"]]} for g in test_groups]
+    assert all(ENDPOINT_METRIC_LABEL not in r["expr"] for g in unscoped for r in g["rules"])
+    write_rule_file(tmp_path / "rules.yml", unscoped)
+    out = promtool("test", "rules", "t.yml", cwd=tmp_path)
+    report = out.stdout + out.stderr
+    assert out.returncode != 0 and "FAILED" in report, report
+    a, b = SHARED_MODEL_ENDPOINTS  # the idle endpoint's alert fired on the deep one's pods
+    assert re.search(rf"name: {a} queues.*?exp:\[\],\s*got:\[.*?endpoint=\"{b}\"", report, re.S), report

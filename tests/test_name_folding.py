@@ -36,7 +36,7 @@ def refused(d) -> str:
 def two_endpoints(first: dict, second: dict) -> dict:
     d = copy.deepcopy(INPUTS)
     d["endpoints"] = [{**copy.deepcopy(ENDPOINT), **first}, {**copy.deepcopy(ENDPOINT), **second}]
-    d["endpoints"][1]["model"]["name"] = "second-model"  # one stack's endpoints serve distinct model names
+    d["endpoints"][1]["model"]["name"] = "second-model"  # two models; the cases below clash on names only
     return d
 
 
@@ -212,14 +212,66 @@ def test_an_endpoint_named_another_plus_pods_is_refused_by_the_render_not_left_t
     assert any("floor-assist-pods-service is declared 2 times" in e and "rename one endpoint" in e for e in errors)
 
 
-def test_two_endpoints_serving_one_model_name_are_refused_naming_both():
-    """vLLM labels its metrics by served model name; every query that scales, alerts on or charts an endpoint
-    selects namespace + model_name, so 'chat' and 'chat-batch' on one model each scaled on both queues."""
-    d = two_endpoints({"name": "chat"}, {"name": "chat-batch"})
-    d["endpoints"][1]["model"]["name"] = d["endpoints"][0]["model"]["name"]
-    msg = refused(d)
-    assert "endpoints.0.model.name" in msg and "endpoints.1.model.name" in msg
-    assert "'chat'" in msg and "'chat-batch'" in msg and "llama-3.3-70b-instruct" in msg
+def test_two_endpoints_serving_one_model_name_plan_and_render_each_on_its_own_series(shared_model_stack):
+    """vLLM labels its metrics by served model name, not endpoint: once refused ('chat' and 'chat-batch' on one
+    model would each have scaled, alerted and charted on both endpoints' pods). Now every floor pod carries its
+    endpoint's label, the PodMonitor copies it onto the series (serving_llm_endpoint), and every query of one
+    endpoint's vLLM series selects it: the stack plans and renders, each endpoint reading its own pods only."""
+    import json
+    import re
+
+    from offline.names_check import check_recording
+    from tests.conftest import SHARED_MODEL_ENDPOINTS, SHARED_MODEL_NAME
+    from tests.prometheus_support import recorded
+    from topology.loading import load_inputs
+
+    spec = plan(load_inputs(shared_model_stack))
+    assert {spec.endpoint(n).engine.served_model_name for n in SHARED_MODEL_ENDPOINTS} == {SHARED_MODEL_NAME}
+    rec = recorded(shared_model_stack.resolve())
+    assert check_recording(rec) == []
+    objs = rec.kubernetes_objects()
+
+    def of(kind):
+        return [o for o in objs if o["kind"] == kind]
+
+    def vllm_selectors(text):  # every {…} selector of a vLLM series in a PromQL expression
+        return re.findall(r"vllm:\w+(\{[^}]*\})", text)
+
+    for name in SHARED_MODEL_ENDPOINTS:
+        own = f'serving_llm_endpoint="{name}"'
+        (monitor,) = [o for o in of("PodMonitor") if o["metadata"]["name"] == f"{name}-vllm"]
+        assert monitor["spec"]["podTargetLabels"] == ["serving.llm/endpoint", "serving.llm/track"]
+        selected = monitor["spec"]["selector"]["matchLabels"]
+        assert selected["serving.llm/endpoint"] == name
+        # every floor pod of the endpoint (stable, the shadow candidate, the warm previous version) carries the
+        # label with its name, and the PodMonitor selects it
+        pods = [d["spec"]["template"]["metadata"]["labels"] for d in of("Deployment")
+                if d["metadata"]["name"].startswith(f"{name}-vllm")]
+        assert len(pods) == {"assist": 2, "autocomplete": 1}[name], pods  # prod's assist has a shadow candidate
+        for labels in pods:
+            assert labels["serving.llm/endpoint"] == name and selected.items() <= labels.items()
+        (scaled,) = [o for o in of("ScaledObject") if o["metadata"]["name"] == f"{name}-vllm"]
+        (queue,) = [t["metadata"]["query"] for t in scaled["spec"]["triggers"] if t["name"] == "requests-waiting"]
+        exprs = [queue]
+        (rule,) = [o for o in of("PrometheusRule") if o["metadata"].get("labels", {}).get("serving.llm/endpoint") == name]
+        exprs += [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+        (board,) = [o for o in of("ConfigMap") if o["metadata"]["name"] == f"{name}-dashboard"]
+        exprs += [t["expr"] for v in board["data"].values() for panel in json.loads(v)["panels"]
+                  for t in panel.get("targets", [])]
+        sels = [sel for x in exprs for sel in vllm_selectors(x)]
+        assert len(sels) > 10, name
+        for sel in sels:
+            assert own in sel and f'model_name="{SHARED_MODEL_NAME}"' in sel, (name, sel)
+    # every engine pod of the stack (guard keeps its previous version warm) is labelled with its endpoint and
+    # selected by that endpoint's PodMonitor, so every vLLM series it exports carries serving_llm_endpoint
+    monitors = {o["metadata"]["name"]: o["spec"]["selector"]["matchLabels"] for o in of("PodMonitor")}
+    engines = [d for d in of("Deployment") if d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/name") == "vllm"]
+    assert {d["metadata"]["name"] for d in engines} == {"assist-vllm", "assist-vllm-canary", "autocomplete-vllm",
+                                                       "guard-vllm", "guard-vllm-previous"}
+    for d in engines:
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        endpoint = labels["app.kubernetes.io/instance"]
+        assert labels["serving.llm/endpoint"] == endpoint and monitors[f"{endpoint}-vllm"].items() <= labels.items()
 
 
 @pytest.mark.parametrize("mutate, fields, words", [

@@ -25,7 +25,7 @@ from components.names import ENDPOINT_METRIC_LABEL
 from components.gateway_config import StaticServers, config_name, env_name, floor_capacity, render_gateway_config
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_harness import HaproxyProcess, free_port, lua_path, require_haproxy, stream_once, no_recorder
-from tests.prometheus_support import PrometheusServer, require_binary
+from tests.prometheus_support import PrometheusServer, operator_pod_target_labels, recorded, require_binary
 from topology.calibrate import QUERIES
 
 NS = "llm-serving"
@@ -279,3 +279,57 @@ def test_under_admission_control_the_queue_trigger_counts_the_gateways_queue(liv
         loader.join(timeout=60)
     assert len(results) == held + GATEWAY_QUEUED and all(r[0] == 200 for r in results)  # queued, then served
     assert wait_for_value(prom, query, 2.0) == 2.0  # gateway queue drained; the engine's 2 remain
+
+
+def test_two_endpoints_serving_one_model_name_each_scale_on_their_own_queue(shared_model_stack, tmp_path):
+    """assist and autocomplete serve one model name in one namespace (tests/conftest.py shared_model_stack); vLLM's
+    series differ only by the endpoint label the PodMonitor copies from the pods. The target labels here are what
+    the operator makes of the rendered PodMonitor's podTargetLabels and the rendered pods' labels, and the queries
+    are the rendered ScaledObjects': one endpoint's deep queue never scales the idle other."""
+    from tests.conftest import SHARED_MODEL_ENDPOINTS, SHARED_MODEL_NAME
+
+    require_binary("prometheus")
+    objs = recorded(shared_model_stack.resolve()).kubernetes_objects()
+
+    def named(kind, name):
+        (obj,) = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+        return obj
+
+    queries = {}
+    for name in SHARED_MODEL_ENDPOINTS:
+        (t,) = [t for t in named("ScaledObject", f"{name}-vllm")["spec"]["triggers"] if t["name"] == "requests-waiting"]
+        queries[name] = t["metadata"]["query"]
+    assert queries["assist"] != queries["autocomplete"]
+    pods = {  # pod: (its Deployment, its first queue)
+        "assist-vllm-0": ("assist-vllm", 30), "assist-vllm-1": ("assist-vllm", 12),
+        "assist-vllm-canary-0": ("assist-vllm-canary", 40),  # the shadow candidate: its queue is not the floor's
+        "autocomplete-vllm-0": ("autocomplete-vllm", 0), "autocomplete-vllm-1": ("autocomplete-vllm", 0),
+    }
+    with ExitStack() as stack:
+        engines, targets = {}, []
+        for pod, (deployment, waiting) in pods.items():
+            pod_labels = named("Deployment", deployment)["spec"]["template"]["metadata"]["labels"]
+            monitor = named("PodMonitor", f"{pod_labels['serving.llm/endpoint']}-vllm")["spec"]
+            assert monitor["selector"]["matchLabels"].items() <= pod_labels.items()  # the monitor scrapes the pod
+            engine = FakeEngine(SHARED_MODEL_NAME, waiting)
+            stack.callback(engine.stop)
+            engines[pod] = engine
+            targets.append(("vllm", f"127.0.0.1:{engine.port}",
+                            {"namespace": NS, "pod": pod, **operator_pod_target_labels(monitor, pod_labels)}))
+        assert {t[2][ENDPOINT_METRIC_LABEL] for t in targets} == set(SHARED_MODEL_ENDPOINTS)
+        (tmp_path / "prom").mkdir()
+        prom = PrometheusServer(tmp_path / "prom", targets)
+        stack.callback(prom.stop)
+
+        # assist deep (30 + 12 on its stable pods), autocomplete idle
+        assert wait_for_value(prom, queries["assist"], 42.0) == 42.0
+        assert wait_for_value(prom, queries["autocomplete"], 0.0) == 0.0
+        # the model name alone reads both endpoints' pods (and the candidate's): what the queries used to select
+        assert wait_for_value(prom, f'sum(vllm:num_requests_waiting{{namespace="{NS}",model_name="{SHARED_MODEL_NAME}"}})',
+                              82.0) == 82.0
+        # the other way round: autocomplete deep, assist idle
+        for pod, waiting in (("assist-vllm-0", 0), ("assist-vllm-1", 0), ("autocomplete-vllm-0", 25),
+                             ("autocomplete-vllm-1", 9)):
+            engines[pod].set(SHARED_MODEL_NAME, waiting)
+        assert wait_for_value(prom, queries["autocomplete"], 34.0) == 34.0
+        assert wait_for_value(prom, queries["assist"], 0.0) == 0.0

@@ -58,8 +58,8 @@ class _Inputs(BaseModel):
 class ModelInputs(_Inputs):
     """The model served by one endpoint."""
 
-    name: str = Field(min_length=1, description="Served model name, e.g. 'llama-3.3-70b-instruct'; one per endpoint of a stack "
-                      "(vLLM labels its metrics by it, and each endpoint scales on its own).")
+    name: str = Field(min_length=1, description="Served model name, e.g. 'llama-3.3-70b-instruct' (what clients send as "
+                      "\"model\"); endpoints of one stack may share it.")
     revision: str = Field(
         min_length=1,
         description="Pinned weights revision (commit hash or release tag); floor and burst load exactly this one.",
@@ -588,17 +588,6 @@ class CostInputs(_Inputs):
             raise FieldsError((f"endpoints.{j}.name", f"endpoints.{i}.name"),
                 f"endpoint names {names[j]!r} and {names[i]!r} are one endpoint to the gateway (both spelt "
                 f"{config_name(names[i])!r}: runs of '-' are folded); rename one")
-        # vLLM labels its metrics by the served model name (and the pod), not the endpoint: the queries that drive
-        # each endpoint's autoscaling, alerts and dashboards select namespace + model_name, so two endpoints of one
-        # stack serving one model name would each scale on both endpoints' queue
-        clash = first_repeat([e.model.name for e in self.endpoints])
-        if clash:
-            j, i = clash
-            raise FieldsError((f"endpoints.{j}.model.name", f"endpoints.{i}.model.name"),
-                f"endpoints {names[j]!r} and {names[i]!r} both serve model.name {self.endpoints[i].model.name!r}: "
-                "vLLM labels its metrics by served model name, so each endpoint's autoscaling queue, alerts and "
-                "dashboards would count both endpoints' replicas; give one a distinct model.name (what its clients "
-                "send as \"model\") or serve both from one endpoint with tenants")
         # one gateway pod reads every endpoint's tenant secrets from environment variables spelt from the
         # endpoint and tenant names folded together: two pairs spelt alike would read one secret
         owners = [(i, t, var) for i, e in enumerate(self.endpoints) for t in e.tenants

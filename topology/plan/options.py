@@ -488,7 +488,7 @@ def prepare_endpoints(inp: CostInputs, catalog: Mapping[str, GpuKind]) -> list[P
     """Every endpoint's options, the floor candidates of all endpoints solved in one schedule DP.
 
     Endpoints alike in everything but their name and their model's served name (copies per region or tenant,
-    each serving its own model name as the inputs require) are prepared once: nothing here reads either name
+    under one model name or several) are prepared once: nothing here reads either name
     except the errors, and the first copy in order raises the same error the others would."""
     first: dict[str, int] = {}
     rep = [first.setdefault(ep.model_dump_json(exclude={"name": True, "model": {"name"}}), i)
