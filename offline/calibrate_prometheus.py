@@ -152,13 +152,22 @@ def _histogram(prom: Prometheus, key: str, fill: dict[str, str], end_s: float) -
             "buckets": buckets}
 
 
+def floor_pod_regex(endpoint: str) -> str:
+    """The names of the endpoint's floor pods (stable, canary, previous version), whole (PromQL anchors a regex
+    match): a Deployment's pod is `<deployment>-<pod-template-hash>-<5 characters>`, both from Kubernetes'
+    alphanumeric alphabet. kube-state-metrics' kube_pod_* series carry no pod labels, so the name is what tells
+    an endpoint's pods apart; `<endpoint>-vllm-.*` also took the pods of an endpoint named `<endpoint>-vllm-x`
+    (`chat-vllm-batch-vllm-5c6d7f-fghij` for `chat`), whose cold starts then entered `chat`'s median."""
+    return f"{re.escape(endpoint)}-vllm(-canary|-previous)?-[a-z0-9]+-[a-z0-9]{{5}}"
+
+
 def query_fill(namespace: str, e, window: str) -> dict[str, str]:
     """What QUERIES' placeholders hold for one endpoint, escaped as PromQL string contents: re.escape writes the
     '-' of a name like 'chat-batch' as `\\-`, which PromQL refuses unescaped ("unknown escape sequence")."""
     from components.gateway_config import config_name
 
     fill = {"ns": namespace, "endpoint": e.name, "model": e.engine.served_model_name,
-            "frontend": f"fe_{config_name(e.name)}", "pod_re": f"{re.escape(e.name)}-vllm-.*"}
+            "frontend": f"fe_{config_name(e.name)}", "pod_re": floor_pod_regex(e.name)}
     return {**{k: promql_escape(v) for k, v in fill.items()}, "w": window}
 
 

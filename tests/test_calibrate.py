@@ -37,9 +37,10 @@ PODS = ("assist-vllm-0", "assist-vllm-1")
 PREFILL_TOKENS_PER_S = 14_000.0
 PREFIX_HIT = 0.42
 FLOOR_SHARE = 0.3  # of the gateway's requests, served (and measured) by the floor's two pods
-COLD = {  # pod: (created, started, ready) seconds after the week start
-    "assist-vllm-a": (1000, 1005, 1185), "assist-vllm-b": (2000, 2005, 2205), "assist-vllm-c": (3000, 3005, 3215),
-    "assist-vllm-d": (4000, 4005, 4235), "assist-vllm-e": (5000, 5300, 5490), "assist-vllm-f": (6000, 6300, 6550),
+COLD = {  # pod (named as a Deployment names them: <deployment>-<template hash>-<5>): (created, started, ready) s
+    "assist-vllm-7d9b5c4f6-a2b4c": (1000, 1005, 1185), "assist-vllm-7d9b5c4f6-b2b4c": (2000, 2005, 2205),
+    "assist-vllm-7d9b5c4f6-c2b4c": (3000, 3005, 3215), "assist-vllm-7d9b5c4f6-d2b4c": (4000, 4005, 4235),
+    "assist-vllm-canary-5f6d8-e2b4c": (5000, 5300, 5490), "assist-vllm-7d9b5c4f6-f2b4c": (6000, 6300, 6550),
 }
 
 
@@ -468,9 +469,28 @@ def test_every_query_parses_for_endpoints_named_with_a_dash(tmp_path):
         e = types.SimpleNamespace(name=name, engine=types.SimpleNamespace(served_model_name="org/llama-3.3-70b"))
         fill = query_fill(NS, e, "604800s")
         rules += [{"record": f"calibrate:{key}_{i}", "expr": q.format(**fill)} for key, q in QUERIES.items()]
-        assert fill["pod_re"] == name.replace("-", "\\\\-") + "-vllm-.*"
+        assert fill["pod_re"].startswith(name.replace("-", "\\\\-") + "-vllm")
     (tmp_path / "q.yml").write_text(yaml.safe_dump({"groups": [{"name": "calibrate", "rules": rules}]}, width=100_000))
     out = subprocess.run(["promtool", "check", "rules", "q.yml"], cwd=tmp_path, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"SUCCESS: {len(rules)} rules found" in out.stdout + out.stderr
+
+
+def test_the_pod_regex_takes_an_endpoints_own_pods_only():
+    """kube_pod_* series carry no pod labels: an endpoint's floor pods are told apart by name. With `chat` and
+    `chat-vllm-batch` in one namespace, `chat`'s regex took the other's pods too (`chat-vllm-.*`)."""
+    import re
+
+    from offline.calibrate_prometheus import floor_pod_regex
+
+    def matches(endpoint: str, pod: str) -> bool:  # PromQL anchors the whole value; RE2 reads this subset as re
+        return re.fullmatch(floor_pod_regex(endpoint), pod) is not None
+
+    for pod in ("chat-vllm-5c6d7f8b9-fghij", "chat-vllm-canary-7d9b5c4f6-x2z4k", "chat-vllm-previous-66b9c-q8wxz"):
+        assert matches("chat", pod), pod
+    for pod in ("chat-vllm-batch-vllm-5c6d7f8b9-fghij", "chat-vllm-x-vllm-canary-7d9b5c4f6-x2z4k",
+                "chat-vllm-vllm-5c6d7f8b9-fghij", "chat-batch-vllm-5c6d7f8b9-fghij", "chat-vllm-5c6d7f8b9-fghij-x"):
+        assert not matches("chat", pod), pod
+    assert matches("chat-vllm-batch", "chat-vllm-batch-vllm-5c6d7f8b9-fghij")
+    assert matches("a.b", "a.b-vllm-5c6d7f8b9-fghij") and not matches("a.b", "axb-vllm-5c6d7f8b9-fghij")
