@@ -81,6 +81,11 @@ class Cluster(pulumi.ComponentResource):
             f"{name}-k8s",
             kubeconfig=kubeconfig,
             enable_server_side_apply=True,
+            # replaced only when the cluster is another one: a replaced provider replaces every object it
+            # manages, and all of them are named, so each is deleted before its copy is created (an outage of
+            # every floor). Without it a rotated CA, a new server address or a kubeconfig unknown at preview
+            # (mode: create) would do that (pulumi-kubernetes provider.py: cluster_identifier)
+            cluster_identifier=self.name,
             opts=child(self),
         )
         ns = k8s.core.v1.Namespace(

@@ -9,6 +9,7 @@ weight cache (and the kubelet's ephemeral storage) lives on local disk, not on E
 from __future__ import annotations
 
 import base64
+import hashlib
 import textwrap
 from dataclasses import dataclass
 
@@ -50,6 +51,23 @@ def node_user_data(local_nvme_gb: int) -> str | None:
         f"--{_MIME_BOUNDARY}--\n"
     )
     return base64.b64encode(doc.encode()).decode()
+
+
+def node_group_physical_name(pool: NodePoolSpec) -> str:
+    """The EKS node group's name: the pool's, and a digest of what EKS cannot change on a node group in place.
+
+    The instance type, AMI type and capacity type force a new node group (terraform-provider-aws
+    `eks/node_group.go`: ForceNew), and Pulumi creates the replacement before deleting the old one: under one
+    fixed name EKS refuses the new group (ResourceInUseException), so a GPU kind or instance size change failed
+    the `up`. With the digest in the name the new group is created next to the old, the floor's pods move as
+    their Deployment rolls, and the old group is deleted last. The MIG layout is in the digest too: changed in
+    place, EKS would relabel the running nodes and the MIG manager would repartition (and reboot) every node of
+    the pool at once; a new group brings new nodes up in the new layout first. At most 40 + 10 + 9 = 59
+    characters (EKS allows 63).
+    """
+    layout = pool.mig_layout.name if pool.mig_layout is not None else "whole"
+    digest = hashlib.sha256(f"{pool.instance_type}|{AMI_TYPE}|ON_DEMAND|{layout}".encode()).hexdigest()[:8]
+    return f"{pool.name}-{digest}"
 
 
 def node_labels(pool: NodePoolSpec) -> dict[str, str]:
@@ -132,7 +150,7 @@ class GpuNodePool(pulumi.ComponentResource):
         group = eks.NodeGroup(
             f"{name}-node-group",
             cluster_name=args.cluster_name,
-            node_group_name=pool.name,
+            node_group_name=node_group_physical_name(pool),
             region=pool.region,
             node_role_arn=args.node_role_arn,
             subnet_ids=args.subnet_ids,
@@ -145,8 +163,12 @@ class GpuNodePool(pulumi.ComponentResource):
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},
             update_config={"max_unavailable": 1},  # drain one GPU node at a time: replicas are few and expensive
             tags={**tags, **autoscaler_tags(pool)},
-            # the node autoscaler owns the current size; Pulumi owns the bounds
-            opts=child(self, ignore_changes=["scalingConfig.desiredSize"]),
+            # the node autoscaler owns the current size of a pool it may resize; Pulumi owns the bounds. A
+            # reserved pool (min = max) has no size to own: its desired size is declared with its bounds, since
+            # EKS takes the whole scaling config in one call (min ≤ desired ≤ max) and a desired size kept from
+            # the old state would refuse every change of the reserved count ("Minimum capacity 3 can't be
+            # greater than desired size 2")
+            opts=child(self, ignore_changes=[] if pool.min_nodes == pool.max_nodes else ["scalingConfig.desiredSize"]),
         )
         # Managed-node-group tags stay on the EKS node group: the autoscaler reads its discovery and
         # scale-from-zero tags from the Auto Scaling group, so they are written there, one Tag each.

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from components.floor_replicas import WEIGHTS_MOUNT
+from components.gpu_node_pool import node_group_physical_name
 from pulumi_support import by_name, desired_replicas, env_of, objects, recording
 from topology.catalog import GPU_KINDS, validate_mig_layout
 
@@ -66,8 +67,11 @@ def floor_deployments(rec, spec) -> list[dict]:
 def test_one_gpu_node_group_per_spec_pool_with_taint_bounds_and_nvme(stack):
     name, _inputs, spec = stack
     rec = recording(name)
-    groups = {r.inputs["nodeGroupName"]: r for r in gpu_node_groups(rec)}
+    # the node group is named after its pool and a digest of what forces a new group (node_group_physical_name)
+    groups = {r.inputs["nodeGroupName"].rsplit("-", 1)[0]: r for r in gpu_node_groups(rec)}
     assert sorted(groups) == sorted(p.name for p in spec.node_pools)
+    assert all(r.inputs["nodeGroupName"] == node_group_physical_name(p) for p in spec.node_pools
+               for r in [groups[p.name]])
     templates = {r.urn: r for r in rec.of_type("aws:ec2/launchTemplate:LaunchTemplate")}
     for pool in spec.node_pools:
         g = groups[pool.name].inputs
@@ -75,7 +79,10 @@ def test_one_gpu_node_group_per_spec_pool_with_taint_bounds_and_nvme(stack):
         assert g["scalingConfig"]["minSize"] == pool.min_nodes and g["scalingConfig"]["maxSize"] == pool.max_nodes
         assert {"key": pool.taint_key, "value": "true", "effect": "NO_SCHEDULE"} in g["taints"]
         assert all(g["labels"][k] == v for k, v in pool.labels.items() if k != "nvidia.com/mig.config")
-        assert "scalingConfig.desiredSize" in groups[pool.name].ignore_changes  # the node autoscaler owns it
+        if pool.min_nodes < pool.max_nodes:
+            assert "scalingConfig.desiredSize" in groups[pool.name].ignore_changes  # the node autoscaler owns it
+        else:  # a reserved pool declares its size: EKS takes min ≤ desired ≤ max in one call
+            assert not groups[pool.name].ignore_changes and g["scalingConfig"]["desiredSize"] == pool.min_nodes
         lt = next(t for t in templates.values() if t.name == groups[pool.name].name.replace("-node-group", "-launch-template"))
         if pool.local_nvme_gb > 0:
             assert "strategy: RAID0" in base64.b64decode(lt.inputs["userData"]).decode()
@@ -87,7 +94,7 @@ def test_mig_label_names_a_valid_layout_and_pods_request_that_slice(stack):
     configs = mig_configs(rec)
     groups = gpu_node_groups(rec)
     for g in groups:
-        pool = next(p for p in spec.node_pools if p.name == g.inputs["nodeGroupName"])
+        pool = next(p for p in spec.node_pools if node_group_physical_name(p) == g.inputs["nodeGroupName"])
         label = g.inputs["labels"].get("nvidia.com/mig.config")
         assert label in configs, f"{pool.name}: label {label!r} names no config in the mig-parted ConfigMap"
         layout = configs[label][0]
@@ -388,3 +395,27 @@ def test_floor_also_scales_on_burst_backlog_read_from_the_gateways_own_metrics(s
         proxy = re.search(r'proxy="([^"]+)"', t["metadata"]["query"]).group(1)
         assert f"backend {proxy}\n" in gateway_cfg
         assert float(t["metadata"]["threshold"]) == e.burst.max_containers * e.burst.target_inputs
+
+
+def test_a_change_that_forces_a_new_node_group_gives_it_a_new_name(planned_stacks):
+    """EKS cannot change a node group's instance type, AMI type or capacity type in place (terraform-provider-aws
+    eks/node_group.go: ForceNew) and Pulumi creates the replacement before deleting the old one: under one fixed
+    name EKS refuses it (ResourceInUseException) and the `up` failed. The name carries a digest of those fields
+    and of the MIG layout (changed in place, the running nodes would be relabelled and repartitioned at once), so
+    the new group comes up beside the old; anything else (sizes, labels of the same layout) keeps the name."""
+    from topology.spec import MigLayoutSpec
+
+    _, spec = planned_stacks["prod"]
+    pool = next(p for p in spec.node_pools if p.name == "autocomplete-on-demand")
+    name = node_group_physical_name(pool)
+    assert name.startswith("autocomplete-on-demand-") and len(name) <= 63
+    bigger = pool.model_copy(update={"instance_type": "p5.48xlarge", "gpus_per_node": 8})
+    assert node_group_physical_name(bigger) != name
+    resized = pool.model_copy(update={"max_nodes": pool.max_nodes + 3, "min_nodes": 1})
+    assert node_group_physical_name(resized) == name
+    guard = next(p for p in spec.node_pools if p.name == "guard-reserved")
+    assert guard.mig_layout is not None
+    relaid = guard.model_copy(update={"mig_layout": MigLayoutSpec(name="all-2g.20gb", devices={"2g.20gb": 3})})
+    assert node_group_physical_name(relaid) != node_group_physical_name(guard)
+    longest = pool.model_copy(update={"name": "e" * 40 + "-on-demand"})
+    assert len(node_group_physical_name(longest)) <= 63  # EKS's limit

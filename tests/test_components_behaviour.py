@@ -259,6 +259,15 @@ def test_existing_cluster_from_a_stack_reference():
     assert not rec.of_type("aws:eks/cluster:Cluster")
     (provider,) = rec.of_type("pulumi:providers:kubernetes")
     assert provider.inputs["kubeconfig"] == "[secret]"  # the kubeconfig never appears in a recording
+    # replaced only when the cluster is another: a replaced provider replaces every (named) object it manages,
+    # delete first; a rotated CA or a new server address in the kubeconfig is an update
+    assert provider.inputs["clusterIdentifier"] == "platform-from-ref"
+
+
+def test_a_created_cluster_identifies_its_kubernetes_provider_by_name():
+    rec = recording("dev")
+    (provider,) = rec.of_type("pulumi:providers:kubernetes")
+    assert provider.inputs["clusterIdentifier"] == "llm-serving-dev"
 
 
 def test_dev_creates_a_minimal_cluster_with_pod_identity():

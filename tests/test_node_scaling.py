@@ -111,7 +111,8 @@ def test_scheduled_actions_change_only_the_groups_minimum():
     # one action per change of an on-demand pool's minimum: guard's and autocomplete's 5 weekday windows
     # (up, down: 10 each) and assist's Saturday-evening window (2)
     assert len(schedules) == 22
-    groups = {r.inputs["nodeGroupName"]: r for r in rec.of_type("aws:eks/nodeGroup:NodeGroup")}
+    # named after the pool and a digest (components/gpu_node_pool.py node_group_physical_name)
+    groups = {r.inputs["nodeGroupName"].rsplit("-", 1)[0]: r for r in rec.of_type("aws:eks/nodeGroup:NodeGroup")}
     pools = ("guard-on-demand", "autocomplete-on-demand", "assist-on-demand")
     per_pool = {p: 0 for p in pools}
     for s in schedules:
@@ -163,9 +164,9 @@ def test_every_pool_can_grow_from_zero_for_its_pods_whole_gpus_and_mig_slices(st
     assert len(templates) == len(node_groups)
     by_pool = {}
     for asg, t in templates.items():
-        pool = asg.removeprefix("eks-").rsplit("-", 1)[0]
-        by_pool[pool] = t
-        ng = node_groups[pool]
+        group = asg.removeprefix("eks-").rsplit("-", 1)[0]
+        by_pool[group.rsplit("-", 1)[0]] = t  # the group is named after its pool and a digest
+        ng = node_groups[group]
         # discovery by the chart's default tags
         assert t["tags"][f"{CA}enabled"] == "true" and t["tags"][f"{CA}{cluster}"] == "owned"
         # the template says what the group's nodes will really carry
