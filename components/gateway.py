@@ -140,14 +140,20 @@ class Gateway(pulumi.ComponentResource):
                   "app.kubernetes.io/component": "gateway"}
         meta = {"name": app, "namespace": ns, "labels": labels}
 
+        config_hash = rendered.apply(
+            lambda r: hashlib.sha256("".join(r.files[k] for k in sorted(r.files)).encode()).hexdigest()[:16])
+        # named by its content and immutable: a new config is a new ConfigMap, created before the old one is
+        # deleted (Pulumi's default for a replacement under another name) and mounted only by the new pods. Under
+        # one fixed name, pulumi-kubernetes deleted and recreated it (its data is replaced, not patched, unless the
+        # provider enables mutable ConfigMaps), and the kubelet wrote the new file into the old pods' volume: an old
+        # pod restarting before the rollout reached it loaded the new config with its old environment
         config_map = k8s.core.v1.ConfigMap(
             f"{name}-config",
-            metadata=meta,
+            metadata={**meta, "name": config_hash.apply(lambda h: f"{app}-{h[:10]}")},
+            immutable=True,
             data=rendered.apply(lambda r: {CONFIG_FILE: r.files[CONFIG_FILE], LUA_FILE: r.files[LUA_FILE]}),
             opts=child(self),
         )
-        config_hash = rendered.apply(
-            lambda r: hashlib.sha256("".join(r.files[k] for k in sorted(r.files)).encode()).hexdigest()[:16])
 
         env = []
         owners = _env_owners(eps)

@@ -195,3 +195,29 @@ def test_a_stopping_gateway_pod_keeps_listening_until_the_service_has_dropped_it
     hard_stop = int(next(line.split()[1] for line in cfg.splitlines() if line.strip().startswith("hard-stop-after"))
                     .rstrip("s"))
     assert pod["terminationGracePeriodSeconds"] >= sleep_s + hard_stop + 10
+
+
+def test_a_new_gateway_config_is_a_new_configmap_mounted_by_the_new_pods_only(planned_stacks):
+    """Named by its content and immutable: a config change creates a new ConfigMap beside the old (Pulumi creates a
+    replacement under another name before deleting the old), the Deployment's pods roll onto it, and the old pods
+    keep the file they started with. Under one fixed name the data change deleted and recreated it, and the kubelet
+    wrote the new file into the running pods' volume."""
+    spec = planned_stacks["prod"][1]
+
+    def config_map_and_pods(rec):
+        (cm,) = [o for o in rec.kubernetes_objects() if o["kind"] == "ConfigMap"]
+        (dep,) = [o for o in rec.kubernetes_objects() if o["kind"] == "Deployment"]
+        (vol,) = [v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "config"]
+        return cm, vol["configMap"]["name"]
+
+    cm, mounted = config_map_and_pods(declare(spec))
+    assert cm["immutable"] is True and mounted == cm["metadata"]["name"]
+    assert cm["metadata"]["name"].startswith("gateway-haproxy-")
+    again, _ = config_map_and_pods(declare(spec))
+    assert again["metadata"]["name"] == cm["metadata"]["name"]  # the same config keeps its name: nothing rolls
+    changed = spec.model_copy(update={"endpoints": tuple(
+        e.model_copy(update={"gateway": e.gateway.model_copy(update={"retry_after_s": (e.gateway.retry_after_s or 5) + 7})})
+        for e in spec.endpoints)})
+    other, other_mounted = config_map_and_pods(declare(changed))
+    assert other["data"] != cm["data"], "the change must reach the rendered config for this test to mean anything"
+    assert other["metadata"]["name"] != cm["metadata"]["name"] and other_mounted == other["metadata"]["name"]

@@ -30,7 +30,9 @@ def recorder_parts(rec, objs):
 
 
 def gateway_cfg(objs) -> str:
-    return objs[("ConfigMap", "gateway-haproxy")]["data"]["haproxy.cfg"]
+    # the gateway's ConfigMap is named by its content (gateway-haproxy-<digest>)
+    (cm,) = [o for (kind, name), o in objs.items() if kind == "ConfigMap" and name.startswith("gateway-haproxy-")]
+    return cm["data"]["haproxy.cfg"]
 
 
 @pytest.fixture(scope="module")
