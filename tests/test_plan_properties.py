@@ -51,9 +51,13 @@ def test_more_traffic_never_lowers_cost(profile, k, with_api, od):
 @given(profile=profiles, k=st.floats(1.0, 3.0), od=st.floats(1.5, 8.0), with_api=st.booleans())
 @example(profile=office_profile(39.5, 0.0, 0.0), k=1.0625, od=1.75, with_api=False)
 def test_more_traffic_never_lowers_floors(profile, k, od, with_api):
-    """Within a decision and placement, the floor's reserved base and its replica-hours over the week only
-    rise with traffic. Not hour by hour: floor + burst schedules are chosen by their exact weekly cost among
-    the layer DP's candidates (one per serverless price scale), and with more traffic the cheapest can move a
+    """Within a decision and placement, the floor's reserved base only rises with traffic (600 random cases,
+    besides the fixed ones). Its replica-hours over the week do not, and the test no longer claims they do: a
+    random run found office peak 2 req/s, night 5e-160 req/s, no weekend traffic, ×2, on-demand $3/GPU-h, no
+    API — floor + burst both times, 4 replicas from 07:00 to 19:00, and from 05:00 on Tuesday to Friday at ×1
+    only: 252 → 220 replica-hours a week, the doubled traffic's cheapest schedule leaving 05:00–07:00 to the
+    burst (the ×3 case below is the same kind). Not hour by hour either: floor + burst schedules are chosen by
+    their exact weekly cost among the layer DP's candidates (one per serverless price scale), and with more traffic the cheapest can move a
     node from one hour to another and carry the hour it left on the burst. Worked example (the @example
     below): office profile, peak 39.5 req/s, no night or weekend traffic, ×1.0625, on-demand $1.75/GPU-h, no
     API — the floor goes from 20 to 24 replicas at 08:00 and from 28 to 24 at 12:00 (the lunch dip), the same
@@ -77,7 +81,6 @@ def test_more_traffic_never_lowers_floors(profile, k, od, with_api):
     same_placement = (a.capacity.gpu_kind, a.capacity.mig_profile) == (b.capacity.gpu_kind, b.capacity.mig_profile)
     if a.tier == b.tier and same_placement:
         assert b.floor.reserved_replicas >= a.floor.reserved_replicas
-        assert sum(b.floor.replicas_by_hour) >= sum(a.floor.replicas_by_hour)
 
 
 @SETTINGS
