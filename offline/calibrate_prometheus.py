@@ -157,8 +157,12 @@ def floor_pod_regex(endpoint: str) -> str:
     match): a Deployment's pod is `<deployment>-<pod-template-hash>-<5 characters>`, both from Kubernetes'
     alphanumeric alphabet. kube-state-metrics' kube_pod_* series carry no pod labels, so the name is what tells
     an endpoint's pods apart; `<endpoint>-vllm-.*` also took the pods of an endpoint named `<endpoint>-vllm-x`
-    (`chat-vllm-batch-vllm-5c6d7f-fghij` for `chat`), whose cold starts then entered `chat`'s median."""
-    return f"{re.escape(endpoint)}-vllm(-canary|-previous)?-[a-z0-9]+-[a-z0-9]{{5}}"
+    (`chat-vllm-batch-vllm-5c6d7f-fghij` for `chat`), whose cold starts then entered `chat`'s median. A long
+    name loses its last dash: the API server cuts a generateName prefix (`<replicaset>-`) to 58 characters before
+    the 5 random ones (k8s.io/apiserver names generator), which from a 33-character endpoint reaches into the
+    `-previous` ReplicaSet's hash (`<deployment>-<hash cut><5>`); such a name is one run of [a-z0-9] after the
+    Deployment's name, which a pod of another endpoint (its own `-vllm` and dashes after it) never is."""
+    return f"{re.escape(endpoint)}-vllm(-canary|-previous)?-[a-z0-9]+(-[a-z0-9]{{5}})?"
 
 
 def query_fill(namespace: str, e, window: str) -> dict[str, str]:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-import yaml
 
 from topology.spec import TopologySpec
 
@@ -85,7 +84,9 @@ def load_stack(stack_file: Path) -> StackUnderCheck:
     from topology.loading import InputError, inputs_from_document
     from topology.plan import plan
 
-    doc = yaml.safe_load(Path(stack_file).read_text())
+    from topology.reading import read_document
+
+    doc = read_document(stack_file)  # bounded like every stack read (size, depth, aliases, recursive aliases)
     if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
         raise InputError(f"{stack_file}: not a Pulumi stack file (no top-level 'config' mapping)")
     config = doc["config"]

@@ -190,6 +190,7 @@ def test_a_yaml_alias_bomb_is_refused_from_its_small_graph(tmp_path):
         read_document(f)
 
 
+@pytest.mark.timeout(20)  # before the fix this looped, 3 GB a minute: fail on time, long before memory runs out
 @pytest.mark.parametrize("text", ["&a [*a]\n", "config: &c {llm-serving:inputs: {endpoints: [*c]}}\n",
                                   "a: &a {b: [1, {c: *a}]}\n"])
 def test_a_recursive_yaml_alias_is_refused_at_once(tmp_path, text):

@@ -41,6 +41,12 @@ COLD = {  # pod (named as a Deployment names them: <deployment>-<template hash>-
     "assist-vllm-7d9b5c4f6-a2b4c": (1000, 1005, 1185), "assist-vllm-7d9b5c4f6-b2b4c": (2000, 2005, 2205),
     "assist-vllm-7d9b5c4f6-c2b4c": (3000, 3005, 3215), "assist-vllm-7d9b5c4f6-d2b4c": (4000, 4005, 4235),
     "assist-vllm-canary-5f6d8-e2b4c": (5000, 5300, 5490), "assist-vllm-7d9b5c4f6-f2b4c": (6000, 6300, 6550),
+    # pods of another endpoint whose name starts `assist-vllm-`: never assist's (its old regex took them, and their
+    # day-long starts would have moved every median)
+    "assist-vllm-x-vllm-7d9b5c4f6-g2b4c": (7000, 7000 + 86_400, 7000 + 2 * 86_400),
+    "assist-vllm-x-vllm-7d9b5c4f6-h2b4c": (8000, 8000 + 86_400, 8000 + 2 * 86_400),
+    "assist-vllm-x-vllm-7d9b5c4f6-i2b4c": (9000, 9000 + 86_400, 9000 + 2 * 86_400),
+    "assist-vllm-x-vllm-7d9b5c4f6-j2b4c": (9500, 9500 + 86_400, 9500 + 2 * 86_400),
 }
 
 
@@ -493,4 +499,10 @@ def test_the_pod_regex_takes_an_endpoints_own_pods_only():
                 "chat-vllm-vllm-5c6d7f8b9-fghij", "chat-batch-vllm-5c6d7f8b9-fghij", "chat-vllm-5c6d7f8b9-fghij-x"):
         assert not matches("chat", pod), pod
     assert matches("chat-vllm-batch", "chat-vllm-batch-vllm-5c6d7f8b9-fghij")
+    # a long name: the API server cuts `<replicaset>-` to 58 characters before the 5 random ones
+    long = "e" * 35
+    for dep in (f"{long}-vllm-canary", f"{long}-vllm-previous", f"{long}-vllm"):
+        pod = f"{dep}-7d9b5c4f6b-"[:58] + "x2z4k"
+        assert matches(long, pod), pod
+        assert not matches("e" * 34, pod) and not matches(long + "-vllm-x", pod)
     assert matches("a.b", "a.b-vllm-5c6d7f8b9-fghij") and not matches("a.b", "axb-vllm-5c6d7f8b9-fghij")

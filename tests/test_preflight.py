@@ -246,3 +246,15 @@ def test_a_stack_that_creates_its_cluster_checks_the_name_is_free_and_defers_the
         roleArn="arn:aws:iam::123456789012:role/eks", resourcesVpcConfig={"subnetIds": ["subnet-1"]})
     checks, _text, status = run(dev, clients)
     assert status == 1 and not checks["cluster"].ok and "already exists" in checks["cluster"].detail
+
+
+def test_preflight_reads_a_stack_file_with_the_same_bounds_as_plan(tmp_path):
+    """A recursive YAML alias under a key the planner never reads: preflight read the file with plain
+    yaml.safe_load, which builds the cycle without complaint, where every other command refuses it."""
+    from topology.loading import InputError
+
+    text = (ROOT / "stacks" / "Pulumi.prod.yaml").read_text() + "\nnotes: &lp [*lp]\n"
+    f = tmp_path / "Pulumi.prod.yaml"
+    f.write_text(text)
+    with pytest.raises(InputError, match="recursive alias"):
+        P.load_stack(f)

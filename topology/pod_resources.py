@@ -9,8 +9,8 @@ What is kept back from the instance, per node, and why:
   figure: the hypervisor, the firmware's reservations, the kernel's own memory and page tables (and on GPU nodes
   the driver's) come off it first. AWS publishes no per-type figure; Karpenter subtracts
   VM_MEMORY_OVERHEAD_FRACTION = 7.5 % of the EC2 figure before packing pods (its `vmMemoryOverheadPercent`
-  default, aws/karpenter-provider-aws; issue #5161 on discovering it per type), and a measured i4i.32xlarge
-  reports 3.9 % less (issue #6611). Pods sized to the EC2 figure do not fit: an equal share of it left
+  default, aws/karpenter-provider-aws; issue #5161 on discovering it per type); a measured i4i.32xlarge's
+  allocatable memory (after the kubelet's reserve) is 3.9 % below its EC2 figure (issue #6611). Pods sized to the EC2 figure do not fit: an equal share of it left
   autocomplete's one pod per p5.4xlarge 258,304 MiB against ≈ 251,000 MiB the node reports, Pending for good.
 - kubeReserved, as the EKS AMI bootstrap sets it (awslabs/amazon-eks-ami bootstrap.sh):
   memory 11 MiB × max pods + 255 MiB; CPU 6 % of the first core, 1 % of the second, 0.5 % of the third and
