@@ -258,3 +258,24 @@ def test_preflight_reads_a_stack_file_with_the_same_bounds_as_plan(tmp_path):
     f.write_text(text)
     with pytest.raises(InputError, match="recursive alias"):
         P.load_stack(f)
+
+
+def test_the_owner_reads_its_destination_stacks_with_the_same_bounds(tmp_path):
+    """The owner plans every destination stack to name its bucket: that file went through libyaml with no bounds,
+    so a recursive alias in it was built into the owner's program; now it is refused, naming the file."""
+    from components.stack_settings import replication_destinations, stack_settings
+    from topology import load_inputs, plan
+    from topology.loading import InputError
+
+    (tmp_path / "stacks").mkdir()
+    dev = (ROOT / "stacks" / "Pulumi.dev.yaml").read_text()
+    (tmp_path / "stacks" / "Pulumi.dev.yaml").write_text(dev)
+    bad = (ROOT / "stacks" / "Pulumi.prod.yaml").read_text() + "\nnotes: &lp [*lp]\n"
+    (tmp_path / "stacks" / "Pulumi.prod.yaml").write_text(bad)
+    doc = yaml.safe_load(dev)
+    doc["config"]["llm-serving:weightReplication"]["destinationStacks"] = ["prod"]
+    settings = stack_settings({k.split(":", 1)[1]: v for k, v in doc["config"].items()
+                               if k.startswith("llm-serving:") and k != "llm-serving:inputs"}, "dev")
+    spec = plan(load_inputs(ROOT / "stacks" / "Pulumi.dev.yaml"))
+    with pytest.raises(InputError, match=r"Pulumi\.prod\.yaml.*recursive alias"):
+        replication_destinations(settings, "dev", spec, tmp_path)
