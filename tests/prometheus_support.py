@@ -75,8 +75,9 @@ def operator_relabel_configs(relabelings: list[dict]) -> list[dict]:
 
 
 def operator_pod_target_labels(monitor_spec: dict, pod_labels: dict[str, str]) -> dict[str, str]:
-    """The target labels a PodMonitor's `podTargetLabels` put on a pod's series, as prometheus-operator v0.93.0
-    writes them (pkg/prometheus/promcfg.go generatePodMonitorConfig): per entry l, source
+    """The target labels a PodMonitor's `podTargetLabels` put on a pod's series, as prometheus-operator writes them
+    (read at v0.93.0; the chart pins v0.93.1, and the file is the same up to 2026's head;
+    pkg/prometheus/promcfg.go generatePodMonitorConfig): per entry l, source
     `__meta_kubernetes_pod_label_<sanitizeLabelName(l)>`, regex `(.+)` (an absent or empty pod label adds
     nothing), target `sanitizeLabelName(l)` — every character outside [a-zA-Z0-9_] replaced by '_' (written here
     from the operator's rule, not from the project's function, so the two are checked against each other)."""
