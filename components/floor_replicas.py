@@ -16,6 +16,7 @@ What the doctrine asks of a floor replica, and where it lands here:
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -170,6 +171,18 @@ def lora_dir_env(eng: EngineSpec, local_dir: str) -> list[dict]:
     return [] if lora_dir is None else [{"name": "LORA_DIR", "value": lora_dir}]
 
 
+
+def _scripts_data() -> dict[str, str]:
+    """What every floor pod runs from the scripts ConfigMap: the weights fetch (init) and the warm-up probe."""
+    return {"warmup_probe.py": _WARMUP_SCRIPT.read_text(), "fetch_weights.sh": _FETCH_SCRIPT.read_text()}
+
+
+def scripts_configmap_name(app: str) -> str:
+    """`<app>-scripts-<digest of the scripts>`: a new script gets a new name (and so a new pod template)."""
+    data = _scripts_data()
+    digest = hashlib.sha256("".join(f"{k}\0{data[k]}\0" for k in sorted(data)).encode()).hexdigest()[:10]
+    return f"{app}-scripts-{digest}"
+
 PRESTOP_SLEEP_S = 10  # long enough for the headless Service (and the gateway resolving it) to drop the pod
 
 
@@ -232,10 +245,14 @@ class FloorReplicas(pulumi.ComponentResource):
         meta = lambda n: {"name": n, "namespace": ns, "labels": labels}  # noqa: E731
 
         k8s.core.v1.ServiceAccount(f"{name}-service-account", metadata=meta(app), opts=child(self))
+        # named by its content and immutable, as the gateway's config: a new script is a new ConfigMap that the
+        # rolled pods mount, where under one fixed name a floor pod restarting later ran the new script with the
+        # environment of its old template
         warmup = k8s.core.v1.ConfigMap(
             f"{name}-scripts",
-            metadata=meta(f"{app}-scripts"),
-            data={"warmup_probe.py": _WARMUP_SCRIPT.read_text(), "fetch_weights.sh": _FETCH_SCRIPT.read_text()},
+            metadata=meta(scripts_configmap_name(app)),
+            immutable=True,
+            data=_scripts_data(),
             opts=child(self),
         )
         deployment = k8s.apps.v1.Deployment(
@@ -497,7 +514,7 @@ class FloorReplicas(pulumi.ComponentResource):
                     "containers": [engine],
                     "volumes": [
                         weights_volume,
-                        {"name": "scripts", "configMap": {"name": f"{app}-scripts", "defaultMode": 0o555}},
+                        {"name": "scripts", "configMap": {"name": scripts_configmap_name(app), "defaultMode": 0o555}},
                         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{pod.shm_mib}Mi"}},
                     ],
                 },

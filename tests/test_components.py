@@ -419,3 +419,20 @@ def test_a_change_that_forces_a_new_node_group_gives_it_a_new_name(planned_stack
     assert node_group_physical_name(relaid) != node_group_physical_name(guard)
     longest = pool.model_copy(update={"name": "e" * 40 + "-on-demand"})
     assert len(node_group_physical_name(longest)) <= 63  # EKS's limit
+
+
+def test_the_floor_scripts_are_a_configmap_named_by_their_content(stack):
+    """Every floor pod runs the weights fetch and the warm-up probe from one ConfigMap. Named by its content and
+    immutable: a new script is a new ConfigMap and a new pod template (the Deployments roll onto it), where under
+    one fixed name the kubelet rewrote the running pods' copy and a pod restarting later ran the new script with
+    its old template's environment."""
+    name, _inputs, spec = stack
+    rec = recording(name)
+    maps = {o["metadata"]["name"]: o for o in objects(rec, "ConfigMap") if "-vllm-scripts-" in o["metadata"]["name"]}
+    deployments = [d for d in objects(rec, "Deployment") if d["metadata"]["name"].endswith(("-vllm", "-vllm-canary", "-vllm-previous"))]
+    assert len(maps) == len({e.name for e in spec.endpoints if e.node_pools})
+    for cm in maps.values():
+        assert cm["immutable"] is True
+    for d in deployments:
+        (vol,) = [v for v in d["spec"]["template"]["spec"]["volumes"] if v["name"] == "scripts"]
+        assert vol["configMap"]["name"] in maps, d["metadata"]["name"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from components.floor_replicas import cron_triggers, minute_of_week_cron
+from components.floor_replicas import cron_triggers, minute_of_week_cron, scripts_configmap_name
 from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
 from components.gpu_operator import GpuOperator, GpuOperatorArgs, mig_parted_config
 from offline.mockrun import read_stack_config, run_function, run_program
@@ -93,7 +93,7 @@ def test_probe_fails_when_the_engine_is_down(tmp_path):
 def _rendered_scripts(tmp_path: Path) -> dict[str, Path]:
     """The scripts as the rendered ConfigMap ships them to the pods, written out to run here."""
     (cm,) = [o for o in recording("prod").kubernetes_objects()
-             if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "guard-vllm-scripts"]
+             if o["kind"] == "ConfigMap" and o["metadata"]["name"] == scripts_configmap_name("guard-vllm")]
     out = {}
     for key, text in cm["data"].items():
         (tmp_path / "rendered").mkdir(exist_ok=True)
