@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from topology.names import (  # noqa: F401  (the inputs check names with the same rules)
-    ENDPOINT_LABEL, ENDPOINT_METRIC_LABEL, config_name, prometheus_label_name, promql_string,
+from topology.names import (  # noqa: F401  (the inputs and calibrate use the same names)
+    ENDPOINT_LABEL, ENDPOINT_METRIC_LABEL, TRACK_LABEL, TRACK_METRIC_LABEL, TRACK_STABLE, config_name,
+    prometheus_label_name, promql_string,
 )
 
-TRACK_LABEL = "serving.llm/track"  # pod label: the revision track a pod serves (TRACK_STABLE or TRACK_CANARY)
-# the Prometheus label the PodMonitor copies TRACK_LABEL into (prometheus-operator sanitises the name)
-TRACK_METRIC_LABEL = prometheus_label_name(TRACK_LABEL)
-TRACK_STABLE = "stable"
 TRACK_CANARY = "canary"  # a rollout candidate in shadow or canary
 TRACK_PREVIOUS = "previous"  # the previous version kept warm after a promotion (N−1)
 VERSION_LABEL = "serving.llm/model-version"  # pod label: the model version (weights + engine + settings) a pod runs

@@ -123,24 +123,28 @@ def synthetic_week(max_model_len: int, max_sequences: int):
     # another endpoint of the stack serving the same model name in the same namespace (a batch twin of assist):
     # one-token prompts and outputs, no prefix hits, an absurd prefill time and output rate, nothing running. Every
     # figure above would move if assist's queries counted it.
-    lab = (f'namespace="{NS}",pod="assist-batch-vllm-0",serving_llm_endpoint="assist-batch",'
-           'model_name="llama-3.3-70b-instruct",engine="0",serving_llm_track="stable"')
-    steps = np.arange(STEPS + 1, dtype=float)
-    for family in ("vllm:request_prompt_tokens", "vllm:request_generation_tokens"):
-        for b in [*bounds, math.inf]:
-            le = "+Inf" if math.isinf(b) else repr(float(b))
-            add(family, "histogram", f'{family}_bucket{{{lab},le="{le}"}}', 500 * steps)
-        add(family, "histogram", f"{family}_sum{{{lab}}}", 500 * steps)
-        add(family, "histogram", f"{family}_count{{{lab}}}", 500 * steps)
-    add("vllm:request_prefill_time_seconds", "histogram", f'vllm:request_prefill_time_seconds_bucket{{{lab},le="+Inf"}}',
-        500 * steps)
-    add("vllm:request_prefill_time_seconds", "histogram", f"vllm:request_prefill_time_seconds_sum{{{lab}}}", 250 * steps)
-    add("vllm:request_prefill_time_seconds", "histogram", f"vllm:request_prefill_time_seconds_count{{{lab}}}",
-        500 * steps)
-    add("vllm:prefix_cache_queries", "counter", f"vllm:prefix_cache_queries_total{{{lab}}}", 500 * steps)
-    add("vllm:prefix_cache_hits", "counter", f"vllm:prefix_cache_hits_total{{{lab}}}", 0 * steps)
-    add("vllm:generation_tokens", "counter", f"vllm:generation_tokens_total{{{lab}}}", 10**6 * steps)
-    add("vllm:num_requests_running", "gauge", f"vllm:num_requests_running{{{lab}}}", 0 * steps)
+    # and assist's own rollout candidate (track canary: other engine settings, mirrored or canary users), as absurd:
+    # calibrate describes the stable deployment the plan sizes
+    for lab in (f'namespace="{NS}",pod="assist-batch-vllm-0",serving_llm_endpoint="assist-batch",'
+                'model_name="llama-3.3-70b-instruct",engine="0",serving_llm_track="stable"',
+                f'namespace="{NS}",pod="assist-vllm-canary-5f6d8-k2b4c",serving_llm_endpoint="assist",'
+                'model_name="llama-3.3-70b-instruct",engine="0",serving_llm_track="canary"'):
+        steps = np.arange(STEPS + 1, dtype=float)
+        for family in ("vllm:request_prompt_tokens", "vllm:request_generation_tokens"):
+            for b in [*bounds, math.inf]:
+                le = "+Inf" if math.isinf(b) else repr(float(b))
+                add(family, "histogram", f'{family}_bucket{{{lab},le="{le}"}}', 500 * steps)
+            add(family, "histogram", f"{family}_sum{{{lab}}}", 500 * steps)
+            add(family, "histogram", f"{family}_count{{{lab}}}", 500 * steps)
+        add("vllm:request_prefill_time_seconds", "histogram", f'vllm:request_prefill_time_seconds_bucket{{{lab},le="+Inf"}}',
+            500 * steps)
+        add("vllm:request_prefill_time_seconds", "histogram", f"vllm:request_prefill_time_seconds_sum{{{lab}}}", 250 * steps)
+        add("vllm:request_prefill_time_seconds", "histogram", f"vllm:request_prefill_time_seconds_count{{{lab}}}",
+            500 * steps)
+        add("vllm:prefix_cache_queries", "counter", f"vllm:prefix_cache_queries_total{{{lab}}}", 500 * steps)
+        add("vllm:prefix_cache_hits", "counter", f"vllm:prefix_cache_hits_total{{{lab}}}", 0 * steps)
+        add("vllm:generation_tokens", "counter", f"vllm:generation_tokens_total{{{lab}}}", 10**6 * steps)
+        add("vllm:num_requests_running", "gauge", f"vllm:num_requests_running{{{lab}}}", 0 * steps)
     for pod, (created, started, ready) in COLD.items():
         lab = f'namespace="{NS}",pod="{pod}",uid="uid-{pod}"'
         for family, at in (("kube_pod_created", created), ("kube_pod_start_time", started),

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from .inputs import HOURS_PER_WEEK, CostInputs, EndpointInputs
 from .loading import InputError, format_validation_error
-from .names import ENDPOINT_METRIC_LABEL
+from .names import ENDPOINT_METRIC_LABEL, TRACK_METRIC_LABEL, TRACK_STABLE
 from .plan.serverless import cluster_size_from_counts, correlation_s_from_minute_counts, within_hour_from_minute_counts
 
 # The floor runs near saturation when its mean running sequences reach this share of what a replica holds: only
@@ -47,8 +47,11 @@ MIN_HOURS_FOR_BURSTINESS = 24
 
 # What the I/O side asks Prometheus for ({ns}, {endpoint}, {model}, {frontend}, {pod_re} filled per endpoint, as PromQL
 # string contents; [{w}] the window). The floor pods' series are selected by the endpoint label the PodMonitor copies
-# from the pods: vLLM labels them by served model name, which two endpoints of one stack may share.
-_ENGINE = '{{namespace="{ns}",' + ENDPOINT_METRIC_LABEL + '="{endpoint}",model_name="{model}"}}'
+# from the pods: vLLM labels them by served model name, which two endpoints of one stack may share. Stable track
+# only: the figures describe the deployment the plan sizes, not a rollout candidate (its own engine settings, and
+# under shadow copies of requests the stable track served too) or the warm previous version.
+_ENGINE = ('{{namespace="{ns}",' + ENDPOINT_METRIC_LABEL + '="{endpoint}",model_name="{model}",'
+           + TRACK_METRIC_LABEL + '="' + TRACK_STABLE + '"}}')
 QUERIES: dict[str, str] = {
     "requests_by_hour": 'sum(increase(haproxy_frontend_http_requests_total{{namespace="{ns}",proxy="{frontend}"}}[1h]))',
     # the raw counters, one series per gateway pod, sampled each minute: their differences are the minute's

@@ -199,6 +199,9 @@ def prometheus_label_name(pod_label: str) -> str:
 
 
 ENDPOINT_METRIC_LABEL = prometheus_label_name(ENDPOINT_LABEL)
+TRACK_LABEL = "serving.llm/track"  # pod label: the revision track a pod serves (TRACK_STABLE or a candidate's)
+TRACK_METRIC_LABEL = prometheus_label_name(TRACK_LABEL)  # copied with the endpoint's (podTargetLabels)
+TRACK_STABLE = "stable"
 
 
 def promql_escape(value: str) -> str:
