@@ -231,6 +231,11 @@ def _ms(seconds: float) -> int:
     return int(round(seconds * 1000))
 
 
+# What a tenant may call through an endpoint frontend (exact paths, no query string in the match): generation by
+# POST, the model list by GET. Everything else the engine serves is refused at the gateway (endpoint_frontend).
+SERVED_POST_PATHS = ("/v1/chat/completions", "/v1/completions")
+SERVED_GET_PATHS = ("/v1/models",)
+
 def _json_error(status: int, message: str, kind: str) -> str:
     # HAProxy single-quoted string: no escaping needed for these fixed messages
     return (
@@ -526,6 +531,16 @@ def _endpoint_sections(
         )
     fl.append("    " + _json_error(401, "missing or unknown API key", "authentication_error")
               + " unless { var(txn.tenant) -m found }")
+    # the OpenAI-compatible serving API and nothing else of the engine: vLLM serves more on the same port — with
+    # VLLM_SERVER_DEV_MODE (the burst tier's snapshots need /sleep and /wake_up) /sleep, /collective_rpc,
+    # /reset_prefix_cache and /server_info, and with runtime LoRA updates /v1/load_lora_adapter — and the gateway
+    # adds Modal's proxy credentials on the burst path: any tenant could put a burst container's engine to sleep
+    fl.append(f"    acl llm_generate path {' '.join(SERVED_POST_PATHS)}")
+    fl.append(f"    acl llm_listing path {' '.join(SERVED_GET_PATHS)}")
+    fl.append("    " + _json_error(404, "not an endpoint of this API", "invalid_request_error")
+              + " unless llm_generate || llm_listing")
+    fl.append("    " + _json_error(405, "method not allowed here", "invalid_request_error")
+              + " unless METH_POST llm_generate || METH_GET llm_listing")
     fl.append("    " + _json_error(411, "a Content-Length is required", "invalid_request_error")
               + " if METH_POST !{ req.hdr(content-length) -m found }")
     fl.append("    " + _json_error(413, f"request body larger than {g.max_request_body_bytes} bytes",

@@ -82,6 +82,14 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             self._send_json(200, {"status": "ok"})
             return
+        if self.path == "/v1/models":  # as vLLM's OpenAI server lists its served model
+            owner = self.server.owner
+            with owner.log.lock:
+                owner.log.requests.append(Recorded(
+                    path=self.path, headers={k.lower(): v for k, v in self.headers.items()}, body=None,
+                    received_at=time.monotonic(), request_id=self.headers.get("X-Request-Id")))
+            self._send_json(200, {"object": "list", "data": [{"id": "m", "object": "model"}]})
+            return
         self._send_json(404, {"error": "not found"})
 
     def _read_chunked(self) -> bytes:

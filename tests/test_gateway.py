@@ -867,3 +867,43 @@ def test_renderer_rejects_missing_inputs(planned_stacks):
     with pytest.raises(ValueError, match="'assist' has a shadow .* no canary servers given"):  # prod's assist is in shadow
         render_gateway_config(spec, quality_servers=no_recorder(), burst_urls={"assist": "https://x", "autocomplete": "https://y"},
                               floor_servers={e.name: StaticServers(("127.0.0.1:1",)) for e in spec.endpoints})
+
+
+@pytest.mark.parametrize("method,path,status", [
+    ("POST", "/sleep?level=1", 404), ("POST", "/wake_up", 404), ("POST", "/collective_rpc", 404),
+    ("POST", "/reset_prefix_cache", 404), ("GET", "/server_info", 404), ("POST", "/v1/load_lora_adapter", 404),
+    ("POST", "/v1/chat/completions/../../sleep", 404), ("POST", "//v1/chat/completions", 404),
+    ("GET", "/metrics", 404), ("GET", "/v1/chat/completions", 405), ("POST", "/v1/models", 405),
+])
+def test_only_the_serving_api_reaches_an_engine(gw, method, path, status):
+    """vLLM serves more than the OpenAI API on its port: with VLLM_SERVER_DEV_MODE (the burst tier's snapshots need
+    /sleep and /wake_up) /sleep, /collective_rpc, /reset_prefix_cache and /server_info, with runtime LoRA updates
+    /v1/load_lora_adapter. The gateway forwarded any path, and added Modal's proxy credentials on the burst path:
+    a tenant's key and `POST /sleep?level=1` put a burst container's engine to sleep. Only the serving API passes."""
+    rid = str(uuid.uuid4())
+    conn = http.client.HTTPConnection("127.0.0.1", gw["ports"]["assist"], timeout=10)
+    try:
+        data = json.dumps({}).encode() if method == "POST" else None
+        conn.request(method, path, body=data, headers={"Authorization": f"Bearer {KEYS['acme']}", "X-Request-Id": rid,
+                                                       "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        content = resp.read()
+    finally:
+        conn.close()
+    assert resp.status == status, content
+    assert json.loads(content)["error"]["code"] == status
+    time.sleep(0.1)
+    assert not [r for u in gw["ups"].values() for r in u.log.requests if r.request_id == rid]
+
+
+def test_the_model_list_is_served(gw):
+    rid = str(uuid.uuid4())
+    conn = http.client.HTTPConnection("127.0.0.1", gw["ports"]["assist"], timeout=10)
+    try:
+        conn.request("GET", "/v1/models", headers={"Authorization": f"Bearer {KEYS['acme']}", "X-Request-Id": rid})
+        resp = conn.getresponse()
+        content = resp.read()
+    finally:
+        conn.close()
+    assert resp.status == 200 and json.loads(content)["data"][0]["id"] == "m"  # the engine's answer
+    assert [r.path for u in gw["ups"].values() for r in u.log.requests if r.request_id == rid] == ["/v1/models"]
