@@ -5,9 +5,11 @@ running `python -m modal_apps.weights sync`, after the cache is seeded), then th
 Modal has no Pulumi provider, so the deploy is a `pulumi_command.local.Command` running
 `python -m modal_apps.deploy deploy` with the endpoint's burst config in LLM_SERVING_BURST_SPEC:
 
-- triggered by the hash of that config and of the app's code, so a spec or code change redeploys;
-- with an `update` command: a change updates in place (Modal rolls the new version in); it never
-  goes through create-new-then-delete-old, which would stop the app just deployed;
+- the config and the hash of the app's code ride in the command's environment, so a spec or code change runs
+  its `update` command: Modal rolls the new version in. Not in `triggers`: pulumi-command 1.2.1 registers every
+  Command with `replace_on_changes=["triggers[*]"]` (pulumi_command/local/command.py; pulumi/pulumi-command#855),
+  so a changed trigger replaced the Command — `delete` (stop the live app, killing its requests) and then a fresh
+  deploy booting without a snapshot — whatever its `update` said;
 - `delete` stops exactly the app the last deploy recorded (on `pulumi destroy`), and
   `delete_before_replace` makes a forced replacement stop-then-deploy rather than deploy-then-stop;
 - the Modal token comes from Pulumi *secret* config (`modalTokenId`, `modalTokenSecret`) or from the
@@ -35,6 +37,8 @@ from modal_apps.settings import ENV_SPEC, BurstAppConfig
 from topology.spec import EndpointSpec
 
 from ._common import TYPE_PREFIX, child
+
+APP_CODE_ENV = "LLM_SERVING_APP_CODE_SHA256"  # the app code's hash, in the deploy's environment: a change redeploys
 
 
 @dataclass(frozen=True)
@@ -148,8 +152,8 @@ class ModalBurst(pulumi.ComponentResource):
             create=deploy,
             update=deploy,
             delete=f"{python} -m modal_apps.deploy stop",
-            triggers=[config.sha256(), args.code_sha256],
-            environment={ENV_SPEC: config.to_json(), **token},
+            # no triggers (module docstring): a change of environment is an update, which redeploys in place
+            environment={ENV_SPEC: config.to_json(), APP_CODE_ENV: args.code_sha256, **token},
             add_previous_output_in_env=True,  # the deploy reads the previous record to stop a renamed app
             opts=child(self, delete_before_replace=True, depends_on=[self.weights]),
         )

@@ -58,6 +58,7 @@ class RecordedResource:
     dependencies: tuple[str, ...]
     ignore_changes: tuple[str, ...]
     inputs: dict[str, Any]
+    replace_on_changes: tuple[str, ...] = ()
 
     @property
     def is_kubernetes_object(self) -> bool:
@@ -199,7 +200,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             self._runtime_thread.shutdown()
 
     def _record(self, request: Any, urn: str, inputs: dict[str, Any], *, custom: bool, protect: bool,
-                ignore_changes: tuple[str, ...]) -> None:
+                ignore_changes: tuple[str, ...], replace_on_changes: tuple[str, ...] = ()) -> None:
         self.recorded.append(RecordedResource(
             type=request.type,
             name=request.name,
@@ -211,6 +212,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             dependencies=tuple(request.dependencies),
             ignore_changes=ignore_changes,
             inputs=inputs,
+            replace_on_changes=replace_on_changes,
         ))
 
     def _answer(self, values: Mapping[str, Any]) -> struct_pb2.Struct:
@@ -249,7 +251,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             response = resource_pb2.RegisterResourceResponse(urn=urn, id=id_, object=self._answer(changed))
             self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, id_, state)
         self._record(request, response.urn, inputs, custom=bool(request.custom), protect=bool(request.protect),
-                     ignore_changes=tuple(request.ignoreChanges))
+                     ignore_changes=tuple(request.ignoreChanges), replace_on_changes=tuple(request.replaceOnChanges))
         return response
 
     def ReadResource(self, request):  # noqa: N802 (gRPC method name)

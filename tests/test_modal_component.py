@@ -9,7 +9,8 @@ import pytest
 from google.protobuf import json_format
 from pulumi.runtime.mocks import MockMonitor
 
-from components.modal_burst import ModalBurst, ModalBurstArgs, ModalTokenError, code_sha256, modal_token_env
+from components.modal_burst import (APP_CODE_ENV, ModalBurst, ModalBurstArgs, ModalTokenError, code_sha256,
+                                   modal_token_env)
 from modal_apps.deploy import DeploymentRecord
 from modal_apps.settings import ENV_SPEC, BurstAppConfig, BurstConfigError
 
@@ -119,11 +120,14 @@ def test_records_a_deploy_command_with_update_and_secret_token(prod_assist):
     assert inputs["addPreviousOutputInEnv"] is True
     assert cmd.deleteBeforeReplace is True
 
-    # Triggered by the spec's hash (and the app's code): the same spec redeploys nothing.
+    # No triggers: pulumi-command registers every Command with replaceOnChanges ["triggers[*]"], so a changed
+    # trigger replaced it — delete (stop the live app) then deploy — whatever its update said. The spec and the app
+    # code's hash ride in the environment instead, whose change runs the update: the same spec redeploys nothing.
     config = BurstAppConfig.from_endpoint(prod_assist)
-    assert inputs["triggers"] == [config.sha256(), code_sha256()]
+    assert "triggers" not in inputs and list(cmd.replaceOnChanges) == ["triggers[*]"]
 
     env = unwrap(inputs["environment"])
+    assert env[APP_CODE_ENV] == code_sha256()
     # the config but the price it reports (a price update redeploys nothing: test below)
     assert BurstAppConfig.model_validate_json(env[ENV_SPEC]) == config.model_copy(update={
         "burst": config.burst.model_copy(update={"spike_warm_usd_per_month": 0.0})})
@@ -162,7 +166,7 @@ def test_without_a_token_the_command_carries_none(prod_assist):
     (cmd,) = [c for c in monitor.find("command:local:Command") if c.name.endswith("-deploy")]
     env = json_format.MessageToDict(cmd.object)["environment"]
     assert SECRET_SIG not in env, "nothing secret to hide: the spec stays readable in diffs"
-    assert set(env) == {ENV_SPEC}
+    assert set(env) == {ENV_SPEC, APP_CODE_ENV}
     assert out["url"] == URL
 
 
@@ -188,7 +192,8 @@ def test_each_burst_endpoint_of_each_stack_gets_its_own_app(stack):
     commands = [c for c in monitor.find("command:local:Command") if c.name.endswith("-deploy")]
     assert sorted(c.name for c in commands) == sorted(f"{e.name}-burst-deploy" for e in endpoints)
     assert out == {e.name: e.burst.app_name for e in endpoints}
-    assert len({json_format.MessageToDict(c.object)["triggers"][0] for c in commands}) == len(endpoints)
+    assert len({json.dumps(json_format.MessageToDict(c.object)["environment"], sort_keys=True)
+                for c in commands}) == len(endpoints)
 
 
 def test_url_is_empty_not_an_error_before_any_deploy_output(prod_assist, monkeypatch):
