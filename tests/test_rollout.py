@@ -304,3 +304,25 @@ def test_a_spec_with_every_rollout_field_round_trips_through_json(planned_stacks
     _, spec = planned_stacks["prod"]
     assert spec.endpoint("assist").rollout.stage == "shadow" and spec.endpoint("guard").rollout.stage == "promoted"
     assert TopologySpec.model_validate_json(spec.to_json()) == spec
+
+
+def test_a_promotion_fills_and_serves_the_new_revision_from_its_own_burst_volume():
+    """One Modal Volume per weights revision: a promotion fills the candidate revision's volume while the running
+    burst app still serves from the incumbent's, then deploys onto it; a rollback returns to the incumbent's, still
+    filled. Under one volume per endpoint the fill met the incumbent's revision marker and refused, failing the
+    promotion's `pulumi up`; forcing it would have overwritten the weights under the serving containers."""
+    from topology.names import burst_volume_name
+
+    cand = {"version": "chat-v2", "weights_revision": "rev2", "kv_cache_dtype": "fp8"}
+    recs = [record(weights_revision="rev2")]
+    canary = planned(rollout(stage="canary", candidate=cand, records=recs))
+    promoted = planned(rollout(stage="promoted", promoted_on="2026-11-30", candidate=cand, records=recs),
+                       planning_date=dt.date(2026, 12, 2))
+    back = planned(rollout(stage="rolled_back", promoted_on="2026-11-30", candidate=cand, records=recs),
+                   planning_date=dt.date(2026, 12, 2))
+    assert canary.burst is not None and promoted.burst is not None and back.burst is not None
+    assert promoted.model_revision == "rev2" and canary.model_revision == back.model_revision == "rev1"
+    assert canary.burst.volume_name == back.burst.volume_name != promoted.burst.volume_name
+    assert promoted.burst.volume_name == burst_volume_name("llm-serving", promoted.burst.environment, "chat", "rev2")
+    # as long as the app's name: the inputs' check of the app name (Modal's 64) covers every volume it will need
+    assert len(promoted.burst.volume_name) == len(promoted.burst.app_name)

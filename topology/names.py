@@ -216,6 +216,18 @@ def promql_string(value: str) -> str:
     return f'"{promql_escape(value)}"'
 
 
+def burst_volume_name(project: str, environment: str, endpoint: str, revision: str) -> str:
+    """The Modal Volume holding one weights revision for an endpoint's burst app: `<project>-<environment>-
+    <endpoint>-w<4 hex of the revision>`. One volume per revision, so a promotion (or a rollback) fills the new
+    revision's volume while the running app still serves from the old one, then deploys onto it; under one name per
+    endpoint the fill met the old revision's marker and refused (a failed `pulumi up`), and forcing it would have
+    overwritten the weights under the containers serving. As long as the app's name (`-w` + 4 against `-burst`),
+    so every name the app-name check admits fits Modal's MODAL_NAME_MAX; two revisions of one endpoint whose
+    digests collide (1 in 65,536) share a volume, and its revision marker refuses the second fill by name."""
+    digest = hashlib.sha256(revision.encode()).hexdigest()[:4]
+    return f"{project}-{environment}-{endpoint}-w{digest}"
+
+
 def burst_app_name(project: str, environment: str, endpoint: str) -> str:
     """The endpoint's Modal burst app: at most MODAL_NAME_MAX characters of [a-zA-Z0-9-_.] (checked in the
     inputs, which are already lower case, digits and '-')."""

@@ -10,7 +10,7 @@ import numpy as np
 from .. import costs
 from ..catalog import GpuKind
 from ..inputs import CostInputs, EndpointInputs
-from ..names import burst_app_name
+from ..names import burst_app_name, burst_volume_name
 from ..spec import BurstSpec, Derivation
 from ..timebase import HOURS_PER_WEEK
 from ..windows import hour_windows, level_windows
@@ -78,7 +78,9 @@ def burst_spec(
         timeout_s=longest_request_s(ep, sls), max_inputs=sls.usable_concurrency,
         target_inputs=sls.planned_inflight,
         enable_memory_snapshot=ep.serverless.gpu_snapshots, enable_gpu_snapshot=ep.serverless.gpu_snapshots,
-        volume_name=f"{inp.project}-{inp.environment}-{ep.name}-weights", weights_region=ep.serverless.weights_region,
+        # the revision the endpoint serves; under a rollout endpoint.py renames it to the served engine's
+        volume_name=burst_volume_name(inp.project, inp.environment, ep.name, ep.model.revision),
+        weights_region=ep.serverless.weights_region,
         weights_bucket=bucket_name(inp, ep.serverless.weights_region), min_containers_schedule=schedule,
         schedule_timezone=ep.traffic.timezone, non_streamed_rule=ns.rule, non_streamed_max_tokens=ns.max_tokens,
         spike_containers=spike.containers,

@@ -13,6 +13,7 @@ import numpy as np
 from .. import costs
 from ..catalog import GpuKind
 from ..inputs import CostInputs, EndpointInputs
+from ..names import burst_volume_name
 from ..pod_resources import catalog_instance, floor_pod_resources
 from ..spec import AlternativeCost, AutoscalingSpec, BurstSpec, Derivation, EndpointSpec, HerdSpec, NodePoolSpec
 from ..timebase import HOURS_PER_WEEK
@@ -105,6 +106,9 @@ def build_endpoint_spec(
         warnings.extend(ro.warnings)
         rollout, engine = ro.spec, ro.served_engine
         gateway = gateway.model_copy(update={"canary": ro.canary, "shadow": ro.shadow})
+        if burst is not None:  # the burst serves the served engine's weights, from that revision's own volume
+            burst = burst.model_copy(update={"volume_name": burst_volume_name(
+                inp.project, inp.environment, ep.name, engine.model_revision)})
     derivs.extend(admission(ep, pl, serverless_cold_start_s(ep) if burst is not None else 0.0).derivations)
     if ded_pl is not None:
         kv = kv_at_p99_prompt(ep, ded_pl, gateway.overflow_inflight_per_replica if burst is not None
