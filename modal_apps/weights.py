@@ -374,6 +374,24 @@ def _remote_sizes(volume, prefix: str) -> dict[str, int]:
         return {}
 
 
+def volume_is_current(volume, source: Source, target: WeightsTarget) -> bool:
+    """The volume already holds exactly this revision: its marker names the model, revision and prefix and the
+    manifest the source publishes now, and it lists every file of that manifest at the source's size. Checked
+    before anything is staged: the fill runs again on every change of the burst's settings (its Command's
+    environment), and from a runner with an empty staging cache it downloaded the whole revision (73 GB for
+    assist) only to find the volume complete. Sizes, not hashes: the fill that wrote the marker verified every
+    file against the manifest (`--verify-all` re-hashes everything instead)."""
+    marker = read_volume_marker(volume)
+    if not marker or (marker.get("model"), marker.get("revision"), marker.get("prefix")) != (
+            target.model, target.revision, target.prefix):
+        return False
+    manifest = parse_manifest(source.read_manifest_text(), source.description)
+    if marker.get("manifest_sha256") != manifest_sha256(manifest):
+        return False
+    remote = _remote_sizes(volume, target.prefix)
+    return all(remote.get(target.prefix + rel) == source.size(rel) for rel in manifest)
+
+
 def upload_to_volume(volume, staging: Path, target: WeightsTarget) -> int:
     """Upload the staged files the volume lacks (or holds at another size), then the revision marker.
 
@@ -453,6 +471,10 @@ def main(argv: list[str] | None = None) -> int:
 
             volume = modal.Volume.from_name(burst.volume_name, create_if_missing=True, version=2,
                                             environment_name=args.environment or burst.environment)
+            if not args.force_revision and not args.verify_all and volume_is_current(volume, source, target):
+                print(json.dumps({"volume": burst.volume_name, "model": target.model, "revision": target.revision,
+                                  "current": True, "uploaded_to_volume": 0}))
+                return 0
             staging = args.staging_dir or Path.home() / ".cache" / "llm-serving" / burst.volume_name
             report = sync_weights(source, staging, target, force_revision=args.force_revision,
                                   verify_all=args.verify_all, progress=not args.no_progress,

@@ -291,3 +291,44 @@ def test_incomplete_upload_is_reported_and_leaves_no_marker(bucket, tmp_path):
     with pytest.raises(W.WeightsError, match="upload incomplete, 1 file.*model-00002-of-00002.safetensors"):
         W.upload_to_volume(vol, staging, TARGET)
     assert W.read_volume_marker(vol) is None
+
+
+def test_a_volume_holding_this_revision_is_recognised_before_anything_is_staged(bucket, tmp_path):
+    """The fill runs again on every change of the burst's settings; a volume already complete for this revision is
+    recognised from its marker, the published manifest and the sizes listed, so nothing is downloaded again."""
+    staging = tmp_path / "staging"
+    vol = FakeVolume(tmp_path / "modal-volume")
+    source = W.LocalDirSource(bucket)
+    assert not W.volume_is_current(vol, source, TARGET)  # empty
+    W.sync_weights(source, staging, TARGET, progress=False)
+    W.upload_to_volume(vol, staging, TARGET)
+    assert W.volume_is_current(vol, source, TARGET)
+    other = W.WeightsTarget(TARGET.model, "b" * 40, TARGET.prefix)
+    assert not W.volume_is_current(vol, source, other)  # the marker names another revision
+    (vol.root / TARGET.prefix / "config.json").write_bytes(b"{}")  # a file short in the volume
+    assert not W.volume_is_current(vol, source, TARGET)
+
+
+def test_the_cli_fills_a_volume_once_and_then_finds_it_current_without_staging(planned_stacks, root, tmp_path,
+                                                                               monkeypatch, capsys):
+    """The Command's second run (a burst setting changed, not the weights): the volume is recognised as current
+    and nothing is downloaded or uploaded; the first run staged and uploaded everything."""
+    import modal
+
+    endpoint = planned_stacks["prod"][1].endpoint("assist")
+    prefix = endpoint.engine.weights_uri_suffix
+    bucket = tmp_path / "cache" / prefix
+    bucket.mkdir(parents=True)
+    publish(bucket)
+    vol = FakeVolume(tmp_path / "modal-volume")
+    monkeypatch.setattr(modal.Volume, "from_name", lambda *a, **k: vol)
+    staging = tmp_path / "staging"
+    args = ["sync", "--stack", str(root / "stacks/Pulumi.prod.yaml"), "--endpoint", "assist",
+            "--source-dir", str(bucket), "--staging-dir", str(staging), "--no-progress"]
+    assert W.main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["uploaded_to_volume"] == len(FILES) and staging.exists()
+    shutil.rmtree(staging)  # a runner with an empty cache
+    assert W.main(args) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert second["current"] is True and second["uploaded_to_volume"] == 0 and not staging.exists()
