@@ -155,7 +155,9 @@ class ModalBurst(pulumi.ComponentResource):
             # no triggers (module docstring): a change of environment is an update, which redeploys in place
             environment={ENV_SPEC: config.to_json(), APP_CODE_ENV: args.code_sha256, **token},
             add_previous_output_in_env=True,  # the deploy reads the previous record to stop a renamed app
-            opts=child(self, delete_before_replace=True, depends_on=[self.weights]),
+            # a stack deployed with `triggers` on this Command keeps them in its state: removing them would itself be
+            # a replacement (pulumi-command tags the property replaceOnChanges), stopping the live app once
+            opts=child(self, delete_before_replace=True, depends_on=[self.weights], ignore_changes=["triggers"]),
         )
         record = self.deployment.stdout.apply(parse_record)
         self.url = record.apply(lambda r: (r.web_url or "") if r else "")

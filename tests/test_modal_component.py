@@ -125,6 +125,8 @@ def test_records_a_deploy_command_with_update_and_secret_token(prod_assist):
     # code's hash ride in the environment instead, whose change runs the update: the same spec redeploys nothing.
     config = BurstAppConfig.from_endpoint(prod_assist)
     assert "triggers" not in inputs and list(cmd.replaceOnChanges) == ["triggers[*]"]
+    # and a stack deployed when it had triggers does not replace it for their removal (a one-time stop of the app)
+    assert "triggers" in list(cmd.ignoreChanges)
 
     env = unwrap(inputs["environment"])
     assert env[APP_CODE_ENV] == code_sha256()
