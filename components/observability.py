@@ -64,10 +64,17 @@ VLLM_METRICS = frozenset(
 GATEWAY_METRICS = frozenset({"haproxy_backend_current_sessions", "haproxy_backend_current_queue",
                              "haproxy_server_current_queue"})
 
-# The top finite buckets of vLLM's latency histograms: a quantile above them is unmeasurable, so an SLO
-# must lie below (histogram_quantile returns the top finite bound when the quantile is in +Inf).
-TTFT_TOP_BUCKET_S = 2560.0
-INTER_TOKEN_TOP_BUCKET_S = 80.0
+# vLLM's latency histogram bounds (vllm/v1/metrics/loggers.py, the same at v0.11.0 and v0.13.0). A p99 can be
+# told against an SLO exactly only at a bound: the share of requests above it is a ratio of two bucket counters.
+# Inside a bucket histogram_quantile interpolates, and the alert then answers another question (autocomplete's
+# 400 ms TTFT lies in (250, 500]: the p99 estimate passes 400 when more than 2.5 % of requests exceed 250 ms,
+# whether or not 1 % exceed 400). A quantile above the top finite bound is unmeasurable: an SLO must lie below it.
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                  40.0, 80.0, 160.0, 640.0, 2560.0)
+INTER_TOKEN_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                         20.0, 40.0, 80.0)
+TTFT_TOP_BUCKET_S = TTFT_BUCKETS_S[-1]
+INTER_TOKEN_TOP_BUCKET_S = INTER_TOKEN_BUCKETS_S[-1]
 
 # Rates over at least four scrapes (one missed scrape leaves three points), and never under 5 minutes:
 # shorter windows turn single long requests into spikes.
@@ -208,6 +215,24 @@ def _selector(namespace: str, ep: EndpointSpec, *, stable: bool, extra: str = ""
     return engine_selector(namespace, ep.name, ep.engine.served_model_name, stable=stable, extra=extra)
 
 
+
+def slo_bucket_bounds(slo_s: float, buckets: tuple[float, ...]) -> tuple[float, float]:
+    """The histogram bounds around an SLO: (the largest at or below it, the smallest at or above it); equal when
+    the SLO is a bound (to a part in a million: 0.1 is 0.1 however it was written)."""
+    on = [b for b in buckets if math.isclose(b, slo_s, rel_tol=1e-6)]
+    if on:
+        return on[0], on[0]
+    return max(b for b in buckets if b < slo_s), min(b for b in buckets if b > slo_s)
+
+
+def share_above_query(metric_bucket: str, selector: str, bound_s: float, window: str) -> str:
+    """The share of requests whose latency exceeded `bound_s` (a bucket bound) over the window: 1 − the bound's
+    cumulative count over the total, exact (no interpolation). No requests: no value, and no alert."""
+    with_le = selector[:-1] + f',le="{le_label(bound_s)}"}}'
+    total = selector[:-1] + ',le="+Inf"}'
+    return (f"(1 - sum(rate({metric_bucket}{with_le}[{window}])) / "
+            f"sum(rate({metric_bucket}{total}[{window}])))")
+
 def prompt_p99_query(namespace: str, ep: EndpointSpec, threshold_tokens: float) -> str:
     """p99 prompt tokens over the hour, interpolated inside the bucket holding `threshold_tokens` the way
     histogram_quantile interpolates — but with the +Inf bucket bounded by max_model_len (the engine rejects
@@ -321,28 +346,53 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
         derivation=f"autoscaling.target_waiting_per_replica {a.target_waiting_per_replica:g}; for: {react_how}",
     ))
 
-    for alert_name, metric, slo_ms, field_name, top_s in (
-        ("VllmTtftSloBreach", m.ttft_seconds_bucket, ep.slo_ttft_p99_ms, "slo_ttft_p99_ms",
-         TTFT_TOP_BUCKET_S),
-        ("VllmInterTokenSloBreach", m.inter_token_seconds_bucket, ep.slo_inter_token_p99_ms,
-         "slo_inter_token_p99_ms", INTER_TOKEN_TOP_BUCKET_S),
+    for alert_name, maybe_name, metric, slo_ms, field_name, buckets in (
+        ("VllmTtftSloBreach", "VllmTtftSloMaybeBreached", m.ttft_seconds_bucket, ep.slo_ttft_p99_ms,
+         "slo_ttft_p99_ms", TTFT_BUCKETS_S),
+        ("VllmInterTokenSloBreach", "VllmInterTokenSloMaybeBreached", m.inter_token_seconds_bucket,
+         ep.slo_inter_token_p99_ms, "slo_inter_token_p99_ms", INTER_TOKEN_BUCKETS_S),
     ):
         slo_s = slo_ms / 1000
-        if slo_s >= top_s:
+        if slo_s >= buckets[-1]:
             raise ValueError(f"endpoint {name!r}: {field_name} {slo_ms:g} ms is beyond vLLM's top finite bucket "
-                             f"({top_s:g} s); its p99 cannot be measured against it")
+                             f"({buckets[-1]:g} s); its p99 cannot be measured against it")
+        lo, hi = slo_bucket_bounds(slo_s, buckets)
         what = "TTFT" if alert_name == "VllmTtftSloBreach" else "inter-token latency"
+        allowed = 1 - SLO_QUANTILE
+        sel = _selector(namespace, ep, stable=True)
+        exact = lo == hi
         alerts.append(Alert(
             name=alert_name,
-            query=(f"histogram_quantile({SLO_QUANTILE}, sum by (le) "
-                   f"(rate({metric}{_selector(namespace, ep, stable=True)}[{rw}])))"),
-            comparison=">", threshold=slo_s, for_s=react_s, severity="critical",
-            summary=f"{name}: p99 {what} above the {slo_ms:g} ms SLO",
-            description=(f"p99 {what} of the stable replicas of {served} is {{{{ $value | humanizeDuration }}}}, "
-                         f"above the endpoint's {slo_ms:g} ms SLO, for longer than the autoscaler needs to add "
-                         f"capacity ({react_how}). Engine-side figure: gateway and network time come on top."),
-            derivation=f"{field_name} {slo_ms:g} ms / 1000; for: {react_how}",
+            query=share_above_query(metric, sel, hi, rw),
+            comparison=">", threshold=allowed, for_s=react_s, severity="critical",
+            summary=(f"{name}: p99 {what} above the {slo_ms:g} ms SLO" if exact else
+                     f"{name}: p99 {what} above {hi * 1000:g} ms, beyond the {slo_ms:g} ms SLO"),
+            description=(f"{{{{ $value | humanizePercentage }}}} of the requests to the stable replicas of {served} "
+                         f"took longer than {hi * 1000:g} ms ({what})"
+                         + ("" if exact else f", the first bucket bound of vLLM's histogram above the "
+                            f"{slo_ms:g} ms SLO")
+                         + f": the p99 is over the SLO, for longer than the autoscaler needs to add capacity "
+                         f"({react_how}). Engine-side figure: gateway and network time come on top."),
+            derivation=(f"{field_name} {slo_ms:g} ms "
+                        + ("is a bucket bound of vLLM's histogram" if exact else
+                           f"lies inside vLLM's bucket ({lo * 1000:g}, {hi * 1000:g}] ms: the share above its upper "
+                           "bound")
+                        + f" > 1 − {SLO_QUANTILE:g}; for: {react_how}"),
         ))
+        if not exact:
+            alerts.append(Alert(
+                name=maybe_name,
+                query=share_above_query(metric, sel, lo, rw),
+                comparison=">", threshold=allowed, for_s=react_s, severity="warning",
+                summary=f"{name}: p99 {what} may be above the {slo_ms:g} ms SLO",
+                description=(f"{{{{ $value | humanizePercentage }}}} of the requests to the stable replicas of "
+                             f"{served} took longer than {lo * 1000:g} ms ({what}): the p99 lies between "
+                             f"{lo * 1000:g} and {hi * 1000:g} ms or above, and vLLM's histogram cannot tell it "
+                             f"against the {slo_ms:g} ms SLO inside that bucket (an SLO on a bucket bound can be "
+                             f"told exactly). For longer than the autoscaler needs to add capacity ({react_how})."),
+                derivation=(f"{field_name} {slo_ms:g} ms lies inside vLLM's bucket ({lo * 1000:g}, {hi * 1000:g}] "
+                            f"ms: the share above its lower bound > 1 − {SLO_QUANTILE:g}; for: {react_how}"),
+            ))
 
     alerts.append(Alert(
         name="VllmKvCacheSaturated",

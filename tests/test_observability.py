@@ -15,9 +15,11 @@ import pytest
 from components.floor_replicas import TRACK_METRIC_LABEL, burst_backlog_query, gateway_queues_floor, queue_query
 from components.names import ENDPOINT_METRIC_LABEL
 from components.observability import (
+    INTER_TOKEN_BUCKETS_S,
     INTER_TOKEN_TOP_BUCKET_S,
     KV_SATURATION,
     KV_SATURATION_FOR_S,
+    TTFT_BUCKETS_S,
     PREEMPTION_STORM_SHARE,
     GATEWAY_METRICS,
     VLLM_METRICS,
@@ -39,7 +41,8 @@ PROMQL_FUNCTIONS = {"sum", "avg", "max", "rate", "histogram_quantile", "count", 
 GROUPING_LABELS = {"namespace", "pod", TRACK_METRIC_LABEL, "le"}
 MATCHER_LABELS = {"namespace", ENDPOINT_METRIC_LABEL, "model_name", TRACK_METRIC_LABEL, "le"}
 GATEWAY_MATCHER_LABELS = {"namespace", "proxy"}
-STABLE_ONLY = {"VllmQueueNotDraining", "VllmTtftSloBreach", "VllmInterTokenSloBreach", "VllmPrefixCacheHitRateDrop"}
+STABLE_ONLY = {"VllmQueueNotDraining", "VllmTtftSloBreach", "VllmInterTokenSloBreach", "VllmPrefixCacheHitRateDrop",
+               "VllmTtftSloMaybeBreached", "VllmInterTokenSloMaybeBreached"}
 ALL_TRACKS = {"VllmPreemptionStorm", "VllmKvCacheSaturated", "VllmPromptLengthShift"}
 
 
@@ -200,12 +203,21 @@ def test_every_threshold_is_the_spec_figure(declared):
             "VllmPreemptionStorm": (">", PREEMPTION_STORM_SHARE * e.capacity.planning_requests_per_s, 300),
             "VllmPrefixCacheHitRateDrop": ("<", 0.5 * e.planned_prefix_cache_hit_fraction, 900),
             "VllmQueueNotDraining": (">", a.target_waiting_per_replica, reaction),
-            "VllmTtftSloBreach": (">", e.slo_ttft_p99_ms / 1000, reaction),
-            "VllmInterTokenSloBreach": (">", e.slo_inter_token_p99_ms / 1000, reaction),
+            # the share of requests above the SLO's bucket bound, against the 1 % a p99 allows (exact: no
+            # interpolation inside vLLM's buckets)
+            "VllmTtftSloBreach": (">", 0.01, reaction),
+            "VllmInterTokenSloBreach": (">", 0.01, reaction),
             "VllmKvCacheSaturated": (">", KV_SATURATION, KV_SATURATION_FOR_S),
         }
         if a.burst_backlog_threshold is not None:  # floor_plus_burst endpoints (assist, autocomplete)
             expected["GatewayBurstBacklog"] = (">", a.burst_backlog_threshold, reaction)
+        # an SLO inside one of vLLM's buckets gets a warning on the bucket's lower bound beside the critical alert
+        # on its upper bound: autocomplete's 400 ms TTFT and 30 ms inter-token, guard's 300 ms TTFT
+        for maybe, slo_ms, buckets in (("VllmTtftSloMaybeBreached", e.slo_ttft_p99_ms, TTFT_BUCKETS_S),
+                                       ("VllmInterTokenSloMaybeBreached", e.slo_inter_token_p99_ms,
+                                        INTER_TOKEN_BUCKETS_S)):
+            if not any(math.isclose(b, slo_ms / 1000) for b in buckets):
+                expected[maybe] = (">", 0.01, reaction)
         expected["VllmPromptLengthShift"] = (
             ">", min(1.5 * e.planned_input_tokens_p99, (e.planned_input_tokens_p99 + e.engine.max_model_len) / 2), 1800)
         assert set(rules[e.name]) == set(expected), e.name
@@ -214,9 +226,14 @@ def test_every_threshold_is_the_spec_figure(declared):
             _, got_op, got = top_level_comparison(rule["expr"])
             assert got_op == op and got == pytest.approx(threshold, rel=1e-5), (e.name, alert, rule["expr"])
             assert seconds(rule["for"]) == for_s, (e.name, alert)
-    # the figures differ per endpoint: nothing is a shared constant where the spec has a number
-    ttft = {top_level_comparison(rules[e.name]["VllmTtftSloBreach"]["expr"])[2] for e in spec.endpoints}
-    assert ttft == {2.5, 0.4, 0.3}
+    # the bound each reads is the endpoint's: assist's 2.5 s SLO is a bound; autocomplete's 400 ms and guard's
+    # 300 ms lie in (0.25, 0.5], so the critical alert reads 0.5 and the warning 0.25
+    bound = lambda alert, name: re.findall(r'le="([^"]+)"', rules[name].get(alert, {"expr": ""})["expr"])  # noqa: E731
+    assert {n: bound("VllmTtftSloBreach", n) for n in rules} == {
+        "assist": ["2.5", "+Inf"], "autocomplete": ["0.5", "+Inf"], "guard": ["0.5", "+Inf"]}
+    assert {n: bound("VllmTtftSloMaybeBreached", n) for n in rules} == {
+        "assist": [], "autocomplete": ["0.25", "+Inf"], "guard": ["0.25", "+Inf"]}
+    assert bound("VllmInterTokenSloBreach", "autocomplete") == ["0.05", "+Inf"]  # 30 ms in (25, 50]
     # queue alert waits out the autoscaler: assist's 150 s stabilization + 170 s jitter + 150 s cold start + 15 s poll
     assert seconds(rules["assist"]["VllmQueueNotDraining"]["for"]) == 485
 
@@ -299,7 +316,9 @@ def test_expressions_use_only_vllm_metrics_and_are_plausible_promql(declared):
                 for window in re.findall(r"\[([^\]]*)\]", bare):
                     assert seconds(window) >= 300, (alert, window)  # at least four 15 s scrapes, never shorter
                 checked += 1
-    assert checked == 8 + 8 + 7  # every alert on each prod floor endpoint; guard has no burst tier
+    # every alert on each prod floor endpoint; guard has no burst tier; autocomplete's two SLOs and guard's TTFT lie
+    # inside vLLM's buckets and add a warning each
+    assert checked == 8 + (8 + 2) + (7 + 1)
     assert used == VLLM_METRICS | GATEWAY_METRICS  # the lists are exactly what the alerts read
 
 
