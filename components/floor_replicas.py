@@ -16,6 +16,7 @@ What the doctrine asks of a floor replica, and where it lands here:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Sequence
@@ -172,16 +173,22 @@ def lora_dir_env(eng: EngineSpec, local_dir: str) -> list[dict]:
 
 
 
+@functools.cache
 def _scripts_data() -> dict[str, str]:
-    """What every floor pod runs from the scripts ConfigMap: the weights fetch (init) and the warm-up probe."""
+    """What every floor pod runs from the scripts ConfigMap: the weights fetch (init) and the warm-up probe (read
+    once: the ConfigMap and every Deployment's volume name need them)."""
     return {"warmup_probe.py": _WARMUP_SCRIPT.read_text(), "fetch_weights.sh": _FETCH_SCRIPT.read_text()}
+
+
+@functools.cache
+def _scripts_digest() -> str:
+    data = _scripts_data()
+    return hashlib.sha256("".join(f"{k}\0{data[k]}\0" for k in sorted(data)).encode()).hexdigest()[:10]
 
 
 def scripts_configmap_name(app: str) -> str:
     """`<app>-scripts-<digest of the scripts>`: a new script gets a new name (and so a new pod template)."""
-    data = _scripts_data()
-    digest = hashlib.sha256("".join(f"{k}\0{data[k]}\0" for k in sorted(data)).encode()).hexdigest()[:10]
-    return f"{app}-scripts-{digest}"
+    return f"{app}-scripts-{_scripts_digest()}"
 
 PRESTOP_SLEEP_S = 10  # long enough for the headless Service (and the gateway resolving it) to drop the pod
 
@@ -252,7 +259,7 @@ class FloorReplicas(pulumi.ComponentResource):
             f"{name}-scripts",
             metadata=meta(scripts_configmap_name(app)),
             immutable=True,
-            data=_scripts_data(),
+            data=dict(_scripts_data()),
             opts=child(self),
         )
         deployment = k8s.apps.v1.Deployment(

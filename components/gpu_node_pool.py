@@ -23,6 +23,7 @@ from topology.spec import NodePoolSpec
 from ._common import GPU_TAINT_EFFECT_EKS, MIG_CONFIG_LABEL, MIG_DISABLED, TYPE_PREFIX, child
 
 AMI_TYPE = "AL2023_x86_64_NVIDIA"
+CAPACITY_TYPE = "ON_DEMAND"  # "reserved" pools are on-demand instances under a savings plan
 CA_GPU_LABEL = "k8s.amazonaws.com/accelerator"  # cluster-autoscaler/cloudprovider/aws GPULabel
 # Where nodeadm mounts the RAID0 of instance-store volumes; the floor pods' weight cache lives under it.
 NVME_MOUNT = "/mnt/k8s-disks/0"
@@ -66,7 +67,7 @@ def node_group_physical_name(pool: NodePoolSpec) -> str:
     characters (EKS allows 63).
     """
     layout = pool.mig_layout.name if pool.mig_layout is not None else "whole"
-    digest = hashlib.sha256(f"{pool.instance_type}|{AMI_TYPE}|ON_DEMAND|{layout}".encode()).hexdigest()[:8]
+    digest = hashlib.sha256(f"{pool.instance_type}|{AMI_TYPE}|{CAPACITY_TYPE}|{layout}".encode()).hexdigest()[:8]
     return f"{pool.name}-{digest}"
 
 
@@ -156,7 +157,7 @@ class GpuNodePool(pulumi.ComponentResource):
             subnet_ids=args.subnet_ids,
             ami_type=AMI_TYPE,
             instance_types=[pool.instance_type],
-            capacity_type="ON_DEMAND",
+            capacity_type=CAPACITY_TYPE,
             scaling_config={"min_size": pool.min_nodes, "max_size": pool.max_nodes, "desired_size": pool.min_nodes},
             labels=node_labels(pool),
             taints=[{"key": pool.taint_key, "value": "true", "effect": GPU_TAINT_EFFECT_EKS}],

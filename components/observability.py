@@ -225,11 +225,12 @@ def slo_bucket_bounds(slo_s: float, buckets: tuple[float, ...]) -> tuple[float, 
     return max(b for b in buckets if b < slo_s), min(b for b in buckets if b > slo_s)
 
 
-def share_above_query(metric_bucket: str, selector: str, bound_s: float, window: str) -> str:
-    """The share of requests whose latency exceeded `bound_s` (a bucket bound) over the window: 1 − the bound's
-    cumulative count over the total, exact (no interpolation). No requests: no value, and no alert."""
-    with_le = selector[:-1] + f',le="{le_label(bound_s)}"}}'
-    total = selector[:-1] + ',le="+Inf"}'
+def share_above_query(metric_bucket: str, namespace: str, ep: EndpointSpec, bound_s: float, window: str) -> str:
+    """The share of requests to the stable replicas whose latency exceeded `bound_s` (a bucket bound) over the
+    window: 1 − the bound's cumulative count over the total, exact (no interpolation). No requests: no value, and
+    no alert."""
+    with_le = _selector(namespace, ep, stable=True, extra=f'le="{le_label(bound_s)}"')
+    total = _selector(namespace, ep, stable=True, extra='le="+Inf"')
     return (f"(1 - sum(rate({metric_bucket}{with_le}[{window}])) / "
             f"sum(rate({metric_bucket}{total}[{window}])))")
 
@@ -359,11 +360,10 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
         lo, hi = slo_bucket_bounds(slo_s, buckets)
         what = "TTFT" if alert_name == "VllmTtftSloBreach" else "inter-token latency"
         allowed = 1 - SLO_QUANTILE
-        sel = _selector(namespace, ep, stable=True)
         exact = lo == hi
         alerts.append(Alert(
             name=alert_name,
-            query=share_above_query(metric, sel, hi, rw),
+            query=share_above_query(metric, namespace, ep, hi, rw),
             comparison=">", threshold=allowed, for_s=react_s, severity="critical",
             summary=(f"{name}: p99 {what} above the {slo_ms:g} ms SLO" if exact else
                      f"{name}: p99 {what} above {hi * 1000:g} ms, beyond the {slo_ms:g} ms SLO"),
@@ -382,7 +382,7 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
         if not exact:
             alerts.append(Alert(
                 name=maybe_name,
-                query=share_above_query(metric, sel, lo, rw),
+                query=share_above_query(metric, namespace, ep, lo, rw),
                 comparison=">", threshold=allowed, for_s=react_s, severity="warning",
                 summary=f"{name}: p99 {what} may be above the {slo_ms:g} ms SLO",
                 description=(f"{{{{ $value | humanizePercentage }}}} of the requests to the stable replicas of "

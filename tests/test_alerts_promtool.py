@@ -231,22 +231,30 @@ def latency_series(rules: dict, alert: str, e) -> tuple[str, list[float], float]
     return metric, TPOT_BUCKETS_S, e.slo_inter_token_p99_ms / 1000
 
 
-def latency_breach(ep: Endpoint, rules: dict, alert: str) -> dict:
-    rule = rules[alert]
-    metric, buckets, slo_s = latency_series(rules, alert, ep.e)
-    fast, slow = slo_s / 4, min(4 * slo_s, buckets[-1])
-    # the construction holds: the fast bucket lies wholly under the SLO, the slow one wholly above
-    assert next(b for b in buckets if b >= fast) < slo_s <= max(b for b in buckets if b < slow)
+def latency_histograms(ep: Endpoint, metric: str, buckets: list[float], fast: float, slow: float,
+                       breach_share: float) -> list:
+    """Every pod's latency histogram: requests at `fast` but a share at `slow` — 0.5 % while healthy, and
+    `breach_share` on the stable pods after T0 (the canary stays healthy: the SLO alerts read the stable track)."""
     n = REQUESTS_PER_MIN
 
     def observed(m, breach):
-        share = 0.2 if breach and m > T0_MIN else 0.005  # healthy: a 0.5 % slow tail, under the p99
+        share = breach_share if breach and m > T0_MIN else 0.005
         return [(fast, n * (1 - share)), (slow, n * share)]
 
     series = []
     for p in ep.pods:
         hist = histogram(lambda m, b=p is not ep.canary: observed(m, b), buckets)
         series += [(metric, {**p, "le": bound}, v) for bound, v in hist.items()]
+    return series
+
+
+def latency_breach(ep: Endpoint, rules: dict, alert: str) -> dict:
+    rule = rules[alert]
+    metric, buckets, slo_s = latency_series(rules, alert, ep.e)
+    fast, slow = slo_s / 4, min(4 * slo_s, buckets[-1])
+    # the construction holds: the fast bucket lies wholly under the SLO, the slow one wholly above
+    assert next(b for b in buckets if b >= fast) < slo_s <= max(b for b in buckets if b < slow)
+    series = latency_histograms(ep, metric, buckets, fast, slow, breach_share=0.2)
     # one breaching minute in the window already puts the p99 in the slow bucket: true from T0+1
     fire = firing_minute(T0_MIN + 1, rule["for"])
     return scenario(f"{ep.e.name}: {alert} (20 % of requests at 4x the SLO)", series, [
@@ -265,16 +273,7 @@ def latency_inside_the_slo_bucket(ep: Endpoint, rules: dict, maybe: str, critica
     metric, buckets, slo_s = latency_series(rules, maybe, ep.e)
     lo = max(b for b in buckets if b < slo_s)
     middle = (lo + slo_s) / 2  # inside the bucket, under the SLO: the SLO is met
-    n = REQUESTS_PER_MIN
-
-    def observed(m, breach):
-        share = 0.05 if breach and m > T0_MIN else 0.005
-        return [(slo_s / 4, n * (1 - share)), (middle, n * share)]
-
-    series = []
-    for p in ep.pods:
-        hist = histogram(lambda m, b=p is not ep.canary: observed(m, b), buckets)
-        series += [(metric, {**p, "le": bound}, v) for bound, v in hist.items()]
+    series = latency_histograms(ep, metric, buckets, slo_s / 4, middle, breach_share=0.05)
     fire = firing_minute(T0_MIN + 1, rule["for"])
     return scenario(f"{ep.e.name}: {maybe} (5 % of requests inside the SLO's bucket, under the SLO)", series, [
         (fire - 1, maybe, []),

@@ -17,7 +17,6 @@ from .errors import FieldsError
 from .names import (
     MODAL_NAME_MAX,
     burst_app_name,
-    burst_volume_name,
     check_aws_region,
     check_bucket_name,
     check_revision,
@@ -576,14 +575,12 @@ class CostInputs(_Inputs):
                               "reserved by Modal, where the burst apps deploy into an environment of this name")
         names = [e.name for e in self.endpoints]
         for i, n in enumerate(names):
-            # the app and its weights volume (one per revision: the same length whatever the revision)
-            for what, name in (("burst app name", burst_app_name(self.project, self.environment, n)),
-                               ("burst weights volume name",
-                                burst_volume_name(self.project, self.environment, n, "any revision"))):
-                if len(name) > MODAL_NAME_MAX:
-                    raise FieldsError(("project", "environment", f"endpoints.{i}.name"),
-                        f"the {what} {name!r} is {len(name)} characters; Modal allows {MODAL_NAME_MAX}: shorten "
-                        "the project, environment or endpoint name")
+            # its weights volumes' names are as long (burst_volume_name), so this check covers them
+            app = burst_app_name(self.project, self.environment, n)
+            if len(app) > MODAL_NAME_MAX:
+                raise FieldsError(("project", "environment", f"endpoints.{i}.name"),
+                    f"the burst app name {app!r} is {len(app)} characters; Modal allows {MODAL_NAME_MAX}: shorten "
+                    "the project, environment or endpoint name")
         if len(set(names)) != len(names):
             raise FieldsError(("endpoints",), f"endpoint names repeat: {names}")
         clash = first_repeat([config_name(n) for n in names])
