@@ -573,6 +573,12 @@ class EndpointSim:
             a = edge
 
     # ------------------------------------------------------------------ autoscaler tick
+    @property
+    def draws_while_serving(self) -> bool:
+        """Whether serving a chunk takes draws from the random generator the arrivals come from (abandonment
+        positions, a managed API's TTFT): then the next chunk's arrivals must not be drawn before it is served."""
+        return self.ov.abandon is not None or self.is_api
+
     def tick(self, now: float) -> None:
         dt = now - self.last_tick
         self.last_tick = now

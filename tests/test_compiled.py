@@ -276,3 +276,58 @@ def test_endpoints_in_threads_give_the_same_week(planned_stacks):
     three = simulate_week(inputs, spec, seed=10, start_h=9.0, end_h=9.2, workers=3)
     assert len(one.endpoints) == 3
     assert _same(dataclasses.asdict(one), dataclasses.asdict(three))
+
+
+# ── arrivals drawn ahead of the chunk being served (simulator/simulate.py `ahead`) ─────────────────────
+
+def test_drawing_ahead_keeps_order_raises_the_producers_error_and_stops_with_the_consumer():
+    import threading
+    import time
+
+    from simulator.simulate import ahead
+
+    assert list(ahead(iter(range(50)), depth=2)) == list(range(50))
+
+    def failing():
+        yield 1
+        yield 2
+        raise ValueError("trace row 3 is not a number")
+
+    got = []
+    with pytest.raises(ValueError, match="trace row 3"):
+        for x in ahead(failing()):
+            got.append(x)
+    assert got == [1, 2]  # the error arrives where it happened, after the items before it
+
+    produced = []
+
+    def endless():
+        for i in range(10**9):
+            produced.append(i)
+            yield i
+
+    it = ahead(endless(), depth=2)
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    it.close()  # the consumer stops early: the producer stops too, a bounded number of items ahead
+    time.sleep(0.3)
+    n = len(produced)
+    time.sleep(0.3)
+    assert len(produced) == n <= 3 + 2 + 2
+    assert not any(t.name == "arrivals-ahead" and t.is_alive() for t in threading.enumerate())
+
+
+def test_arrivals_are_not_drawn_ahead_where_serving_draws_from_their_generator(planned_stacks, monkeypatch):
+    """Abandonment draws each request's disconnect from the arrivals' generator while a chunk is served: drawn ahead,
+    the next chunk's arrivals would take those numbers and the week would differ from the reference engine. The
+    guard (EndpointSim.draws_while_serving) keeps them in order; without it the results differ."""
+    inputs, spec = planned_stacks["prod"]
+    kw = dict(seed=6, start_h=116.0, end_h=116.5)
+    ref = simulate_endpoint(inputs, spec, "assist", compiled=False, overrides=Overrides(abandon=Abandon(0.2, True)),
+                            **kw)
+    fast = simulate_endpoint(inputs, spec, "assist", compiled=True, overrides=Overrides(abandon=Abandon(0.2, True)),
+                             **kw)
+    assert _same(dataclasses.asdict(ref), dataclasses.asdict(fast))
+    monkeypatch.setattr(CompiledEndpointSim, "draws_while_serving", property(lambda self: False))
+    unguarded = simulate_endpoint(inputs, spec, "assist", compiled=True,
+                                  overrides=Overrides(abandon=Abandon(0.2, True)), **kw)
+    assert not _same(dataclasses.asdict(ref), dataclasses.asdict(unguarded))
