@@ -47,6 +47,7 @@ from topology.spec import EndpointSpec, TopologySpec
 from ._common import ENDPOINT_LABEL, TYPE_PREFIX, child
 from .floor_replicas import burst_backlog_query, gateway_queues_floor, queue_query
 from .names import TRACK_METRIC_LABEL, engine_selector
+from topology.names import promql_string
 
 # Metrics the alerts read, exported by vLLM's v1 engine (vllm/v1/metrics/loggers.py): prometheus_client
 # exposes a Counter `x` as `x_total` and a Histogram's buckets as `x_bucket`. Each series is labelled
@@ -63,6 +64,10 @@ VLLM_METRICS = frozenset(
 # 3.0.11's in tests/test_trigger_queries_live.py).
 GATEWAY_METRICS = frozenset({"haproxy_backend_current_sessions", "haproxy_backend_current_queue",
                              "haproxy_server_current_queue"})
+
+# kube-state-metrics (the monitoring chart's own; internal/store/deployment.go, v2.12): a Deployment's desired
+# replicas, labelled namespace and deployment (its ServiceMonitor honours the object's labels)
+KUBE_STATE_METRICS = frozenset({"kube_deployment_spec_replicas"})
 
 # vLLM's latency histogram bounds (vllm/v1/metrics/loggers.py, the same at v0.11.0 and v0.13.0). A p99 can be
 # told against an SLO exactly only at a bound: the share of requests above it is a ratio of two bucket counters.
@@ -278,6 +283,26 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
     per_pod = f"namespace, pod, {TRACK_METRIC_LABEL}"
     alerts: list[Alert] = []
     skipped: dict[str, str] = {}
+
+    # every other engine alert reads the stable engines' series, and so does KEDA's trigger: with none scraped (a
+    # crash loop, an image that does not pull, pods pending on nodes) they go empty, KEDA holds the replica count
+    # and nothing else pages. The Deployment's desired replicas tell an outage from a floor the clock scaled to 0.
+    deployment = f"{name}-vllm"  # components/floor_replicas.py
+    wanted = (f"max(kube_deployment_spec_replicas{{namespace={promql_string(namespace)},"
+              f"deployment={promql_string(deployment)}}})")
+    alerts.append(Alert(
+        name="VllmFloorNotServing",
+        query=(f"({wanted} unless on() "
+               f"count({m.requests_waiting}{_selector(namespace, ep, stable=True)}))"),
+        comparison=">", threshold=0, for_s=react_s, severity="critical",
+        summary=f"{name}: the floor wants replicas and no stable vLLM engine is scraped",
+        description=(f"Deployment {deployment} asks for {{{{ $value | humanize }}}} replica(s) and Prometheus scrapes no "
+                     f"stable engine of {served}, for longer than a replica needs to start ({react_how}). Requests "
+                     "overflow to burst where the endpoint has one, else fail; the queue and latency alerts and "
+                     "KEDA's trigger read nothing while it lasts. Look for pods crash-looping, pending, or failing to pull their image or "
+                     "weights."),
+        derivation=f"kube_deployment_spec_replicas > 0 with no stable engine series; for: {react_how}",
+    ))
 
     storm = PREEMPTION_STORM_SHARE * ep.capacity.planning_requests_per_s
     alerts.append(Alert(

@@ -79,8 +79,9 @@ def firing_minute(first_true_min: int, for_text: str) -> int:
     return first_true_min + math.ceil(seconds(for_text) / 60)
 
 
-def series_text(values: list[float]) -> str:
-    return " ".join(f"{v:.10g}" for v in values)
+def series_text(values: list) -> str:
+    """promtool's notation: numbers, `stale` (the series ends: a scrape target gone) and `_` (no sample)."""
+    return " ".join(v if isinstance(v, str) else f"{v:.10g}" for v in values)
 
 
 def labels_text(metric: str, labels: dict[str, str]) -> str:
@@ -313,6 +314,33 @@ def burst_backlog(ep: Endpoint, rules: dict) -> dict:
     ])
 
 
+def desired_replicas(ep: Endpoint, values: list[float]) -> tuple[str, dict, list[float]]:
+    """kube-state-metrics' desired replicas of the endpoint's stable Deployment (labels as its ServiceMonitor keeps
+    them: the object's namespace and name)."""
+    return ("kube_deployment_spec_replicas", {"namespace": NS, "deployment": f"{ep.e.name}-vllm"}, values)
+
+
+def floor_not_serving(ep: Endpoint, rules: dict) -> dict:
+    """The stable pods crash-loop from T0 (their series go stale) while the Deployment still asks for 2; at minute
+    120 the clock scales the floor to 0 and the page resolves. The canary's engine still reports throughout: it is
+    not the floor."""
+    rule = rules["VllmFloorNotServing"]
+    target = ep.e.autoscaling.target_waiting_per_replica
+    gone = [target / 2 if m < T0_MIN else ("stale" if m == T0_MIN else "_") for m in range(END_MIN + 1)]
+    series = [("vllm:num_requests_waiting", p, gone) for p in ep.stable]
+    series.append(("vllm:num_requests_waiting", ep.canary, [0.0] * (END_MIN + 1)))
+    series.append(desired_replicas(ep, [2.0 if m < 120 else 0.0 for m in range(END_MIN + 1)]))
+    fire = firing_minute(T0_MIN, rule["for"])
+    assert fire < 120, "the scenario needs the page to fire before the floor is scaled to 0"
+    firing = expected(rule, ep.alert_labels(_critical=True))
+    return scenario(f"{ep.e.name}: the stable engines stop reporting while the floor wants 2", series, [
+        (T0_MIN - 1, "VllmFloorNotServing", []),
+        (fire - 1, "VllmFloorNotServing", []),
+        (fire, "VllmFloorNotServing", [firing]),
+        (121, "VllmFloorNotServing", []),  # scaled to 0 by the clock: no engine is expected
+    ])
+
+
 def healthy_period(ep: Endpoint, rules: dict) -> dict:
     """Two healthy hours with the noise production has: a canary with a long queue, a three-minute KV spike,
     a slow tail under the p99, the odd preemption, a burst tier busy below its capacity."""
@@ -338,6 +366,7 @@ def healthy_period(ep: Endpoint, rules: dict) -> dict:
         series.append(("haproxy_backend_current_sessions", {"namespace": NS, "pod": "gateway-0",
                                                             "proxy": burst_backend_name(e.name)},
                        [0.9 * e.autoscaling.burst_backlog_threshold] * (END_MIN + 1)))
+    series.append(desired_replicas(ep, [2.0] * (END_MIN + 1)))
     checks = [(t, alert, []) for alert in rules for t in (30, 62, 70, 100, 130)]
     return scenario(f"{e.name}: a healthy period", series, checks)
 
@@ -355,6 +384,7 @@ FAILURES = {
         ep, r, "VllmInterTokenSloMaybeBreached", "VllmInterTokenSloBreach"),
     "VllmKvCacheSaturated": kv_saturation,
     "GatewayBurstBacklog": burst_backlog,
+    "VllmFloorNotServing": floor_not_serving,
 }
 
 
@@ -420,7 +450,7 @@ def test_every_alert_fires_on_its_failure_and_stays_silent_when_healthy(rendered
         tested += n_rules
     # prod: assist and autocomplete (with a burst tier), guard; autocomplete's two SLOs and guard's TTFT lie inside
     # vLLM's buckets and add a warning each
-    assert tested == 8 + (8 + 2) + (7 + 1)
+    assert tested == 9 + (9 + 2) + (8 + 1)
 
 
 def test_promtool_catches_a_wrong_for_delay_or_label(rendered, tmp_path):
@@ -487,6 +517,18 @@ def test_two_endpoints_serving_one_model_name_alert_only_on_their_own_pods(share
         cases.append(scenario(f"{deep_name}'s KV cache saturated, {idle_name} healthy on the same model", kv, [
             (fire - 1, "VllmKvCacheSaturated", []), (fire, "VllmKvCacheSaturated", own),
             (late, "VllmKvCacheSaturated", own)]))
+        # the deep endpoint's floor stops reporting while the other's engines of the same model still do: its page
+        # fires (selected by model name alone, the other's series would hide the outage), the other's stays silent
+        gone = [1.0 if m < T0_MIN else ("stale" if m == T0_MIN else "_") for m in minutes]
+        down = [("vllm:num_requests_waiting", p, gone) for p in deep.stable]
+        down += [("vllm:num_requests_waiting", p, [0.0] * (END_MIN + 1)) for p in idle.stable]
+        down += [desired_replicas(ep, [2.0] * (END_MIN + 1)) for ep in (deep, idle)]
+        fire = firing_minute(T0_MIN, rules[deep_name]["VllmFloorNotServing"]["for"])
+        late = max(fire, firing_minute(T0_MIN, rules[idle_name]["VllmFloorNotServing"]["for"])) + 1
+        own = [expected(rules[deep_name]["VllmFloorNotServing"], deep.alert_labels(_critical=True))]
+        cases.append(scenario(f"{deep_name}'s floor stops reporting, {idle_name} serves the same model", down, [
+            (fire - 1, "VllmFloorNotServing", []), (fire, "VllmFloorNotServing", own),
+            (late, "VllmFloorNotServing", own)]))
     test_groups = [{**g, "rules": [{**r, "annotations": {k: v for k, v in r["annotations"].items() if k != "description"}}
                                    for r in g["rules"]]} for g in groups.values()]
     write_rule_file(tmp_path / "rules.yml", test_groups)
@@ -505,3 +547,5 @@ def test_two_endpoints_serving_one_model_name_alert_only_on_their_own_pods(share
     assert out.returncode != 0 and "FAILED" in report, report
     a, b = SHARED_MODEL_ENDPOINTS  # the idle endpoint's alert fired on the deep one's pods
     assert re.search(rf"name: {a} queues.*?exp:\[\],\s*got:\[.*?endpoint=\"{b}\"", report, re.S), report
+    # and the floor that stopped reporting is hidden by the other endpoint's engines of the same model
+    assert re.search(rf"name: {a}'s floor stops reporting.*?got:\[\]", report, re.S), report

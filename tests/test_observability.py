@@ -22,6 +22,7 @@ from components.observability import (
     TTFT_BUCKETS_S,
     PREEMPTION_STORM_SHARE,
     GATEWAY_METRICS,
+    KUBE_STATE_METRICS,
     VLLM_METRICS,
     Observability,
     ObservabilityArgs,
@@ -38,10 +39,11 @@ NS = "llm-serving"
 MONITOR_LABELS = {"release": "kube-prometheus-stack"}
 # What the expressions may use besides vLLM's metric names.
 PROMQL_FUNCTIONS = {"sum", "avg", "max", "rate", "histogram_quantile", "count", "vector"}
+KUBE_STATE_MATCHER_LABELS = {"namespace", "deployment"}
 GROUPING_LABELS = {"namespace", "pod", TRACK_METRIC_LABEL, "le"}
 MATCHER_LABELS = {"namespace", ENDPOINT_METRIC_LABEL, "model_name", TRACK_METRIC_LABEL, "le"}
 GATEWAY_MATCHER_LABELS = {"namespace", "proxy"}
-STABLE_ONLY = {"VllmQueueNotDraining", "VllmTtftSloBreach", "VllmInterTokenSloBreach", "VllmPrefixCacheHitRateDrop",
+STABLE_ONLY = {"VllmFloorNotServing", "VllmQueueNotDraining", "VllmTtftSloBreach", "VllmInterTokenSloBreach", "VllmPrefixCacheHitRateDrop",
                "VllmTtftSloMaybeBreached", "VllmInterTokenSloMaybeBreached"}
 ALL_TRACKS = {"VllmPreemptionStorm", "VllmKvCacheSaturated", "VllmPromptLengthShift"}
 
@@ -208,6 +210,8 @@ def test_every_threshold_is_the_spec_figure(declared):
             "VllmTtftSloBreach": (">", 0.01, reaction),
             "VllmInterTokenSloBreach": (">", 0.01, reaction),
             "VllmKvCacheSaturated": (">", KV_SATURATION, KV_SATURATION_FOR_S),
+            # desired replicas with no stable engine scraped, for longer than a replica needs to start
+            "VllmFloorNotServing": (">", 0, reaction),
         }
         if a.burst_backlog_threshold is not None:  # floor_plus_burst endpoints (assist, autocomplete)
             expected["GatewayBurstBacklog"] = (">", a.burst_backlog_threshold, reaction)
@@ -296,6 +300,10 @@ def test_expressions_use_only_vllm_metrics_and_are_plausible_promql(declared):
                         assert metric in GATEWAY_METRICS and set(matchers) == GATEWAY_MATCHER_LABELS, (alert, matchers)
                         assert query == burst_backlog_query(NS, e.name)
                         continue
+                    if metric in KUBE_STATE_METRICS:  # the floor's desired replicas: its stable Deployment
+                        assert alert == "VllmFloorNotServing", (alert, metric)
+                        assert matchers == {"namespace": NS, "deployment": f"{e.name}-vllm"}, (alert, matchers)
+                        continue
                     if metric in GATEWAY_METRICS:  # under admission control the floor's queue waits in the gateway
                         assert alert == "VllmQueueNotDraining" and gateway_queues_floor(e), (alert, metric)
                         assert matchers == {"namespace": NS, "proxy": f"be_{e.name}_floor"}, (alert, matchers)
@@ -309,7 +317,7 @@ def test_expressions_use_only_vllm_metrics_and_are_plausible_promql(declared):
                     assert stable == ("stable" if alert in STABLE_ONLY else None), (alert, matchers)
                 # every name with a colon is a vLLM metric; every call is a known PromQL function
                 assert set(re.findall(r"[A-Za-z_]\w*:[\w:]*", bare)) <= VLLM_METRICS, expr
-                calls = set(re.findall(r"([A-Za-z_]\w*)\s*\(", bare)) - {"by"}
+                calls = set(re.findall(r"([A-Za-z_]\w*)\s*\(", bare)) - {"by", "on"}
                 assert calls <= PROMQL_FUNCTIONS, (alert, calls)
                 for grouping in re.findall(r"by \(([^)]*)\)", bare):
                     assert {g.strip() for g in grouping.split(",")} <= GROUPING_LABELS, grouping
@@ -318,8 +326,8 @@ def test_expressions_use_only_vllm_metrics_and_are_plausible_promql(declared):
                 checked += 1
     # every alert on each prod floor endpoint; guard has no burst tier; autocomplete's two SLOs and guard's TTFT lie
     # inside vLLM's buckets and add a warning each
-    assert checked == 8 + (8 + 2) + (7 + 1)
-    assert used == VLLM_METRICS | GATEWAY_METRICS  # the lists are exactly what the alerts read
+    assert checked == 9 + (9 + 2) + (8 + 1)
+    assert used == VLLM_METRICS | GATEWAY_METRICS | KUBE_STATE_METRICS  # the lists are exactly what the alerts read
 
 
 def test_labels_and_annotations(declared):
