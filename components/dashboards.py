@@ -23,11 +23,16 @@ from topology.spec import EndpointSpec
 from .floor_replicas import burst_backlog_query, gateway_queues_floor, queue_query
 from .names import TRACK_METRIC_LABEL, burst_backend_name, config_name, engine_selector
 from .observability import (
+    INTER_TOKEN_BUCKETS_S,
     KV_SATURATION,
     SHAPE_WINDOW_S,
+    SLO_QUANTILE,
+    TTFT_BUCKETS_S,
     duration,
     endpoint_alerts,
     prompt_p99_query,
+    share_above_query,
+    slo_bucket_bounds,
 )
 
 # kube-prometheus-stack 88.5.3 (prometheus-community/helm-charts, charts/kube-prometheus-stack/values.yaml)
@@ -114,13 +119,29 @@ def endpoint_panels(ep: EndpointSpec, namespace: str, prices: Prices | None, yea
     hour = duration(SHAPE_WINDOW_S)
     m = ep.engine.metrics  # the pinned engine version's series names
     panels = []
-    for title, metric, slo_ms in (("TTFT", m.ttft_seconds_bucket, ep.slo_ttft_p99_ms),
-                                  ("Inter-token latency", m.inter_token_seconds_bucket, ep.slo_inter_token_p99_ms)):
+    for title, metric, slo_ms, buckets in (
+            ("TTFT", m.ttft_seconds_bucket, ep.slo_ttft_p99_ms, TTFT_BUCKETS_S),
+            ("Inter-token latency", m.inter_token_seconds_bucket, ep.slo_inter_token_p99_ms, INTER_TOKEN_BUCKETS_S)):
         q = f"sum by (le) (rate({metric}{stable}[{RATE}]))"
         panels.append(_panel(
-            f"{title} p50 / p99 vs the SLO", f"Stable replicas, engine-side ({metric}); the SLO is a p99.", "s",
-            [(f"histogram_quantile(0.5, {q})", "p50"), (f"histogram_quantile(0.99, {q})", "p99"),
-             (_line(slo_ms / 1000), "SLO p99")]))
+            f"{title} p50 / p99 vs the SLO",
+            f"Stable replicas, engine-side ({metric}); the SLO is a p99. Both lines are interpolated inside vLLM's "
+            "buckets: where the SLO is not a bucket bound, read the share panel beside this one, which the page reads.",
+            "s", [(f"histogram_quantile(0.5, {q})", "p50"), (f"histogram_quantile(0.99, {q})", "p99 (interpolated)"),
+                  (_line(slo_ms / 1000), "SLO p99")]))
+        # the share the SLO alerts read (observability.py): exact at a bucket bound, no interpolation
+        lo, hi = slo_bucket_bounds(slo_ms / 1000, buckets)
+        shares = [(share_above_query(metric, namespace, ep, hi, RATE),
+                   f"over {hi * 1000:g} ms" + ("" if lo == hi else " (surely over the SLO)"))]
+        if lo != hi:
+            shares.append((share_above_query(metric, namespace, ep, lo, RATE), f"over {lo * 1000:g} ms (maybe over)"))
+        shares.append((_line(1 - SLO_QUANTILE), "a p99 allows"))
+        panels.append(_panel(
+            f"{title}: share of requests over the SLO",
+            f"Stable replicas: the share of requests slower than the bucket bound of {metric} at or above the "
+            f"{slo_ms:g} ms SLO" + ("" if lo == hi else f" (and above its lower bound {lo * 1000:g} ms: the SLO lies "
+                                    "inside that bucket, so the histogram cannot tell requests between the two)")
+            + ". The SLO alerts page when this stays above the line.", "percentunit", shares))
     panels.append(_panel(
         "Requests waiting per stable replica vs the KEDA target",
         "The queue trigger's query (engine queue, plus the gateway's floor queue under admission control) divided "

@@ -21,7 +21,11 @@ import yaml
 from components.dashboards import endpoint_dashboard, schedule_query, utc_offsets_min
 from components.floor_replicas import TRACK_METRIC_LABEL
 from components.names import ENDPOINT_METRIC_LABEL
-from components.observability import GATEWAY_METRICS, VLLM_METRICS
+from components.observability import GATEWAY_METRICS, VLLM_METRICS, endpoint_alerts
+
+
+def endpoint_alerts_rules(e) -> list[dict]:
+    return [a.rule(e.name) for a in endpoint_alerts(e, NS).alerts]
 from offline.validate import validate_objects
 from tests.conftest import ROOT
 from tests.prometheus_support import recorded, require_binary
@@ -63,6 +67,7 @@ def test_one_sidecar_labelled_dashboard_per_floor_endpoint(prod):
                                                    "query": "prometheus", "name": "datasource"}
         titles = [p["title"] for p in board["panels"]]
         must = ["TTFT p50 / p99 vs the SLO", "Inter-token latency p50 / p99 vs the SLO",
+                "TTFT: share of requests over the SLO", "Inter-token latency: share of requests over the SLO",
                 "Requests waiting per stable replica vs the KEDA target", "KV-cache usage", "Preemptions",
                 "Prefix-cache hit share vs plan", "p99 prompt tokens vs plan", "Floor replicas vs the planned schedule",
                 "Cost per hour by tier"]
@@ -101,6 +106,18 @@ def test_every_panel_query_parses_and_reads_only_exported_metrics(prod):
                  if t["expr"].startswith("vector(")}
         assert lines["SLO p99"] in (f"vector({e.slo_ttft_p99_ms / 1000:g})", f"vector({e.slo_inter_token_p99_ms / 1000:g})")
         assert lines["target"] == f"vector({e.autoscaling.target_waiting_per_replica:g})"
+        assert lines["a p99 allows"] == "vector(0.01)"
+        # the share panels read the bucket bounds the SLO alerts page on, no interpolated p99
+        rules = {r["alert"]: r["expr"] for r in endpoint_alerts_rules(e)}
+        panel = {p["title"]: p for p in board["panels"]}
+        for title, critical, maybe in (("TTFT", "VllmTtftSloBreach", "VllmTtftSloMaybeBreached"),
+                                       ("Inter-token latency", "VllmInterTokenSloBreach",
+                                        "VllmInterTokenSloMaybeBreached")):
+            shown = {b for t in panel[f"{title}: share of requests over the SLO"]["targets"]
+                     for b in re.findall(r'le="([^"]+)"', t["expr"])}
+            paged = {b for a in (critical, maybe) if a in rules for b in re.findall(r'le="([^"]+)"', rules[a])}
+            assert shown == paged and len(shown) >= 2, (endpoint, title, shown, paged)
+            assert "histogram_quantile" not in " ".join(t["expr"] for t in panel[f"{title}: share of requests over the SLO"]["targets"])
     # a broken query is caught by the parser
     with pytest.raises(Exception):
         promql_parser.parse("sum(rate(vllm:num_preemptions_total[5m])")
