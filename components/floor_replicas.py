@@ -165,11 +165,22 @@ def previous_weights_prefix(ep: EndpointSpec, cache: WeightCacheSpec) -> str | N
     return _cached_prefix(ep, cache, previous_engine(ep), "previous version")
 
 
-def lora_dir_env(eng: EngineSpec, local_dir: str) -> list[dict]:
-    """LORA_DIR for the fetch container: vLLM's filesystem LoRA resolver refuses to start when its cache dir
-    does not exist, and an S3 copy of a revision without adapters creates no empty folder."""
-    lora_dir = eng.vllm_env(local_dir).get("VLLM_LORA_RESOLVER_CACHE_DIR")
-    return [] if lora_dir is None else [{"name": "LORA_DIR", "value": lora_dir}]
+def lora_view_dir(local_dir: str) -> str:
+    """The floor's LoRA resolver folder: beside the node's copy of the revision (shared by that revision's pods on
+    the node), each adapter's files linked from the copy and its adapter_config.json naming `local_dir`, the
+    engine's model, as its base (components/fetch_weights.sh)."""
+    return f"{local_dir.rstrip('/')}.lora"
+
+
+def lora_dir_env(eng: EngineSpec, local_dir: str, weights_uri: str) -> list[dict]:
+    """The fetch container's LoRA settings: LORA_DIR, the resolver's folder it builds (vLLM's filesystem resolver
+    refuses to start when it does not exist, and an S3 copy of a revision without adapters creates no folder);
+    LORA_SRC, the adapters as copied with the revision; ADAPTERS_URI, their prefix, copied again at every start."""
+    adapters = eng.adapters_path(local_dir)
+    if adapters is None or eng.lora is None:
+        return []
+    return [{"name": "LORA_DIR", "value": lora_view_dir(local_dir)}, {"name": "LORA_SRC", "value": adapters},
+            {"name": "ADAPTERS_URI", "value": f"{weights_uri.rstrip('/')}/{eng.lora.adapters_subdir}/"}]
 
 
 
@@ -429,7 +440,8 @@ class FloorReplicas(pulumi.ComponentResource):
         )
         budget_s = ep.startup_budget_s
         env = [{"name": k, "value": v} for k, v in sorted(HUB_OFFLINE_ENV.items())]
-        engine_env = [{"name": k, "value": v} for k, v in sorted(eng.vllm_env(local_dir).items())]
+        engine_env = [{"name": k, "value": v}
+                      for k, v in sorted(eng.vllm_env(local_dir, lora_view_dir(local_dir)).items())]
         warmup_env = [
             {"name": "WARMUP_PORT", "value": str(eng.port)},
             {"name": "WARMUP_MODEL", "value": eng.served_model_name},
@@ -448,7 +460,7 @@ class FloorReplicas(pulumi.ComponentResource):
                 {"name": "STALE_LOCK_S", "value": str(args.stale_lock_s)},
                 # a neighbour's copy outlasting the whole startup budget is stuck: fail, the kubelet retries
                 {"name": "LOCK_WAIT_MAX_S", "value": str(budget_s)},
-                *lora_dir_env(eng, local_dir),
+                *lora_dir_env(eng, local_dir, weights_uri),
             ],
             "volumeMounts": [
                 {"name": "weights", "mountPath": WEIGHTS_MOUNT},

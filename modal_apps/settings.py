@@ -298,27 +298,59 @@ def build_settings(config: BurstAppConfig) -> BurstSettings:
 # --- The LoRA resolver's folder --------------------------------------------------------------------
 
 LORA_DIR_ENV = "VLLM_LORA_RESOLVER_CACHE_DIR"
-# Writable and outside the read-only weights volume: where an empty adapters folder is made when the volume
-# holds none (a revision synced before adapters existed, or with none yet).
+# Writable and outside the read-only weights volume: the folder the engine's resolver reads, built at start from
+# the adapters on the volume (or left empty when the volume holds none: a revision synced before adapters existed,
+# or with none yet).
 EMPTY_LORA_DIR = "/tmp/llm-serving/lora-adapters"
+BASE_MODEL_KEY = "base_model_name_or_path"
 
 
 def ensure_lora_resolver_dir(settings: BurstSettings, environ: MutableMapping[str, str] | None = None,
                              empty_dir: str = EMPTY_LORA_DIR) -> str | None:
     """The folder the engine's filesystem LoRA resolver reads, made to exist; None when LoRA is off.
 
-    vLLM's resolver plugin raises at engine start unless VLLM_LORA_RESOLVER_CACHE_DIR is an existing
-    directory (vllm/plugins/lora_resolvers/filesystem_resolver.py, 0.10.0–0.13.0). A sync of a revision
-    without adapters creates no empty folder, and the volume is mounted read-only, so the engine is then
-    pointed at an empty folder elsewhere: it resolves no adapter, exactly like the floor's empty folder."""
+    vLLM's resolver plugin raises at engine start unless VLLM_LORA_RESOLVER_CACHE_DIR is an existing directory,
+    and it loads an adapter only when its adapter_config.json names, as base_model_name_or_path, exactly the
+    engine's model — here the model's path on the volume (vllm/plugins/lora_resolvers/filesystem_resolver.py and
+    serving_models.py resolve_lora, 0.11.0), where a trained adapter names its hub id. The volume is mounted
+    read-only, so the engine is pointed at a folder elsewhere (`empty_dir`) holding, per adapter on the volume,
+    links to its files and an adapter_config.json naming `settings.model_path` (as the floor's fetch does,
+    components/fetch_weights.sh); with none on the volume it stays empty and resolves no adapter, like the floor's."""
     env = os.environ if environ is None else environ
-    wanted = settings.container_env.get(LORA_DIR_ENV)
-    if wanted is None:
+    source = settings.container_env.get(LORA_DIR_ENV)
+    if source is None:
         return None
-    chosen = wanted if os.path.isdir(wanted) else empty_dir
-    os.makedirs(chosen, exist_ok=True)
-    env[LORA_DIR_ENV] = chosen  # the engine subprocess inherits this environment
-    return chosen
+    os.makedirs(empty_dir, exist_ok=True)
+    if os.path.isdir(source):
+        lora_view(Path(source), Path(empty_dir), settings.model_path)
+    env[LORA_DIR_ENV] = empty_dir  # the engine subprocess inherits this environment
+    return empty_dir
+
+
+def lora_view(source: Path, view: Path, model_path: str) -> list[str]:
+    """`view`/<name> for each adapter folder `source`/<name> with an adapter_config.json: symbolic links to its
+    files and a copy of the config naming `model_path` as the base model. Returns the adapters placed; one whose
+    config is not a JSON object is skipped (vLLM could not load it either)."""
+    placed = []
+    for src in sorted(p for p in source.iterdir() if (p / "adapter_config.json").is_file()):
+        try:
+            config = json.loads((src / "adapter_config.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(config, dict):
+            continue
+        dest = view / src.name
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in src.iterdir():
+            if f.name == "adapter_config.json":
+                continue
+            link = dest / f.name
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(f)
+        (dest / "adapter_config.json").write_text(json.dumps({**config, BASE_MODEL_KEY: model_path}))
+        placed.append(src.name)
+    return placed
 
 
 # --- The clock-following minimum ------------------------------------------------------------------

@@ -9,7 +9,7 @@ import math
 import pytest
 import yaml
 
-from components.floor_replicas import WEIGHTS_MOUNT
+from components.floor_replicas import WEIGHTS_MOUNT, lora_view_dir
 from components.gpu_node_pool import node_group_physical_name
 from pulumi_support import by_name, desired_replicas, env_of, objects, recording
 from topology.catalog import GPU_KINDS, validate_mig_layout
@@ -363,11 +363,17 @@ def test_engine_environment_comes_from_the_spec_and_loads_lora_adapters_from_the
         engine = vllm_container(d)
         model_path = engine["command"][2]
         env = env_of(engine)
-        assert ep.engine.vllm_env(model_path).items() <= env.items()
+        assert ep.engine.vllm_env(model_path, lora_view_dir(model_path)).items() <= env.items()
         if ep.engine.lora is not None:
-            # adapters resolve by name from the weights copy on local disk, never from a hub
+            # adapters resolve by name from the weights copy on local disk, never from a hub: from the folder the
+            # fetch builds beside the copy, each adapter's config naming the engine's model (tests/
+            # test_fetch_weights_lock.py runs it)
             assert env["VLLM_PLUGINS"] == "lora_filesystem_resolver"
-            assert env["VLLM_LORA_RESOLVER_CACHE_DIR"] == f"{model_path}/{ep.engine.lora.adapters_subdir}"
+            assert env["VLLM_LORA_RESOLVER_CACHE_DIR"] == f"{model_path}.lora"
+            fetch = {e["name"]: e["value"] for e in d["spec"]["template"]["spec"]["initContainers"][0]["env"]}
+            assert fetch["LORA_DIR"] == env["VLLM_LORA_RESOLVER_CACHE_DIR"]
+            assert fetch["LORA_SRC"] == f"{model_path}/{ep.engine.lora.adapters_subdir}"
+            assert fetch["ADAPTERS_URI"] == fetch["WEIGHTS_URI"].rstrip("/") + f"/{ep.engine.lora.adapters_subdir}/"
         else:
             assert "VLLM_PLUGINS" not in env
 

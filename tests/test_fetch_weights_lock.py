@@ -18,23 +18,53 @@ FETCH = Path(__file__).resolve().parent.parent / "components" / "fetch_weights.s
 SHELLS = [s for s in ("/bin/sh", "/bin/bash") if Path(s).exists()]
 
 
-def _run(tmp_path: Path, shell: str, *, stale_s: int = 120, wait_max_s: int = 60, lora_dir: str | None = None,
-         timeout_s: float = 20) -> subprocess.CompletedProcess:
+PREFIX = "s3://cache/models/m/rev/"
+
+
+def _bucket(tmp_path: Path, files: dict[str, str] | None = None, manifest: bool = True) -> Path:
+    """The cache prefix as a local folder: the files, and SHA256SUMS listing them (as the seed writes it, last)."""
     source = tmp_path / "bucket"
     source.mkdir(exist_ok=True)
-    (source / "model.safetensors").write_text("weights")
+    files = {"model.safetensors": "weights"} if files is None else files
+    for rel, text in files.items():
+        (source / rel).parent.mkdir(parents=True, exist_ok=True)
+        (source / rel).write_text(text)
+    if manifest:
+        listed = sorted(str(p.relative_to(source)) for p in source.rglob("*") if p.is_file() and p.name != "SHA256SUMS")
+        (source / "SHA256SUMS").write_text("".join(f"{'0' * 64}  {rel}\n" for rel in listed))
+    return source
+
+
+def _env(tmp_path: Path, *, stale_s: int = 120, wait_max_s: int = 60, lora_dir: str | None = None,
+         lora: bool = False, jitter_s: int = 0, credentials: bool = True) -> dict[str, str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     fake_aws = bin_dir / "aws"
-    # `aws s3 sync --only-show-errors --no-progress SRC DEST`: copy a local folder instead
-    fake_aws.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "aws-calls"}\nmkdir -p "$6"\ncp -R {source}/. "$6"/\n')
+    source = tmp_path / "bucket"
+    # `aws s3 sync --only-show-errors --no-progress SRC DEST`: copy the matching local folder instead
+    fake_aws.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "aws-calls"}\nrel="${{5#{PREFIX}}}"\n'
+                        f'mkdir -p "$6"\nif [ -d "{source}/$rel" ]; then cp -R "{source}/$rel/." "$6"/; fi\n')
     fake_aws.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "WEIGHTS_URI": "s3://cache/models/m/rev/",
-           "LOCAL_DIR": str(tmp_path / "nvme" / "m" / "rev"), "START_JITTER_S": "0",
+    local = tmp_path / "nvme" / "m" / "rev"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "WEIGHTS_URI": PREFIX,
+           "LOCAL_DIR": str(local), "START_JITTER_S": str(jitter_s),
            "STALE_LOCK_S": str(stale_s), "LOCK_WAIT_MAX_S": str(wait_max_s), "LOCK_POLL_S": "1"}
+    for k in ("AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ACCESS_KEY_ID"):
+        env.pop(k, None)
+    if credentials:  # what EKS Pod Identity's webhook adds to a pod it admits
+        env["AWS_CONTAINER_CREDENTIALS_FULL_URI"] = "http://169.254.170.23/v1/credentials"
     if lora_dir is not None:
         env["LORA_DIR"] = lora_dir
-    return subprocess.run([shell, str(FETCH)], env=env, capture_output=True, text=True, timeout=timeout_s)
+    if lora:  # as the rendered floor passes them (components/floor_replicas.py lora_dir_env)
+        env.update(LORA_DIR=f"{local}.lora", LORA_SRC=f"{local}/adapters", ADAPTERS_URI=f"{PREFIX}adapters/")
+    return env
+
+
+def _run(tmp_path: Path, shell: str, *, timeout_s: float = 20, **kw) -> subprocess.CompletedProcess:
+    if not (tmp_path / "bucket").exists():
+        _bucket(tmp_path)
+    return subprocess.run([shell, str(FETCH)], env=_env(tmp_path, **kw), capture_output=True, text=True,
+                          timeout=timeout_s)
 
 
 def _lock(tmp_path: Path, age_s: float, heartbeat: bool) -> Path:
@@ -142,3 +172,110 @@ def test_roles_carry_no_inline_policies_and_each_gets_its_role_policy(stack_name
         assert doc["Version"] == "2012-10-17" and doc["Statement"]
         (names,) = [e.inputs["policyNames"] for n, e in exclusive.items() if n == f"{role.name}-policies"]
         assert names == [policy.inputs["name"]]
+
+
+# ── a floor pod's start, beyond the lock: credentials, completeness, signals, LoRA adapters ──────────────
+
+ADAPTER_CONFIG = {"peft_type": "LORA", "base_model_name_or_path": "meta-llama/Llama-3.3-70B-Instruct", "r": 16,
+                  "target_modules": ["q_proj", "v_proj"]}
+
+
+def _adapter(name: str) -> dict[str, str]:
+    import json
+
+    return {f"adapters/{name}/adapter_config.json": json.dumps(ADAPTER_CONFIG, indent=2),
+            f"adapters/{name}/adapter_model.safetensors": f"lora weights of {name}"}
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_adapters_resolve_on_the_engines_local_model_and_new_ones_arrive_at_the_next_start(tmp_path, shell):
+    """vLLM loads an adapter only when its config names the engine's model (the local path) as its base: the
+    published config names the hub id, so the resolver's folder holds a copy naming the local copy. An adapter
+    published later reaches a node that already holds the weights at its next pod start."""
+    import json
+
+    from tests.vllm_lora_resolver import resolves
+
+    _bucket(tmp_path, {"model.safetensors": "weights", **_adapter("tenant-a")})
+    r = _run(tmp_path, shell, lora=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    local = tmp_path / "nvme" / "m" / "rev"
+    view, published = f"{local}.lora", local / "adapters"
+    assert resolves(view, str(local), "tenant-a")
+    assert not resolves(str(published), str(local), "tenant-a")  # as published: a 404 for every request
+    assert json.loads((published / "tenant-a" / "adapter_config.json").read_text()) == ADAPTER_CONFIG  # kept as published
+    weights = Path(view) / "tenant-a" / "adapter_model.safetensors"
+    assert weights.stat().st_ino == (published / "tenant-a" / "adapter_model.safetensors").stat().st_ino  # linked
+    assert "published for meta-llama/Llama-3.3-70B-Instruct" in r.stdout
+
+    _bucket(tmp_path, _adapter("tenant-b"))  # published after this node copied the revision
+    r = _run(tmp_path, shell, lora=True)
+    assert r.returncode == 0 and "already on this node" in r.stdout, r.stdout + r.stderr
+    assert resolves(view, str(local), "tenant-b") and resolves(view, str(local), "tenant-a")
+    assert not [p for p in Path(view).iterdir() if p.name.startswith(".")]  # no half-built folder left
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_copy_missing_files_its_manifest_lists_is_not_marked_complete(tmp_path, shell):
+    source = _bucket(tmp_path, {"model.safetensors": "weights", "config.json": "{}"})
+    (source / "config.json").unlink()  # the manifest arrived before this file (replication is in no order)
+    r = _run(tmp_path, shell)
+    assert r.returncode == 1 and "missing from the copy: config.json" in r.stderr, r.stdout + r.stderr
+    assert not (tmp_path / "nvme" / "m" / "rev" / ".complete").exists()
+    assert not (tmp_path / "nvme" / "m" / "rev.lock").exists()  # the lock is released for the retry
+    (source / "config.json").write_text("{}")  # the cache has filled: the kubelet's retry completes
+    r = _run(tmp_path, shell)
+    assert r.returncode == 0 and (tmp_path / "nvme" / "m" / "rev" / ".complete").exists(), r.stderr
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_cache_without_a_manifest_is_refused(tmp_path, shell):
+    _bucket(tmp_path, manifest=False)
+    r = _run(tmp_path, shell)
+    assert r.returncode == 1 and "no SHA256SUMS" in r.stderr, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_pod_without_credentials_says_to_delete_it_before_waiting_or_copying(tmp_path, shell):
+    r = _run(tmp_path, shell, credentials=False)
+    assert r.returncode == 1 and "Delete the pod" in r.stderr, r.stdout + r.stderr
+    assert "start jitter" not in r.stdout and not (tmp_path / "aws-calls").exists()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_as_pid_1_a_pod_deleted_while_waiting_stops_at_once(tmp_path, shell):
+    """The script is its container's PID 1, where a signal without a handler is ignored: before the trap, a pod
+    deleted during the start jitter or a neighbour's copy slept on and copied the weights until the kubelet's
+    SIGKILL at the end of the grace period (minutes). Run as PID 1 of a new PID namespace (unshare, as root)."""
+    import shutil
+    import signal
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("a PID namespace needs root and util-linux unshare")
+    _bucket(tmp_path)
+    _lock(tmp_path, age_s=0, heartbeat=True)  # a neighbour is copying: this pod waits
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", shell, str(FETCH)], env=_env(tmp_path, wait_max_s=120),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not _children(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (script,) = _children(proc.pid)
+        time.sleep(1.5)  # waiting on the neighbour's lock
+        started = time.monotonic()
+        os.kill(script, signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert took < 3, f"still running {took:.1f}s after SIGTERM"
+    assert not (tmp_path / "aws-calls").exists()

@@ -74,19 +74,37 @@ def test_engine_gets_an_existing_lora_folder_when_the_volume_has_none(planned_st
     assert os.listdir(chosen) == []  # no adapter resolves, as on a floor node whose copy had none
 
 
-def test_engine_keeps_the_volume_lora_folder_when_it_exists(planned_stacks, tmp_path):
+def test_adapters_on_the_volume_resolve_on_the_engines_model_path(planned_stacks, tmp_path):
+    """vLLM loads an adapter only when its config names the engine's model (here its path on the volume) as its
+    base; a trained adapter names its hub id. The engine reads a folder outside the read-only volume, each adapter
+    there linked to its files on the volume with a config naming the model path; the volume is left as it is."""
+    import json
+
+    from tests.vllm_lora_resolver import resolves
+
     _, spec = planned_stacks["prod"]
     ep = next((e for e in spec.endpoints if e.burst is not None and e.engine.lora is not None), None)
     if ep is None:
         pytest.skip("no burst endpoint with LoRA in the prod stack")
     settings = S.build_settings(S.BurstAppConfig.from_endpoint(ep))
     on_volume = tmp_path / "adapters"
-    on_volume.mkdir()
+    published = {"peft_type": "LORA", "base_model_name_or_path": "meta-llama/Llama-3.3-70B-Instruct", "r": 16}
+    for name in ("tenant-a", "tenant-b"):
+        (on_volume / name).mkdir(parents=True)
+        (on_volume / name / "adapter_config.json").write_text(json.dumps(published))
+        (on_volume / name / "adapter_model.safetensors").write_text(f"lora weights of {name}")
+    (on_volume / "README.md").write_text("not an adapter")
     settings = settings.__class__(**{**settings.__dict__,
                                      "container_env": {**settings.container_env, S.LORA_DIR_ENV: str(on_volume)}})
     env: dict[str, str] = {}
-    assert S.ensure_lora_resolver_dir(settings, env, empty_dir=str(tmp_path / "unused")) == str(on_volume)
-    assert env[S.LORA_DIR_ENV] == str(on_volume) and not (tmp_path / "unused").exists()
+    view = S.ensure_lora_resolver_dir(settings, env, empty_dir=str(tmp_path / "view"))
+    assert env[S.LORA_DIR_ENV] == view == str(tmp_path / "view")
+    for name in ("tenant-a", "tenant-b"):
+        assert resolves(view, settings.model_path, name)
+        assert not resolves(str(on_volume), settings.model_path, name)  # as published: a 404 for every request
+        assert (tmp_path / "view" / name / "adapter_model.safetensors").read_text() == f"lora weights of {name}"
+        assert json.loads((on_volume / name / "adapter_config.json").read_text()) == published
+    assert sorted(os.listdir(view)) == ["tenant-a", "tenant-b"]
 
 
 def test_new_engine_prepares_the_lora_folder_before_vllm_starts(planned_stacks, monkeypatch, tmp_path):

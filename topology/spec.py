@@ -220,15 +220,25 @@ class EngineSpec(_Spec):
     lora: LoraSettings | None
     port: int = 8000
 
-    def vllm_env(self, model_path: str) -> dict[str, str]:
+    def adapters_path(self, model_path: str) -> str | None:
+        """Where the revision's adapters are copied with it (`<model_path>/<adapters_subdir>`), None without LoRA."""
+        if self.lora is None or not self.lora.enable_lora:
+            return None
+        return f"{model_path.rstrip('/')}/{self.lora.adapters_subdir}"
+
+    def vllm_env(self, model_path: str, lora_dir: str | None = None) -> dict[str, str]:
         """The engine's environment, the single source for both tiers: offline hubs, and with LoRA, vLLM's
-        filesystem resolver loading an adapter by name from `<model_path>/<adapters_subdir>/<name>` on first use."""
+        filesystem resolver loading an adapter by name from `<lora_dir>/<name>` on first use. lora_dir: the
+        tier's resolver folder, adapters whose adapter_config.json names `model_path` as their base (the resolver
+        compares it with the engine's model; components/fetch_weights.sh, modal_apps/settings.py); None: the
+        adapters as copied, `adapters_path`."""
         env = dict(ENGINE_OFFLINE_ENV)
-        if self.lora is not None and self.lora.enable_lora:
+        adapters = self.adapters_path(model_path)
+        if adapters is not None:
             env.update({
                 "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true",
                 "VLLM_PLUGINS": "lora_filesystem_resolver",
-                "VLLM_LORA_RESOLVER_CACHE_DIR": f"{model_path.rstrip('/')}/{self.lora.adapters_subdir}",
+                "VLLM_LORA_RESOLVER_CACHE_DIR": lora_dir or adapters,
             })
         return env
 
