@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,6 +185,33 @@ def lora_dir_env(eng: EngineSpec, local_dir: str, weights_uri: str) -> list[dict
 
 
 
+# pulumi-kubernetes waits for a Deployment to be available with every replica of its new ReplicaSet ready, 10 minutes
+# unless told otherwise (provider/pkg/await/deployment.go, DefaultDeploymentTimeoutMins), and the Deployment
+# controller marks a rollout failed after progressDeadlineSeconds (600 s by default) without a pod becoming ready.
+# A floor replica on a new GPU node takes the measured node cold start (assist: 540 s) plus its start jitter, and a
+# template change rolls the floor one surge pod at a time, so both defaults fail a first `up` or a rollout.
+AWAIT_MARGIN = 1.5
+
+
+def progress_deadline_s(ep: EndpointSpec) -> int:
+    """The longest one pod of the floor may take to become ready on a new node, with a margin (at least the
+    controller's default 600 s)."""
+    return max(600, math.ceil(AWAIT_MARGIN * (ep.node_cold_start_s + ep.herd.start_jitter_s)))
+
+
+def rollout_timeout_s(ep: EndpointSpec, replicas: int) -> int:
+    """How long `pulumi up` may wait for a floor Deployment of up to `replicas` replicas: the first surge pod on a
+    new node, the others one after another on nodes that have room (maxSurge 1, maxUnavailable 0), with a margin
+    (at least the provider's default 10 minutes)."""
+    one_by_one = max(0, replicas - 1) * (ep.pod_cold_start_s + ep.herd.start_jitter_s)
+    return max(600, math.ceil(AWAIT_MARGIN * (ep.node_cold_start_s + ep.herd.start_jitter_s + one_by_one)))
+
+
+def await_timeouts(ep: EndpointSpec, replicas: int) -> pulumi.CustomTimeouts:
+    t = f"{math.ceil(rollout_timeout_s(ep, replicas) / 60)}m"
+    return pulumi.CustomTimeouts(create=t, update=t)
+
+
 @functools.cache
 def _scripts_data() -> dict[str, str]:
     """What every floor pod runs from the scripts ConfigMap: the weights fetch (init) and the warm-up probe (read
@@ -284,7 +312,9 @@ class FloorReplicas(pulumi.ComponentResource):
             spec=self._deployment_spec(args, app, stable, args.weights_uri, ep.engine.model_revision, ep.floor.base_replicas,
                                        version=ep.rollout.served_version if ep.rollout else None),
             # KEDA owns the replica count once it runs; Pulumi sets the first value only
-            opts=child(self, depends_on=[warmup], ignore_changes=["spec.replicas"]),
+            opts=child(self, depends_on=[warmup], ignore_changes=["spec.replicas"],
+                       custom_timeouts=await_timeouts(ep, ep.autoscaling.max_replicas if ep.autoscaling else
+                                                      ep.floor.base_replicas)),
         )
         service = k8s.core.v1.Service(
             f"{name}-service",
@@ -352,7 +382,7 @@ class FloorReplicas(pulumi.ComponentResource):
                 }},
                 spec=self._deployment_spec(args, app, canary, args.canary_weights_uri, cand_engine.model_revision,
                                            r.candidate_replicas, engine=cand_engine, version=r.candidate.version),
-                opts=child(self, depends_on=[warmup]),
+                opts=child(self, depends_on=[warmup], custom_timeouts=await_timeouts(ep, r.candidate_replicas)),
             )
             self._headless_service(f"{name}-canary-pods-service", meta(f"{app}-canary-pods"), canary, ep.engine.port)
             self.canary_pods_dns = f"{app}-canary-pods.{ns}.svc.cluster.local"
@@ -368,7 +398,7 @@ class FloorReplicas(pulumi.ComponentResource):
                 }},
                 spec=self._deployment_spec(args, app, prev, args.previous_weights_uri, prev_engine.model_revision,
                                            r.previous.replicas, engine=prev_engine, version=r.previous.version.version),
-                opts=child(self, depends_on=[warmup]),
+                opts=child(self, depends_on=[warmup], custom_timeouts=await_timeouts(ep, r.previous.replicas)),
             )
             self._headless_service(f"{name}-previous-pods-service", meta(f"{app}-previous-pods"), prev, ep.engine.port)
             self.previous_pods_dns = f"{app}-previous-pods.{ns}.svc.cluster.local"
@@ -415,6 +445,11 @@ class FloorReplicas(pulumi.ComponentResource):
                     f"endpoint {ep.name!r} runs on MIG slice {profile!r} but its pools' layout is "
                     f"{layout.devices if layout else 'MIG off'}"
                 )
+            if not re.fullmatch(r"[0-9a-z.]+", profile):
+                # `1g.10gb+me` (media extensions): `+` is not allowed in a Kubernetes resource name, and the device
+                # plugin's name for such a slice is not checked here; the planner never picks one
+                raise ValueError(f"endpoint {ep.name!r} runs on MIG slice {profile!r}, which has no resource name "
+                                 f"nvidia.com/mig-{profile} Kubernetes accepts; use a profile without '+me'")
             gpu_resources = {f"nvidia.com/mig-{profile}": "1"}
         else:
             gpu_resources = {"nvidia.com/gpu": str(ep.capacity.gpus_per_replica)}
@@ -506,6 +541,8 @@ class FloorReplicas(pulumi.ComponentResource):
             "selector": {"matchLabels": labels},
             # a new replica must be ready before an old one goes: capacity never dips during a rollout
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            # a surge pod may wait for a new GPU node: not a stuck rollout before that has had its time
+            "progressDeadlineSeconds": progress_deadline_s(ep),
             "template": {
                 "metadata": {"labels": {**labels, "serving.llm/model-revision": revision,
                                         **({VERSION_LABEL: version} if version else {})}},

@@ -59,6 +59,7 @@ class RecordedResource:
     ignore_changes: tuple[str, ...]
     inputs: dict[str, Any]
     replace_on_changes: tuple[str, ...] = ()
+    custom_timeouts: dict[str, str] = field(default_factory=dict)  # create / update / delete, as given
 
     @property
     def is_kubernetes_object(self) -> bool:
@@ -201,6 +202,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
 
     def _record(self, request: Any, urn: str, inputs: dict[str, Any], *, custom: bool, protect: bool,
                 ignore_changes: tuple[str, ...], replace_on_changes: tuple[str, ...] = ()) -> None:
+        t = getattr(request, "customTimeouts", None)
+        timeouts = {k: getattr(t, k) for k in ("create", "update", "delete") if t is not None and getattr(t, k)}
         self.recorded.append(RecordedResource(
             type=request.type,
             name=request.name,
@@ -213,6 +216,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             ignore_changes=ignore_changes,
             inputs=inputs,
             replace_on_changes=replace_on_changes,
+            custom_timeouts=timeouts,
         ))
 
     def _answer(self, values: Mapping[str, Any]) -> struct_pb2.Struct:

@@ -442,3 +442,33 @@ def test_the_floor_scripts_are_a_configmap_named_by_their_content(stack):
     for d in deployments:
         (vol,) = [v for v in d["spec"]["template"]["spec"]["volumes"] if v["name"] == "scripts"]
         assert vol["configMap"]["name"] in maps, d["metadata"]["name"]
+
+
+def test_pulumi_up_waits_for_floor_replicas_as_long_as_new_gpu_nodes_take(stack):
+    """pulumi-kubernetes waits for every replica of a Deployment's new ReplicaSet to be ready, 10 minutes unless told
+    (provider/pkg/await/deployment.go, DefaultDeploymentTimeoutMins), and the Deployment controller calls a rollout
+    stuck after progressDeadlineSeconds (600 s by default) without a pod becoming ready. A floor pod on a new GPU
+    node takes the measured node cold start plus its start jitter; a rollout moves one surge pod at a time."""
+    name, _inputs, spec = stack
+    rec = recording(name)
+    deployments = [r for r in rec.resources if r.type == "kubernetes:apps/v1:Deployment"
+                   and r.inputs["metadata"]["name"].split("-vllm")[0] in {e.name for e in spec.endpoints}
+                   and "-vllm" in r.inputs["metadata"]["name"]]
+    if not any(e.node_pools for e in spec.endpoints):
+        assert not deployments
+        return
+    assert deployments
+    for r in deployments:
+        ep = spec.endpoint(r.inputs["metadata"]["labels"]["serving.llm/endpoint"])
+        new_node_s = ep.node_cold_start_s + ep.herd.start_jitter_s
+        assert r.inputs["spec"]["progressDeadlineSeconds"] >= new_node_s
+        minutes = {k: int(v.removesuffix("m")) for k, v in r.custom_timeouts.items()}
+        assert set(minutes) == {"create", "update"}
+        stable = r.inputs["metadata"]["name"] == f"{ep.name}-vllm"
+        replicas = ep.autoscaling.max_replicas if stable else r.inputs["spec"]["replicas"]
+        # the first pod on a new node, then the rest one after another on warm nodes
+        needed = new_node_s + (replicas - 1) * (ep.pod_cold_start_s + ep.herd.start_jitter_s)
+        assert minutes["create"] * 60 >= needed and minutes["update"] == minutes["create"], (ep.name, minutes, needed)
+    if name == "prod":
+        assist = next(r for r in deployments if r.inputs["metadata"]["name"] == "assist-vllm")
+        assert int(assist.custom_timeouts["create"].removesuffix("m")) > 10  # the provider's default would fail

@@ -134,8 +134,12 @@ def _fetch(tmp_path: Path, source: Path, script: Path = FETCH) -> subprocess.Com
     # stands in for `aws s3 sync SRC DEST`: copies a local folder and logs the call
     fake_aws.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nmkdir -p "$6"\ncp -R {source}/. "$6"/\n')
     fake_aws.chmod(0o755)
+    files = sorted(p.name for p in source.iterdir() if p.is_file() and p.name != "SHA256SUMS")
+    if files:  # the manifest the seed writes last (tests/test_fetch_weights_lock.py covers a missing one)
+        (source / "SHA256SUMS").write_text("".join(f"{'0' * 64}  {f}\n" for f in files))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "WEIGHTS_URI": "s3://cache/models/m/rev/",
-           "LOCAL_DIR": str(tmp_path / "nvme" / "models" / "m" / "rev"), "START_JITTER_S": "0", "STALE_LOCK_S": "120", "LOCK_WAIT_MAX_S": "60"}
+           "LOCAL_DIR": str(tmp_path / "nvme" / "models" / "m" / "rev"), "START_JITTER_S": "0", "STALE_LOCK_S": "120",
+           "LOCK_WAIT_MAX_S": "60", "AWS_CONTAINER_CREDENTIALS_FULL_URI": "http://169.254.170.23/v1/credentials"}
     return subprocess.run(["/bin/sh", str(script)], env=env, capture_output=True, text=True, timeout=30)
 
 
@@ -291,3 +295,24 @@ def test_program_loads_only_the_pulumi_aws_submodules_it_uses():
     assert r.returncode == 0, r.stderr
     service_modules = set(r.stdout.split()) - {"arn_build", "arn_parse", "outputs", "provider", "trim_iam_role_path", "user_agent"}
     assert service_modules == {"autoscaling", "ec2", "eks", "iam", "s3"}  # autoscaling: node-template tags and scheduled actions on the groups
+
+
+def test_a_media_extension_mig_slice_is_refused_with_its_name_before_anything_is_declared(planned_stacks):
+    """`1g.10gb+me` is a valid mig-parted profile (the catalog has it), but `+` is not allowed in a Kubernetes
+    resource name, so a floor on it would be a Deployment the API server rejects. The planner never picks one; a
+    spec edited by hand to use one is refused naming the endpoint and the profile."""
+    from components.floor_replicas import FloorReplicas, FloorReplicasArgs
+
+    _, spec = planned_stacks["prod"]
+    guard = spec.endpoint("guard")
+    pools = [p for p in spec.node_pools if p.name in guard.node_pools]
+    assert guard.capacity.mig_profile == "1g.10gb"
+    me = "1g.10gb+me"
+    pools = [p.model_copy(update={"mig_layout": p.mig_layout.model_copy(update={"devices": {me: 1}})}) for p in pools]
+    guard = guard.model_copy(update={"capacity": guard.capacity.model_copy(update={"mig_profile": me})})
+    declared = []
+    with pytest.raises(ValueError, match=r"guard.*1g\.10gb\+me.*without '\+me'"):
+        declared.append(run_function(lambda: FloorReplicas("guard", FloorReplicasArgs(
+            endpoint=guard, node_pools=pools, weights_uri="s3://cache/models/guard/rev/", namespace="llm-serving",
+            prometheus_url="http://prometheus:9090", previous_weights_uri="s3://cache/models/guard/previous/"))))
+    assert not declared
