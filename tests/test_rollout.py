@@ -180,7 +180,12 @@ def test_shadow_mirrors_a_bounded_share_to_enough_candidate_replicas_and_is_cost
     # enough replicas for 10% of the peak, and not one more
     assert s.replicas * per >= PEAK * 0.10 > (s.replicas - 1) * per
     assert s.max_inflight == s.replicas * e.gateway.overflow_inflight_per_replica
-    assert e.rollout.candidate_usd_per_day == pytest.approx(s.replicas * 2 * PRICE * 24, abs=0.01)
+    # the candidate's pods share the floor's nodes (4 replicas of 2 GPUs per 8-GPU node, 1 reserved): the floor
+    # runs 4, 8 or 12 replicas, each filling its nodes, so its 2 pods need one more node every hour:
+    # 24 node-hours × 8 GPUs × $2.69 = $516.48/day (priced as 2 × 2 GPUs × $2.69 × 24 h = $258.24 before, half
+    # of what the node they hold costs)
+    assert s.replicas == 2 and set(e.floor.replicas_by_hour) == {4, 8, 12} and e.floor.reserved_replicas == 4
+    assert e.rollout.candidate_usd_per_day == pytest.approx(24 * 8 * PRICE, abs=0.01)
     assert e.rollout.shadow_licenses_promotion is False
 
 
@@ -192,9 +197,11 @@ def test_canary_by_user_hash_overflows_to_the_incumbent_and_is_costed():
     assert c.full_at_inflight_per_replica == e.gateway.overflow_inflight_per_replica
     assert c.replicas * per >= PEAK * 0.20 > (c.replicas - 1) * per
     assert e.rollout.outcome_metric.name == "draft_acceptance_rate" and e.rollout.outcome_metric.comparison_window_hours == 168
-    assert e.rollout.candidate_usd_per_day == pytest.approx(c.replicas * 2 * PRICE * 24, abs=0.01)
-    # N−1's price is known before promotion: 1 replica (default) × 2 GPUs × $2.69 × 24 h = $129.12/day
-    assert (e.rollout.previous_warm_replicas, e.rollout.previous_warm_usd_per_day) == (1, pytest.approx(129.12, abs=0.01))
+    # 4 canary pods on full nodes of 4: one more node every hour, $516.48/day
+    assert c.replicas == 4 and e.rollout.candidate_usd_per_day == pytest.approx(24 * 8 * PRICE, abs=0.01)
+    # N−1's price is known before promotion: 1 replica (default) on nodes the floor fills needs a node of its own
+    # every hour: $516.48/day (1 × 2 GPUs × $2.69 × 24 h = $129.12 before)
+    assert (e.rollout.previous_warm_replicas, e.rollout.previous_warm_usd_per_day) == (1, pytest.approx(516.48, abs=0.01))
 
 
 def test_a_new_weights_revision_travels_with_the_weight_caches():
@@ -217,8 +224,8 @@ def test_promotion_serves_the_candidate_and_keeps_the_incumbent_warm_for_the_win
     assert e.engine.kv_cache_dtype == "fp8" and e.rollout.served_version == "chat-v2"
     assert e.gateway.canary is None and e.gateway.shadow is None
     assert p.version.version == "chat-v1" and p.replicas == 2 and p.warm_until == dt.date(2026, 12, 7) and p.active
-    assert p.usd_per_day == pytest.approx(2 * 2 * PRICE * 24, abs=0.01)  # 258.24
-    assert p.window_usd == pytest.approx(2 * 2 * PRICE * 24 * 7, abs=0.05)  # 1,807.68
+    assert p.usd_per_day == pytest.approx(24 * 8 * PRICE, abs=0.01)  # 516.48: a node of its own every hour
+    assert p.window_usd == pytest.approx(24 * 8 * PRICE * 7, abs=0.05)  # 3,615.36
     assert planned(ro, planning_date=dt.date(2026, 12, 7)).rollout.previous.active is False  # the window has ended
 
 
@@ -287,13 +294,13 @@ def test_the_report_shows_each_stage_with_its_price_and_what_shadow_cannot_do():
     assert "rollout — stage shadow; serving chat-v1" in shadow
     assert "kv_cache_dtype auto→fp8" in shadow and "eval gate: passed — win_rate 0.58 ≥ 0.5 on chat-golden@v3" in shadow
     assert "shadow validates latency, memory and output distributions; it can never license promotion" in shadow
-    assert "$129/day" in shadow  # N−1 after promotion: 1 × 2 GPUs × $2.69 × 24 h
+    assert "$516/day" in shadow  # N−1 after promotion: 1 pod on the floor's full nodes needs a node every hour
     canary = _report(planned(rollout(stage="canary", canary_percent=20)))
     assert "canary (now): 20% of users by user hash" in canary and "draft_acceptance_rate (higher is better) over 168 h" in canary
     assert "a full candidate overflows to the incumbent" in canary
     promoted = _report(planned(rollout(stage="promoted", promoted_on="2026-11-30", previous_warm_replicas=2),
                                planning_date=dt.date(2026, 12, 1)))
-    assert "serving chat-v2" in promoted and "N−1 warm: chat-v1 × 2 until 2026-12-07 (warm now) — $258/day, $1,808 for the window" in promoted
+    assert "serving chat-v2" in promoted and "N−1 warm: chat-v1 × 2 until 2026-12-07 (warm now) — $516/day, $3,615 for the window" in promoted
     back = _report(planned(rollout(stage="rolled_back", promoted_on="2026-11-30"), planning_date=dt.date(2026, 12, 1)))
     assert "the floor backend selects chat-v1's pods" in back and "eval gate" not in back
 
@@ -326,3 +333,30 @@ def test_a_promotion_fills_and_serves_the_new_revision_from_its_own_burst_volume
     assert promoted.burst.volume_name == burst_volume_name("llm-serving", promoted.burst.environment, "chat", "rev2")
     # as long as the app's name: the inputs' check of the app name (Modal's 64) covers every volume it will need
     assert len(promoted.burst.volume_name) == len(promoted.burst.app_name)
+
+
+def test_rollout_pods_cost_the_nodes_they_add_and_fit_under_the_pools_cap():
+    """The candidate's and the warm previous version's pods run on the floor's pools. Where the floor leaves room on
+    its nodes they cost nothing more; where it fills them they cost a whole node; and the on-demand pool's cap
+    leaves room for them beside the replicas KEDA may scale to, or a canary stays Pending at the floor's peak."""
+    from topology.plan.rollout import extra_pods_usd_per_day
+
+    e = planned(rollout(stage="canary", canary_percent=20, canary_hash_key="session"))
+    spec_pools = plan(CostInputs.model_validate(inputs_dict(
+        managed_api=None, traffic={"hourly_mean_requests_per_s": office_profile(20, 1, 2)},
+        rollout=rollout(stage="canary", canary_percent=20, canary_hash_key="session")))).node_pools
+    on_demand = next(p for p in spec_pools if p.capacity_type == "on_demand")
+    reserved = next(p for p in spec_pools if p.capacity_type == "reserved")
+    rpn = 4
+    # KEDA's cap plus the 4 canary pods fit the pools
+    assert (reserved.max_nodes + on_demand.max_nodes) * rpn >= e.autoscaling.max_replicas + 4
+    assert (reserved.max_nodes + on_demand.max_nodes - 1) * rpn < e.autoscaling.max_replicas + 4
+
+    class Pl:  # a placement of 4 replicas per 8-GPU node
+        replicas_per_node, gpus_per_node = 4, 8
+
+    # hand-worked: a day of 6 floors, 1 reserved node, 1 more pod, $2 per GPU-hour
+    # floor 0 → 1 pod fits the reserved node: 0; 3 → 4 fits: 0; 4 → 5: +1 node; 5 → 6: 0 (2 nodes either way);
+    # 8 → 9: +1; 12 → 13: +1 — 3 node-hours over 6 hours = 12 node-hours a day × 8 GPUs × $2 = $192
+    assert extra_pods_usd_per_day(Pl, 2.0, [0, 3, 4, 5, 8, 12], 1, 1) == pytest.approx(192.0)
+    assert extra_pods_usd_per_day(Pl, 2.0, [0, 3, 4, 5, 8, 12], 1, 0) == 0.0

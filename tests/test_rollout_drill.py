@@ -36,8 +36,9 @@ def test_n_minus_1_is_the_configured_minimum_and_its_price(guard_drill):
     assert warm == 1 and serving > 1  # one warm replica cannot carry the peak: the finding says so
     assert "the warm column is a bound" in r.finding and "bound" in r.variants[0]
     per_day, window = r.values["N−1 warm price per day / for the window"]
-    # one 1g.10gb slice (1/7 of an H100 at $6.88/h) × 24 h = $23.59/day; × 7 days
-    assert per_day == pytest.approx(6.88 / 7 * 24, abs=0.01) and window == pytest.approx(per_day * 7, abs=0.05)
+    # one 1g.10gb slice beside a floor of 7 or 14 slices, which fills its p5.4xlarge nodes (7 slices of its one H100)
+    # every hour: a node of its own, $6.88/h × 24 h = $165.12/day (1/7 of the H100, $23.59/day, before); × 7 days
+    assert per_day == pytest.approx(6.88 * 24, abs=0.01) and window == pytest.approx(per_day * 7, abs=0.05)
 
 
 def test_changing_the_settings_changes_the_drill(planned_stacks, guard_drill):

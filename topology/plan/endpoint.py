@@ -88,7 +88,6 @@ def build_endpoint_spec(
     pools: list[NodePoolSpec] = []
     if ded_pl is not None:
         autoscaling = take(autoscaling_section(ep, demand, ded_pl, floor, herd, warn_headroom=win.tier == "dedicated_only"))
-        pools = node_pools(inp, ep, ded_pl, win.reserved_layers, autoscaling.max_replicas, catalog)
     engine = take(engine_section(ep, pl))
     burst: BurstSpec | None = None
     if win.uses_burst and sls is not None:
@@ -101,7 +100,9 @@ def build_endpoint_spec(
         pod_res = take(_pod_resources_section(ded_pl, catalog))
     rollout = None
     if ep.rollout is not None:
-        ro = rollout_section(inp, ep, ded_pl, engine, gateway.overflow_inflight_per_replica, planning_date)
+        ro = rollout_section(inp, ep, ded_pl, engine, gateway.overflow_inflight_per_replica, planning_date,
+                             floor_by_hour=floor_by_hour,
+                             reserved_nodes=win.reserved_layers // ded_pl.replicas_per_node if ded_pl else 0)
         derivs.extend(ro.derivations)
         warnings.extend(ro.warnings)
         rollout, engine = ro.spec, ro.served_engine
@@ -109,6 +110,14 @@ def build_endpoint_spec(
         if burst is not None:  # the burst serves the served engine's weights, from that revision's own volume
             burst = burst.model_copy(update={"volume_name": burst_volume_name(
                 inp.project, inp.environment, ep.name, engine.model_revision)})
+    if ded_pl is not None and autoscaling is not None:
+        # the rollout's pods (the candidate's, the warm previous version's) run on the floor's pools beside the
+        # replicas KEDA may scale to: the on-demand pool's cap has room for them
+        extra = 0
+        if rollout is not None:
+            extra = rollout.candidate_replicas + (rollout.previous.replicas if rollout.previous is not None
+                                                  and rollout.previous.active else 0)
+        pools = node_pools(inp, ep, ded_pl, win.reserved_layers, autoscaling.max_replicas + extra, catalog)
     derivs.extend(admission(ep, pl, serverless_cold_start_s(ep) if burst is not None else 0.0).derivations)
     if ded_pl is not None:
         kv = kv_at_p99_prompt(ep, ded_pl, gateway.overflow_inflight_per_replica if burst is not None

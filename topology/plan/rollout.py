@@ -134,10 +134,25 @@ def share_replicas(ep: EndpointInputs, pl: Placement, percent: float) -> int:
     return max(1, math.ceil(peak * percent / 100.0 / pl.planning_rps - 1e-9))
 
 
+def extra_pods_usd_per_day(pl: Placement, usd_per_gpu_h: float, floor_by_hour, reserved_nodes: int, pods: int) -> float:
+    """What `pods` more pods on the floor's node pools cost a day: the rollout's pods share the floor's nodes, so
+    they cost the on-demand nodes they add in whole nodes, hour by hour over the planned floor — nothing in an hour
+    whose nodes have room, a whole node where the floor fills its nodes (the reserved nodes are paid anyway)."""
+    if pods <= 0:
+        return 0.0
+    rpn = pl.replicas_per_node
+    nodes = [max(math.ceil(f / rpn), reserved_nodes) for f in floor_by_hour]
+    more = [max(math.ceil((f + pods) / rpn), reserved_nodes) for f in floor_by_hour]
+    node_hours = sum(m - n for m, n in zip(more, nodes))
+    return node_hours * pl.gpus_per_node * usd_per_gpu_h / (len(nodes) / HOURS_PER_DAY)
+
+
 def rollout_section(
     inp: CostInputs, ep: EndpointInputs, pl: Placement | None, incumbent_engine: EngineSpec,
-    overflow_inflight_per_replica: int, planning_date: dt.date | None,
+    overflow_inflight_per_replica: int, planning_date: dt.date | None, floor_by_hour=None, reserved_nodes: int = 0,
 ) -> RolloutPlan:
+    """floor_by_hour, reserved_nodes: the floor the plan runs by hour of the week and its reserved nodes, which the
+    rollout's pods share (extra_pods_usd_per_day); None: priced as if the floor filled its nodes every hour."""
     r = ep.rollout
     assert r is not None  # the caller plans a rollout only when the inputs have one (internal invariant)
     if pl is None:
@@ -152,7 +167,16 @@ def rollout_section(
     evidence = eval_gate(ep.name, r, cand) if r.stage != "rolled_back" else None
 
     usd_per_gpu_h = inp.prices.dedicated_on_demand_usd_per_gpu_hour[pl.gpu_kind]
-    usd_per_replica_day = pl.gpu_fraction_per_replica * usd_per_gpu_h * HOURS_PER_DAY
+    if floor_by_hour is None:  # every hour's nodes full: each pod's share of a new node, rounded up to whole nodes
+        floor_by_hour = [pl.replicas_per_node] * HOURS_PER_DAY
+
+    def usd_day(pods: int) -> float:
+        return extra_pods_usd_per_day(pl, usd_per_gpu_h, floor_by_hour, reserved_nodes, pods)
+
+    def priced(pods: int) -> str:
+        return (f"the on-demand nodes {pods} more pod(s) add to the planned floor, hour by hour over the week "
+                f"({pl.replicas_per_node} replica(s)/node, {reserved_nodes} reserved node(s) paid anyway) × "
+                f"{pl.gpus_per_node} GPUs × ${usd_per_gpu_h:g}/GPU-h, per day")
     derivs: list[Derivation] = []
     warnings: list[str] = []
     canary = shadow = None
@@ -174,11 +198,10 @@ def rollout_section(
                 weights_uri_suffix=cand_engine.weights_uri_suffix, replicas=cand_replicas, version=cand.version,
                 full_at_inflight_per_replica=overflow_inflight_per_replica, overflow_to_incumbent=True,
             )
-    cand_usd_day = round(cand_replicas * usd_per_replica_day, 2)
+    cand_usd_day = round(usd_day(cand_replicas), 2)
     if cand_replicas:
         derivs.append(Derivation(
-            figure="candidate_usd_per_day", value=cand_usd_day, unit="USD/day",
-            formula=f"{cand_replicas} × {pl.gpu_fraction_per_replica:g} GPU × ${usd_per_gpu_h:g}/GPU-h × 24 h",
+            figure="candidate_usd_per_day", value=cand_usd_day, unit="USD/day", formula=priced(cand_replicas),
             inputs=("prices.dedicated_on_demand_usd_per_gpu_hour",),
         ))
 
@@ -186,15 +209,14 @@ def rollout_section(
     if r.promoted_on is not None:  # promoted, or rolled back after a promotion
         # no planning date from the caller: N−1 stays declared (the safe side for a rollback) until a date says otherwise
         until = r.promoted_on + dt.timedelta(days=r.previous_warm_days)
-        per_day = round(r.previous_warm_replicas * usd_per_replica_day, 2)
+        per_day = round(usd_day(r.previous_warm_replicas), 2)
         previous = PreviousWarmSpec(
             version=inc, engine=incumbent_engine, replicas=r.previous_warm_replicas, warm_until=until,
             active=planning_date is None or planning_date < until, usd_per_day=per_day, window_usd=round(per_day * r.previous_warm_days, 2),
         )
         derivs.append(Derivation(
             figure="previous_warm_usd_window", value=previous.window_usd, unit="USD",
-            formula=f"{r.previous_warm_replicas} × {pl.gpu_fraction_per_replica:g} GPU × ${usd_per_gpu_h:g}/GPU-h × 24 h "
-            f"× {r.previous_warm_days} days (until {until})",
+            formula=f"{priced(r.previous_warm_replicas)} × {r.previous_warm_days} days (until {until})",
             inputs=("rollout.previous_warm_replicas", "rollout.previous_warm_days", "prices.dedicated_on_demand_usd_per_gpu_hour"),
         ))
 
@@ -217,7 +239,7 @@ def rollout_section(
         outcome_metric=OutcomeMetricSpec(**r.outcome_metric.model_dump()), candidate_replicas=cand_replicas,
         candidate_usd_per_day=cand_usd_day, promoted_on=r.promoted_on, previous_warm_replicas=r.previous_warm_replicas,
         previous_warm_days=r.previous_warm_days,
-        previous_warm_usd_per_day=round(r.previous_warm_replicas * usd_per_replica_day, 2), previous=previous,
+        previous_warm_usd_per_day=round(usd_day(r.previous_warm_replicas), 2), previous=previous,
         floor_backend_version=floor_backend_version, quality_sampling=sampling,
     )
     return RolloutPlan(spec, served_engine, canary, shadow, tuple(derivs), tuple(warnings))
