@@ -17,6 +17,7 @@ What the engine gives a pack, and how it maps onto a `rules.Resource`:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pulumi_policy import (
@@ -31,6 +32,7 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import _is_unknown
 
+from .recorded import _is_secure
 from .rules import (
     CLUSTER_KEY, CREDENTIAL_CONFIG_KEYS, MONITORING_KEY, PLATFORM_PROVIDES_KEY, RULES, UNKNOWN, Resource, Rule,
     StackContext, platform_groups,
@@ -82,6 +84,46 @@ def _config_value(key: str) -> Any:
         return raw
 
 
+# The project the engine starts the pack in (pulumi-analyzer-policy-python runs it from policies/): its stack files.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def stack_file_config(stack: str | None = None, root: Path | None = None) -> Mapping[str, Any] | None:
+    """The `config:` of the stack's file (`<stackConfigDir>/Pulumi.<stack>.yaml`), as `pulumi config set --secret`
+    leaves it (`{secure: …}` for a secret); None when the stack or its file is unknown."""
+    import os
+
+    import yaml
+
+    stack = stack or os.environ.get("PULUMI_STACK")
+    root = root or PROJECT_ROOT
+    if not stack:
+        return None
+    try:
+        project = yaml.safe_load((root / "Pulumi.yaml").read_text()) or {}
+        config_dir = project.get("stackConfigDir", ".") if isinstance(project, Mapping) else "."
+        doc = yaml.safe_load((root / config_dir / f"Pulumi.{stack.rsplit('/', 1)[-1]}.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    config = doc.get("config") if isinstance(doc, Mapping) else None
+    return config if isinstance(config, Mapping) else None
+
+
+def plain_credential_keys(is_set, stack_config: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """The credential keys set for this run whose stack-file value is in plain text.
+
+    The engine hands a policy pack every config value decrypted and does not say which were secrets (pulumi's
+    analyzer plugin passes PULUMI_CONFIG only; pulumi-policy 1.21 keeps nothing of ConfigureStack but the tags),
+    so `pulumi.runtime.is_config_secret` is False for every key there and the rule fired on every run. The stack
+    file says what `pulumi config set --secret` (or pulumi/actions' config-map with `secret: true`) encrypted; a
+    key set for this run but not in the file (or no file found) is not judged here: the offline render and
+    preflight judge the file."""
+    config = stack_file_config() if stack_config is None else stack_config
+    if config is None:
+        return ()
+    return tuple(k for k in CREDENTIAL_CONFIG_KEYS if is_set(k) and k in config and not _is_secure(config[k]))
+
+
 def stack_context_from_config(policy_config: Mapping[str, Any] | None = None) -> StackContext:
     """The stack's stated platform and credentials, read from the config the engine passed to the pack."""
     import pulumi.runtime
@@ -96,10 +138,7 @@ def stack_context_from_config(policy_config: Mapping[str, Any] | None = None) ->
         except ValueError:
             value = raw
         provides = [value] if isinstance(value, str) else [str(g) for g in value]
-    plain_keys = tuple(
-        k for k in CREDENTIAL_CONFIG_KEYS
-        if pulumi.runtime.get_config(k) is not None and not pulumi.runtime.is_config_secret(k)
-    )
+    plain_keys = plain_credential_keys(lambda k: pulumi.runtime.get_config(k) is not None)
     cfg = dict(policy_config or {})
     return StackContext(
         platform_provides=platform_groups(provides, _config_value(MONITORING_KEY), _config_value(CLUSTER_KEY)),

@@ -44,11 +44,12 @@ def stack_config(stack: str) -> dict[str, Any]:
 
 
 def _set_stack_config(config: Mapping[str, Any]) -> None:
-    """The stack config as the engine hands it to a pack: plain strings, secrets decrypted and listed."""
+    """The stack config as the engine hands it to a pack: plain strings, secrets decrypted and not marked as secret
+    (pulumi's analyzer plugin passes PULUMI_CONFIG only); which were secret, the stack file says (run_policy)."""
     secure = [k for k, v in config.items() if isinstance(v, Mapping) and set(v) == {"secure"}]
     pulumi.runtime.set_all_config(
         {k: ("decrypted" if k in secure else v if isinstance(v, str) else json.dumps(v)) for k, v in config.items()},
-        secure,
+        [],
     )
 
 
@@ -71,10 +72,21 @@ def _provider(r: RecordedResource, by_urn: Mapping[str, RecordedResource], confi
 def run_policy(name: str, resources: list[RecordedResource], config: Mapping[str, Any],
                policy_config: Mapping[str, Any] | None = None) -> list[tuple[str, str]]:
     """(urn, message) for every violation the named policy reports, as the pack would."""
+    from unittest import mock
+
+    import policies.pack
+
     policy = POLICY[name]
     _set_stack_config(config)
     by_urn = {r.urn: r for r in resources}
     found: list[tuple[str, str]] = []
+    # the stack file holds this config as `pulumi config set` left it ({secure: …} for a secret)
+    with mock.patch.object(policies.pack, "stack_file_config", lambda *a, **k: dict(config)):
+        _validate(policy, resources, by_urn, config, policy_config, found)
+    return found
+
+
+def _validate(policy, resources, by_urn, config, policy_config, found) -> None:
     if isinstance(policy, ResourceValidationPolicy):
         for r in resources:
             args = ResourceValidationArgs(r.type, unknown_checking_proxy(copy.deepcopy(r.inputs)), r.urn, r.name,
@@ -88,7 +100,6 @@ def run_policy(name: str, resources: list[RecordedResource], config: Mapping[str
             prs[r.urn].parent = prs.get(r.parent)
         policy.validate(StackValidationArgs(list(prs.values()), dict(policy_config or {})),
                         lambda msg, urn=None: found.append((urn or "", msg)))
-    return found
 
 
 def resources(stack: str) -> list[RecordedResource]:
@@ -438,7 +449,12 @@ def test_the_pack_runs_as_pulumi_starts_it_and_reports_over_grpc():
     from google.protobuf import empty_pb2, struct_pb2
     from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
 
-    env = {"PATH": "/usr/bin:/bin", "PULUMI_CONFIG": json.dumps({"llm-serving:platformProvides": '["monitoring.coreos.com"]'})}
+    # as the engine starts it for `pulumi preview -s prod`: every config value decrypted in PULUMI_CONFIG (the Modal
+    # tokens a workflow sets as secrets among them), the stack's name beside it
+    config = {"llm-serving:platformProvides": '["monitoring.coreos.com"]',
+              "llm-serving:modalTokenId": "ak-decrypted", "llm-serving:modalTokenSecret": "as-decrypted"}
+    env = {"PATH": "/usr/bin:/bin", "PULUMI_CONFIG": json.dumps(config), "PULUMI_STACK": "prod",
+           "PULUMI_PROJECT": "llm-serving", "PULUMI_DRY_RUN": "true"}
     proc = subprocess.Popen([sys.executable, "-u", "-m", "pulumi.policy", "127.0.0.1:1", "."], cwd=ROOT / "policies",
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -470,6 +486,10 @@ def test_the_pack_runs_as_pulumi_starts_it_and_reports_over_grpc():
                      for r in recording("prod").resources if r.type.startswith("kubernetes:monitoring.coreos.com")]
             resp = stub.AnalyzeStack(analyzer_pb2.AnalyzeStackRequest(resources=stack), timeout=20)
             assert not [d for d in resp.diagnostics if d.policyName == "custom-resources-have-definitions"]
+            # secrets arrive decrypted and unmarked: the credential rule reads the stack file, which holds no
+            # plain-text token (judging by the runtime's is_config_secret, it failed every preview and up here)
+            assert not [d for d in resp.diagnostics if d.policyName == "credentials-from-secret-config"], \
+                [d.message for d in resp.diagnostics]
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -481,3 +501,27 @@ def _struct(value: dict[str, Any]):
     s = struct_pb2.Struct()
     s.update(value)
     return s
+
+
+def test_the_live_packs_credential_rule_judges_the_stack_file_not_the_decrypted_config(tmp_path):
+    """The engine gives a policy pack every config value decrypted, without saying which were secret; the stack
+    file does: `{secure: …}` for `pulumi config set --secret`. A token in plain text there is reported; a secret
+    one, one set only for this run, or a stack whose file cannot be found is not."""
+    import yaml
+
+    from policies.pack import plain_credential_keys, stack_file_config
+
+    (tmp_path / "Pulumi.yaml").write_text("name: llm-serving\nruntime: python\nstackConfigDir: stacks\n")
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "Pulumi.prod.yaml").write_text(yaml.safe_dump({"config": {
+        "llm-serving:modalTokenId": {"secure": "v1:abc"}, "llm-serving:modalTokenSecret": "as-plain-text",
+        "aws:region": "us-east-1"}}))
+    config = stack_file_config("prod", tmp_path)
+    set_now = {"llm-serving:modalTokenId", "llm-serving:modalTokenSecret", "aws:accessKey"}
+    assert plain_credential_keys(set_now.__contains__, config) == ("llm-serving:modalTokenSecret",)
+    assert plain_credential_keys(set_now.__contains__, stack_file_config("organisation/prod", tmp_path)) == (
+        "llm-serving:modalTokenSecret",)  # a fully qualified stack name
+    assert stack_file_config("staging", tmp_path) is None
+    assert plain_credential_keys(set_now.__contains__, {}) == ()
+    # the bundled stacks keep no token at all
+    assert plain_credential_keys(lambda k: True, stack_file_config("prod")) == ()
