@@ -52,34 +52,72 @@ refresh_adapters() {
   fi
 }
 
-# LORA_DIR/<name>: hard links to LORA_SRC/<name>'s files, adapter_config.json naming LOCAL_DIR as the base model.
-# Each adapter is built beside its place and renamed into it, so an engine resolving it meanwhile finds the old
-# one or the new one.
+# LORA_DIR/<name>: a link to a folder beside it holding hard links to LORA_SRC/<name>'s files and an
+# adapter_config.json naming LOCAL_DIR as the base model. A rebuilt adapter gets a new folder and its link is
+# replaced by a rename, so an engine resolving it meanwhile finds the old one or the new one; folders no link
+# points at are removed after. Built under the node's adapters lock (adapters_phase): one pod at a time.
 lora_view() {
   [ -n "${LORA_DIR:-}" ] || return 0
   mkdir -p "$LORA_DIR"
   [ -n "${LORA_SRC:-}" ] && [ -d "$LORA_SRC" ] || return 0
+  stamp=$(date +%s%N)
   for src in "$LORA_SRC"/*; do
     [ -f "$src/adapter_config.json" ] || continue
     name=$(basename "$src")
-    tmp="$LORA_DIR/.$name.tmp.$$"
-    rm -rf "$tmp"
-    cp -al "$src" "$tmp"
-    rm -f "$tmp/adapter_config.json"  # a link to the published file: written anew, not through the link
+    build=".$name.$stamp"
+    cp -al "$src" "$LORA_DIR/$build"
+    rm -f "$LORA_DIR/$build/adapter_config.json"  # a link to the published file: written anew, not through it
     base=$(sed -n 's/.*"base_model_name_or_path"[[:space:]]*:[[:space:]]*"\([^"]*\)".*/\1/p' "$src/adapter_config.json")
     sed 's|"base_model_name_or_path"[[:space:]]*:[[:space:]]*"[^"]*"|"base_model_name_or_path": "'"$LOCAL_DIR"'"|' \
-      "$src/adapter_config.json" > "$tmp/adapter_config.json"
-    if ! grep -q '"base_model_name_or_path"' "$tmp/adapter_config.json"; then
-      echo "adapter $name: adapter_config.json has no base_model_name_or_path; skipped (vLLM would not load it)" >&2
-      rm -rf "$tmp"
+      "$src/adapter_config.json" > "$LORA_DIR/$build/adapter_config.json"
+    if ! grep -qF "\"base_model_name_or_path\": \"$LOCAL_DIR\"" "$LORA_DIR/$build/adapter_config.json"; then
+      # no such key, or a value this line-by-line rewrite cannot read (null, on the next line, an escaped quote)
+      echo "adapter $name: could not point adapter_config.json's base_model_name_or_path at $LOCAL_DIR; skipped" \
+        "(vLLM loads an adapter only when it names the engine's model)" >&2
+      rm -rf "${LORA_DIR:?}/$build"
       continue
     fi
-    old="$LORA_DIR/.$name.old.$$"
-    if [ -e "$LORA_DIR/$name" ]; then mv -T "$LORA_DIR/$name" "$old" 2>/dev/null || true; fi
-    mv -T "$tmp" "$LORA_DIR/$name" || rm -rf "$tmp"  # a neighbour placed it first: theirs is the same
-    rm -rf "$old"
+    ln -s "$build" "$LORA_DIR/.$name.link"
+    if [ -d "$LORA_DIR/$name" ] && [ ! -L "$LORA_DIR/$name" ]; then rm -rf "${LORA_DIR:?}/$name"; fi
+    mv -T "$LORA_DIR/.$name.link" "$LORA_DIR/$name"
     echo "adapter $name: served on base $LOCAL_DIR (published for ${base:-?})"
   done
+  for d in "$LORA_DIR"/.*; do  # builds no link points at any more
+    b=$(basename "$d")
+    [ -d "$d" ] && [ ! -L "$d" ] && [ "$b" != . ] && [ "$b" != .. ] || continue
+    used=0
+    for l in "$LORA_DIR"/*; do
+      if [ -L "$l" ] && [ "$(readlink "$l")" = "$b" ]; then used=1; break; fi
+    done
+    [ "$used" = 1 ] || rm -rf "${LORA_DIR:?}/$b"
+  done
+}
+
+# The adapters' copy and the resolver's folder, one pod of the node at a time (pods starting together on a node
+# would otherwise sync into one folder and build the same adapters at once): a lock folder kept fresh while held,
+# taken over when older than STALE_LOCK_S (its holder was killed).
+adapters_phase() {
+  [ -n "${LORA_DIR:-}" ] || return 0
+  alock="$LOCAL_DIR.adapters.lock"
+  waited_s=0
+  while ! mkdir "$alock" 2>/dev/null; do
+    age=$(( $(date +%s) - $(stat -c %Y "$alock" 2>/dev/null || date +%s) ))
+    if [ "$age" -gt "$STALE_LOCK_S" ]; then
+      rm -rf "$alock"
+      continue
+    fi
+    if [ "$waited_s" -ge "$LOCK_WAIT_MAX_S" ]; then
+      echo "waited ${waited_s}s (LOCK_WAIT_MAX_S) for a neighbour's adapters; giving up so the kubelet retries" >&2
+      exit 1
+    fi
+    pause "$poll_s"
+    waited_s=$((waited_s + poll_s))
+  done
+  ( while sleep "$poll_s"; do touch "$alock" 2>/dev/null || exit 0; done ) >/dev/null 2>&1 &
+  toucher=$!
+  trap 'kill "$toucher" 2>/dev/null || true; rm -rf "$alock"' EXIT
+  if [ "${1:-}" = refresh ]; then refresh_adapters; fi
+  lora_view
 }
 
 # Every file the revision's manifest lists is here (S3 objects appear whole, and the sync renames each file into
@@ -112,8 +150,7 @@ check_complete() {
 if [ -f "$done_marker" ]; then
   echo "weights already on this node: $LOCAL_DIR"
   if [ -n "${ADAPTERS_URI:-}" ]; then require_credentials; fi
-  refresh_adapters
-  lora_view
+  adapters_phase refresh
   exit 0
 fi
 require_credentials
@@ -147,8 +184,7 @@ waited_s=0
 while ! mkdir "$lock" 2>/dev/null; do
   if [ -f "$done_marker" ]; then
     echo "weights copied by a neighbour: $LOCAL_DIR"
-    refresh_adapters
-    lora_view
+    adapters_phase refresh
     exit 0
   fi
   age=$(lock_age_s)
@@ -168,10 +204,15 @@ done
 beat
 ( while sleep "$poll_s"; do beat 2>/dev/null || exit 0; done ) >/dev/null 2>&1 &
 heartbeat_pid=$!
-trap 'kill "$heartbeat_pid" 2>/dev/null || true; rm -rf "$lock"' EXIT
+release_copy_lock() {
+  kill "$heartbeat_pid" 2>/dev/null || true
+  rm -rf "$lock"
+  trap - EXIT
+}
+trap release_copy_lock EXIT
 if [ -f "$done_marker" ]; then
-  refresh_adapters
-  lora_view
+  release_copy_lock
+  adapters_phase refresh
   exit 0
 fi
 
@@ -183,4 +224,5 @@ fi
 check_complete
 touch "$done_marker"
 echo "weights copied: $WEIGHTS_URI -> $LOCAL_DIR"
-lora_view
+release_copy_lock
+adapters_phase

@@ -290,18 +290,24 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
     deployment = f"{name}-vllm"  # components/floor_replicas.py
     wanted = (f"max(kube_deployment_spec_replicas{{namespace={promql_string(namespace)},"
               f"deployment={promql_string(deployment)}}})")
+    # a floor whose every stable pod starts on a new node (a first `up`, reserved nodes replaced or lost) is not
+    # down until a node cold start plus the start jitter has passed: the warm-node reaction time would page first
+    down_for_s = max(react_s, math.ceil(ep.node_cold_start_s + ep.herd.start_jitter_s))
+    down_how = (f"the longer of the {react_s} s reaction and a new node's cold start {ep.node_cold_start_s:g} s + "
+                f"start jitter {ep.herd.start_jitter_s} s")
     alerts.append(Alert(
         name="VllmFloorNotServing",
         query=(f"({wanted} unless on() "
                f"count({m.requests_waiting}{_selector(namespace, ep, stable=True)}))"),
-        comparison=">", threshold=0, for_s=react_s, severity="critical",
+        comparison=">", threshold=0, for_s=down_for_s, severity="critical",
         summary=f"{name}: the floor wants replicas and no stable vLLM engine is scraped",
         description=(f"Deployment {deployment} asks for {{{{ $value | humanize }}}} replica(s) and Prometheus scrapes no "
-                     f"stable engine of {served}, for longer than a replica needs to start ({react_how}). Requests "
+                     f"stable engine of {served}, for longer than a replica needs to start on a new node "
+                     f"({down_for_s} s: {down_how}). Requests "
                      "overflow to burst where the endpoint has one, else fail; the queue and latency alerts and "
                      "KEDA's trigger read nothing while it lasts. Look for pods crash-looping, pending, or failing to pull their image or "
                      "weights."),
-        derivation=f"kube_deployment_spec_replicas > 0 with no stable engine series; for: {react_how}",
+        derivation=f"kube_deployment_spec_replicas > 0 with no stable engine series; for: {down_how}",
     ))
 
     storm = PREEMPTION_STORM_SHARE * ep.capacity.planning_requests_per_s

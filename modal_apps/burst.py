@@ -205,8 +205,13 @@ if settings.enable_memory_snapshot:
         def start_after_restore(self) -> None:
             if SNAPSHOTS_HOLD_ENGINE:
                 weights_readonly.reload()  # field note: restores with volumes are reliable only after a reload
+                # adapters published to the volume since the snapshot: the resolver reads its folder on each new
+                # adapter's first request, so a folder rebuilt now serves them (and does not rely on /tmp
+                # surviving the restore)
+                ensure_lora_resolver_dir(settings)
                 self.engine.wake()
             else:
+                ensure_lora_resolver_dir(settings)
                 self.engine.start()
 
         @modal.web_server(**settings.web_server_kwargs())

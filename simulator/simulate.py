@@ -17,6 +17,7 @@ Pure: no clock reads, no network; randomness from an explicit seed; matplotlib a
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import queue
@@ -187,10 +188,11 @@ def simulate_endpoint(
         # the next chunks are drawn on another core while this one is served: the same draws in the same order
         # (the simulation takes none from this generator), so the same results
         chunks = ahead(chunks)
-    for chunk in chunks:
-        next_tick = sim.feed(chunk, tick_s, next_tick)
-        if progress is not None:
-            progress(len(chunk.arrival_s))
+    with contextlib.closing(chunks):  # an error while serving stops the drawing thread now, not when collected
+        for chunk in chunks:
+            next_tick = sim.feed(chunk, tick_s, next_tick)
+            if progress is not None:
+                progress(len(chunk.arrival_s))
     while next_tick <= end_s:
         sim.tick(next_tick)
         next_tick += tick_s

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 import numpy as np
 import pytest
@@ -331,3 +332,25 @@ def test_arrivals_are_not_drawn_ahead_where_serving_draws_from_their_generator(p
     unguarded = simulate_endpoint(inputs, spec, "assist", compiled=True,
                                   overrides=Overrides(abandon=Abandon(0.2, True)), **kw)
     assert not _same(dataclasses.asdict(ref), dataclasses.asdict(unguarded))
+
+
+def test_an_error_while_serving_stops_the_drawing_thread_at_once(planned_stacks, monkeypatch):
+    """A failure inside the engine leaves no thread drawing arrivals behind it, even while the error (and so the
+    frame holding the generator) is kept, as a future of the week's thread pool keeps it."""
+    import threading
+
+    inputs, spec = planned_stacks["prod"]
+    calls = []
+
+    def failing_feed(self, chunk, tick_s, next_tick):
+        calls.append(1)
+        raise RuntimeError("engine state out of range")
+
+    monkeypatch.setattr(CompiledEndpointSim, "feed", failing_feed)
+    with pytest.raises(RuntimeError, match="out of range") as kept:
+        simulate_endpoint(inputs, spec, "guard", seed=1, start_h=9.0, end_h=12.0, compiled=True)
+    assert calls == [1] and kept.value is not None
+    deadline = time.monotonic() + 2
+    while any(t.name == "arrivals-ahead" and t.is_alive() for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not any(t.name == "arrivals-ahead" and t.is_alive() for t in threading.enumerate())

@@ -212,7 +212,10 @@ def test_adapters_resolve_on_the_engines_local_model_and_new_ones_arrive_at_the_
     r = _run(tmp_path, shell, lora=True)
     assert r.returncode == 0 and "already on this node" in r.stdout, r.stdout + r.stderr
     assert resolves(view, str(local), "tenant-b") and resolves(view, str(local), "tenant-a")
-    assert not [p for p in Path(view).iterdir() if p.name.startswith(".")]  # no half-built folder left
+    # each adapter a link to its built folder; no other folder is left (the first build of tenant-a is gone)
+    links = {p.name: os.readlink(p) for p in Path(view).iterdir() if p.is_symlink()}
+    assert set(links) == {"tenant-a", "tenant-b"}
+    assert {p.name for p in Path(view).iterdir() if not p.is_symlink()} == set(links.values())
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -279,3 +282,57 @@ def test_as_pid_1_a_pod_deleted_while_waiting_stops_at_once(tmp_path, shell):
             proc.wait()
     assert took < 3, f"still running {took:.1f}s after SIGTERM"
     assert not (tmp_path / "aws-calls").exists()
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_pods_starting_together_on_a_node_build_the_adapters_once_each_and_leave_the_published_ones_intact(
+        tmp_path, shell):
+    """Pods starting on one node at once (a scale-up, guard's 7 slices per node) all reach the adapters at the same
+    moment. As PID 1 of their containers their $$ is 1 in every pod, so folders named by it collided: an init
+    container failed and a published adapter_config.json was truncated through a hard link. Run as PID 1 of
+    separate PID namespaces where possible (unshare, as root), otherwise as plain processes."""
+    import json
+    import shutil
+
+    from tests.vllm_lora_resolver import resolves
+
+    adapters = {}
+    for i in range(12):
+        adapters.update(_adapter(f"tenant-{i}"))
+        adapters[f"adapters/tenant-{i}/tokenizer.json"] = "{}"
+    _bucket(tmp_path, {"model.safetensors": "weights", **adapters})
+    r = _run(tmp_path, shell, lora=True)  # the node's first pod copies the revision
+    assert r.returncode == 0, r.stderr
+    as_pid_1 = os.geteuid() == 0 and shutil.which("unshare") is not None
+    prefix = ["unshare", "--pid", "--fork"] if as_pid_1 else []
+    env = _env(tmp_path, lora=True)
+    for _ in range(3):
+        procs = [subprocess.Popen([*prefix, shell, str(FETCH)], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        outs = [p.communicate(timeout=60) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0, 0, 0], [err for _, err in outs]
+    local = tmp_path / "nvme" / "m" / "rev"
+    view = f"{local}.lora"
+    for i in range(12):
+        assert resolves(view, str(local), f"tenant-{i}")
+        assert json.loads((local / "adapters" / f"tenant-{i}" / "adapter_config.json").read_text()) == ADAPTER_CONFIG
+    assert not (tmp_path / "nvme" / "m" / "rev.adapters.lock").exists()
+    assert len([p for p in Path(view).iterdir() if not p.is_symlink()]) == 12  # one build per adapter left
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_an_adapter_config_the_rewrite_cannot_read_is_skipped_with_a_reason(tmp_path, shell):
+    import json
+
+    from tests.vllm_lora_resolver import resolves
+
+    odd = {**ADAPTER_CONFIG, "base_model_name_or_path": None}
+    _bucket(tmp_path, {"model.safetensors": "weights", **_adapter("good"),
+                       "adapters/odd/adapter_config.json": json.dumps(odd),
+                       "adapters/odd/adapter_model.safetensors": "w"})
+    r = _run(tmp_path, shell, lora=True)
+    assert r.returncode == 0, r.stderr
+    local = tmp_path / "nvme" / "m" / "rev"
+    assert resolves(f"{local}.lora", str(local), "good")
+    assert not (Path(f"{local}.lora") / "odd").exists()
+    assert "adapter odd: could not point adapter_config.json's base_model_name_or_path" in r.stderr

@@ -119,3 +119,59 @@ def test_new_engine_prepares_the_lora_folder_before_vllm_starts(planned_stacks, 
     monkeypatch.setenv(S.LORA_DIR_ENV, burst.settings.container_env[S.LORA_DIR_ENV])
     burst.new_engine()  # what both enter-hook variants call before starting vLLM
     assert _vllm_resolver_accepts(os.environ[S.LORA_DIR_ENV])
+
+
+@pytest.mark.parametrize(("memory", "gpu"), [(True, True), (True, False)], ids=["gpu-snapshots", "memory-snapshots-only"])
+def test_an_adapter_published_after_the_snapshot_resolves_after_a_restore(planned_stacks, monkeypatch, tmp_path,
+                                                                           memory, gpu):
+    """The resolver's folder is built before the snapshot; a restore rebuilds it from the reloaded volume, so an
+    adapter published since then resolves on burst as it does on the floor (whose fetch rebuilds at every start)."""
+    import json
+
+    from tests.vllm_lora_resolver import resolves
+
+    _, spec = planned_stacks["prod"]
+    ep = next((e for e in spec.endpoints if e.burst is not None and e.engine.lora is not None), None)
+    if ep is None:
+        pytest.skip("no burst endpoint with LoRA in the prod stack")
+    burst_cfg = ep.burst.model_copy(update={"enable_memory_snapshot": memory, "enable_gpu_snapshot": gpu})
+    burst = _import_burst(monkeypatch, S.BurstAppConfig.from_endpoint(ep.model_copy(update={"burst": burst_cfg})))
+    volume = tmp_path / "adapters"
+    settings = burst.settings.__class__(**{**burst.settings.__dict__, "container_env": {
+        **burst.settings.container_env, S.LORA_DIR_ENV: str(volume)}})
+    view = tmp_path / "view"
+    monkeypatch.setattr(burst, "check_weights_revision", lambda: None)
+    monkeypatch.setattr(burst, "ensure_lora_resolver_dir",
+                        lambda s: S.ensure_lora_resolver_dir(settings, {}, empty_dir=str(view)))
+    monkeypatch.setattr(burst, "Engine", lambda *a, **k: FakeEngine())
+    reloads = []
+    monkeypatch.setattr(burst, "weights_readonly", type("V", (), {"reload": lambda self: reloads.append(1)})())
+
+    def publish(name):
+        (volume / name).mkdir(parents=True)
+        (volume / name / "adapter_config.json").write_text(json.dumps(
+            {"peft_type": "LORA", "base_model_name_or_path": "meta-llama/Llama-3.3-70B-Instruct"}))
+        (volume / name / "adapter_model.safetensors").write_text("w")
+
+    publish("tenant-a")
+    server = burst.BurstServer._get_user_cls()()
+    server.start_before_snapshot()
+    publish("tenant-b")  # after the snapshot was taken
+    server.start_after_restore()
+    assert resolves(str(view), settings.model_path, "tenant-a") and resolves(str(view), settings.model_path, "tenant-b")
+    assert server.engine.calls == (["start", "sleep", "wake"] if gpu else ["start"])
+    assert reloads == ([1] if gpu else [])
+
+
+class FakeEngine:
+    def __init__(self):
+        self.calls = []
+
+    def start(self):
+        self.calls.append("start")
+
+    def sleep(self):
+        self.calls.append("sleep")
+
+    def wake(self):
+        self.calls.append("wake")

@@ -210,8 +210,9 @@ def test_every_threshold_is_the_spec_figure(declared):
             "VllmTtftSloBreach": (">", 0.01, reaction),
             "VllmInterTokenSloBreach": (">", 0.01, reaction),
             "VllmKvCacheSaturated": (">", KV_SATURATION, KV_SATURATION_FOR_S),
-            # desired replicas with no stable engine scraped, for longer than a replica needs to start
-            "VllmFloorNotServing": (">", 0, reaction),
+            # desired replicas with no stable engine scraped, for longer than a replica needs to start on a new
+            # node (assist: 540 s node cold start + 170 s jitter = 710 s, longer than its 485 s reaction)
+            "VllmFloorNotServing": (">", 0, max(reaction, math.ceil(e.node_cold_start_s + e.herd.start_jitter_s))),
         }
         if a.burst_backlog_threshold is not None:  # floor_plus_burst endpoints (assist, autocomplete)
             expected["GatewayBurstBacklog"] = (">", a.burst_backlog_threshold, reaction)
@@ -240,6 +241,7 @@ def test_every_threshold_is_the_spec_figure(declared):
     assert bound("VllmInterTokenSloBreach", "autocomplete") == ["0.05", "+Inf"]  # 30 ms in (25, 50]
     # queue alert waits out the autoscaler: assist's 150 s stabilization + 170 s jitter + 150 s cold start + 15 s poll
     assert seconds(rules["assist"]["VllmQueueNotDraining"]["for"]) == 485
+    assert seconds(rules["assist"]["VllmFloorNotServing"]["for"]) == 710
 
 
 def test_prompt_shift_stays_reachable_below_the_product_limit(declared):
