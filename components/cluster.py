@@ -62,12 +62,21 @@ def kubeconfig_for(cluster_name: str, endpoint: str, ca_data: str, region: str) 
     }, sort_keys=True)
 
 
+def _ca_data(authorities) -> str:
+    """The base64 CA bundle of an eks.get_cluster result (a list of objects, or of dicts under mocks)."""
+    if not authorities:
+        return ""
+    first = authorities[0]
+    return first["data"] if isinstance(first, dict) else first.data
+
+
 class Cluster(pulumi.ComponentResource):
     name: pulumi.Output[str]
     node_role_arn: pulumi.Output[str]
     subnet_ids: pulumi.Output[list[str]]
     provider: k8s.Provider
     namespace: pulumi.Output[str]
+    kubeconfig: pulumi.Input[str] | None
 
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(f"{TYPE_PREFIX}:Cluster", name, None, opts)
@@ -76,6 +85,7 @@ class Cluster(pulumi.ComponentResource):
             kubeconfig = self._create(name, args)
         else:
             kubeconfig = self._existing(name, args)
+        self.kubeconfig = kubeconfig  # what the Kubernetes provider is given (None: the ambient kubeconfig)
 
         self.provider = k8s.Provider(
             f"{name}-k8s",
@@ -107,7 +117,13 @@ class Cluster(pulumi.ComponentResource):
             self.name = pulumi.Output.from_input(s.name or "")
             self.node_role_arn = pulumi.Output.from_input(s.node_role_arn or "")
             self.subnet_ids = pulumi.Output.from_input(list(s.subnet_ids))
-            return args.kubeconfig
+            if args.kubeconfig is not None:
+                return args.kubeconfig
+            # no kubeconfig given: one from the cluster's own endpoint and CA (`aws eks get-token` for the caller),
+            # so a CI runner with AWS credentials and an access entry needs no kubeconfig of its own
+            found = eks.get_cluster_output(name=s.name or "", region=args.region)
+            return pulumi.Output.secret(pulumi.Output.all(found.name, found.endpoint, found.certificate_authorities).apply(
+                lambda a: kubeconfig_for(a[0], a[1], _ca_data(a[2]), args.region)))
         ref = pulumi.StackReference(f"{name}-platform", stack_name=s.stack_reference.name, opts=child(self))
         r = s.stack_reference
         self.name = pulumi.Output.from_input(s.name) if s.name else ref.require_output(r.cluster_name_output)
@@ -137,11 +153,24 @@ class Cluster(pulumi.ComponentResource):
             region=args.region,
             version=s.kubernetes_version,
             role_arn=cluster_role.arn,
-            vpc_config={"subnet_ids": list(s.subnet_ids), "endpoint_private_access": True, "endpoint_public_access": True},
+            vpc_config={"subnet_ids": list(s.subnet_ids), "endpoint_private_access": True, "endpoint_public_access": True,
+                        "public_access_cidrs": list(s.public_access_cidrs)},
             # API access entries, not the aws-auth ConfigMap: node roles and admins are IAM-managed.
             access_config={"authentication_mode": "API", "bootstrap_cluster_creator_admin_permissions": True},
+            # a version past standard support is upgraded, not billed as extended support ($0.60 instead of $0.10 an
+            # hour per cluster; EKS's default support type is EXTENDED)
+            upgrade_policy={"support_type": "STANDARD"},
             opts=child(self, depends_on=attachments),
         )
+        # the creator alone is admin (bootstrap above): the CI role and the platform team get access entries
+        for i, arn in enumerate(s.admin_principal_arns):
+            entry = eks.AccessEntry(f"{name}-admin-{i}", cluster_name=cluster.name, principal_arn=arn, region=args.region,
+                                    type="STANDARD", opts=child(self))
+            eks.AccessPolicyAssociation(
+                f"{name}-admin-{i}-policy", cluster_name=cluster.name, principal_arn=arn, region=args.region,
+                policy_arn="arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy",
+                access_scope={"type": "cluster"}, opts=child(self, depends_on=[entry]),
+            )
         node_role = iam.Role(f"{name}-node-role", assume_role_policy=_EC2_ASSUME, opts=child(self))
         node_attachments = [
             iam.RolePolicyAttachment(f"{name}-node-{arn.rsplit('/', 1)[1]}", role=node_role.name, policy_arn=arn,
@@ -167,6 +196,9 @@ class Cluster(pulumi.ComponentResource):
                 cluster_name=cluster.name,
                 region=args.region,
                 addon_name=addon,
+                # EKS installs self-managed vpc-cni, kube-proxy and coredns with the cluster: the managed add-on
+                # takes them over instead of failing on a field they differ in
+                resolve_conflicts_on_create="OVERWRITE",
                 resolve_conflicts_on_update="OVERWRITE",
                 # coredns needs nodes to schedule on before it reports healthy
                 opts=child(self, depends_on=[system] if addon == "coredns" else []),

@@ -7,6 +7,8 @@ they come from `pulumi config set --secret` and are passed through as Pulumi sec
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -42,7 +44,18 @@ class ClusterSettings(_Settings):
     stack_reference: StackReferenceSettings | None = Field(
         None, alias="stackReference", description="existing: read name, node role, subnets and kubeconfig from this stack's outputs."
     )
-    kubernetes_version: str = Field("1.33", alias="kubernetesVersion", description="create: EKS Kubernetes version.")
+    kubernetes_version: str = Field(
+        "1.35", alias="kubernetesVersion",
+        description="create: EKS Kubernetes version. 1.35 is the one in EKS standard support on 2026-12-04 (1.33's "
+        "ended 2026-07-29, 1.34's 2026-12-02: a cluster created on them bills extended support).")
+    admin_principal_arns: tuple[str, ...] = Field(
+        (), alias="adminPrincipalArns",
+        description="create: IAM roles or users given cluster admin through EKS access entries — the CI role that runs "
+        "`pulumi up` and the platform team. Without them only the principal that created the cluster can reach it.")
+    public_access_cidrs: tuple[str, ...] = Field(
+        ("0.0.0.0/0",), alias="publicAccessCidrs",
+        description="create: CIDR blocks allowed to the cluster's public API endpoint (EKS's default: anywhere). "
+        "Narrow it to the CI runners and the office.")
     system_instance_type: str = Field("m7i.xlarge", alias="systemInstanceType", description="create: instance type of the CPU node group for operators.")
     system_nodes: int = Field(2, ge=1, le=20, alias="systemNodes", description="create: CPU nodes for KEDA, the GPU operator, CoreDNS.")
 
@@ -55,6 +68,13 @@ class ClusterSettings(_Settings):
                 raise ValueError("mode 'create' needs name (the cluster to create)")
             if len(self.subnet_ids) < 2:
                 raise ValueError(f"mode 'create' needs subnetIds in at least two availability zones; got {list(self.subnet_ids)}")
+            bad = [a for a in self.admin_principal_arns
+                   if not re.fullmatch(r"arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+", a)]
+            if bad:
+                raise ValueError(f"adminPrincipalArns must be IAM role or user ARNs (arn:aws:iam::<account>:role/<name>); "
+                                 f"got {bad}")
+            if not self.public_access_cidrs:
+                raise ValueError("publicAccessCidrs is empty: give the CIDR blocks that may reach the API endpoint")
         elif self.stack_reference is None:
             missing = [k for k, v in (("name", self.name), ("nodeRoleArn", self.node_role_arn)) if not v]
             if not self.subnet_ids:

@@ -336,6 +336,11 @@ class ServingMocks(pulumi_mocks.Mocks):
         if args.token == "aws:ec2/getRouteTables:getRouteTables":
             vpc = args.args.get("vpcId", "vpc")
             return {"id": vpc, "ids": [f"rtb-{vpc[-6:]}-private-a", f"rtb-{vpc[-6:]}-private-b"]}
+        if args.token == "aws:eks/getCluster:getCluster":  # an existing cluster read for its endpoint and CA
+            name = args.args.get("name", "cluster")
+            return {"id": name, "name": name, "endpoint": f"https://{name}.gr7.us-east-1.eks.amazonaws.com",
+                    "certificateAuthorities": [{"data": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="}],
+                    "arn": f"arn:aws:eks:us-east-1:123456789012:cluster/{name}", "version": "1.35"}
         # a component that starts reading the cloud (a data source) must get an answer here, or the render fails loudly
         raise UnmockedInvokeError(f"the offline mocks answer no invoke {args.token!r}; add its answer to offline/mockrun.py")
 

@@ -20,7 +20,7 @@ import kubernetes_validate.utils
 import referencing
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas" / "crd"
-KUBERNETES_VERSION = "1.33.0"  # the EKS version the stacks run (ClusterSettings.kubernetes_version)
+KUBERNETES_VERSION = "1.35.0"  # the EKS version the stacks run (ClusterSettings.kubernetes_version)
 
 
 @functools.cache

@@ -316,3 +316,67 @@ def test_a_media_extension_mig_slice_is_refused_with_its_name_before_anything_is
             endpoint=guard, node_pools=pools, weights_uri="s3://cache/models/guard/rev/", namespace="llm-serving",
             prometheus_url="http://prometheus:9090", previous_weights_uri="s3://cache/models/guard/previous/"))))
     assert not declared
+
+
+def test_a_created_cluster_admits_its_admins_stays_in_standard_support_and_takes_over_the_bootstrap_addons():
+    """EKS makes only the creating principal admin (bootstrapClusterCreatorAdminPermissions): the CI role and the
+    platform team get access entries, or whoever did not create the cluster is refused by the Kubernetes provider.
+    The support type is STANDARD (EKS's default EXTENDED bills $0.60 instead of $0.10 an hour once the version
+    leaves standard support), and the managed add-ons overwrite the self-managed ones EKS installs at creation."""
+    stack, config = read_stack_config(ROOT / "stacks" / "Pulumi.dev.yaml")
+    rec = run_program(stack, config)
+    (cluster,) = rec.of_type("aws:eks/cluster:Cluster")
+    assert cluster.inputs["version"] == "1.35"
+    assert cluster.inputs["upgradePolicy"] == {"supportType": "STANDARD"}
+    assert cluster.inputs["vpcConfig"]["publicAccessCidrs"] == ["0.0.0.0/0"]
+    admins = config["llm-serving:cluster"]["adminPrincipalArns"]
+    entries = {e.inputs["principalArn"]: e for e in rec.of_type("aws:eks/accessEntry:AccessEntry")}
+    assert sorted(entries) == sorted(admins)
+    policies = {p.inputs["principalArn"]: p.inputs for p in rec.of_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")}
+    assert sorted(policies) == sorted(admins)
+    for arn, p in policies.items():
+        assert p["policyArn"] == "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+        assert p["accessScope"] == {"type": "cluster"} and p["clusterName"] == cluster.inputs["name"]
+    for addon in rec.of_type("aws:eks/addon:Addon"):
+        assert addon.inputs["resolveConflictsOnCreate"] == "OVERWRITE"
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("adminPrincipalArns", ["github-actions"], "adminPrincipalArns must be IAM role or user ARNs"),
+    ("adminPrincipalArns", ["arn:aws:iam::123:role/x"], "adminPrincipalArns must be IAM role or user ARNs"),
+    ("publicAccessCidrs", [], "publicAccessCidrs is empty"),
+])
+def test_bad_cluster_access_settings_are_named(field, value, message):
+    stack, config = read_stack_config(ROOT / "stacks" / "Pulumi.dev.yaml")
+    config = {**config, "llm-serving:cluster": {**config["llm-serving:cluster"], field: value}}
+    with pytest.raises(InputError, match=message):
+        run_program(stack, config)
+
+
+def test_an_existing_cluster_without_a_kubeconfig_is_reached_through_its_own_endpoint():
+    """A CI runner has AWS credentials but no kubeconfig: the provider's kubeconfig is built from the cluster's
+    endpoint and CA (eks.get_cluster) with `aws eks get-token`, instead of falling back to an ambient kubeconfig
+    the runner does not have (the provider then called the cluster unreachable)."""
+    import json
+
+    import pulumi
+
+    from components.cluster import Cluster, ClusterArgs
+    from components.stack_settings import ClusterSettings
+
+    got = []
+
+    def declare():
+        settings = ClusterSettings.model_validate({"mode": "existing", "name": "platform-prod", "nodeRoleArn":
+                                                   "arn:aws:iam::123456789012:role/gpu-nodes", "subnetIds": ["subnet-a"]})
+        c = Cluster("cluster", ClusterArgs(settings=settings, region="us-east-1", serving_namespace="llm-serving"))
+        pulumi.Output.secret(c.kubeconfig).apply(got.append)
+
+    run_function(declare)
+    (kubeconfig,) = got
+    doc = json.loads(kubeconfig)
+    (entry,) = doc["clusters"]
+    assert entry["name"] == "platform-prod" and entry["cluster"]["server"].startswith("https://platform-prod.")
+    assert entry["cluster"]["certificate-authority-data"]
+    (user,) = doc["users"]
+    assert user["user"]["exec"]["args"] == ["eks", "get-token", "--cluster-name", "platform-prod", "--region", "us-east-1"]
