@@ -159,7 +159,7 @@ class Cluster(pulumi.ComponentResource):
             access_config={"authentication_mode": "API", "bootstrap_cluster_creator_admin_permissions": True},
             # a version past standard support is upgraded, not billed as extended support ($0.60 instead of $0.10 an
             # hour per cluster; EKS's default support type is EXTENDED)
-            upgrade_policy={"support_type": "STANDARD"},
+            upgrade_policy={"support_type": s.support_type},
             opts=child(self, depends_on=attachments),
         )
         # the creator alone is admin (bootstrap above): the CI role and the platform team get access entries

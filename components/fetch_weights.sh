@@ -77,14 +77,21 @@ lora_view() {
       rm -rf "${LORA_DIR:?}/$build"
       continue
     fi
-    ln -s "$build" "$LORA_DIR/.$name.link"
+    link="$LORA_DIR/.$name.$stamp.link"  # this build's own name: a link a killed pod left never blocks another
+    ln -s "$build" "$link"
     if [ -d "$LORA_DIR/$name" ] && [ ! -L "$LORA_DIR/$name" ]; then rm -rf "${LORA_DIR:?}/$name"; fi
-    mv -T "$LORA_DIR/.$name.link" "$LORA_DIR/$name"
+    mv -T "$link" "$LORA_DIR/$name"
     echo "adapter $name: served on base $LOCAL_DIR (published for ${base:-?})"
   done
-  for d in "$LORA_DIR"/.*; do  # builds no link points at any more
+  # builds no link points at any more, and links a killed pod left, once older than STALE_LOCK_S (a build still
+  # being made by a pod that also took over a stale lock is younger: never removed under it)
+  now=$(date +%s)
+  for d in "$LORA_DIR"/.*; do
     b=$(basename "$d")
-    [ -d "$d" ] && [ ! -L "$d" ] && [ "$b" != . ] && [ "$b" != .. ] || continue
+    [ "$b" != . ] && [ "$b" != .. ] || continue
+    [ $((now - $(stat -c %Y "$d" 2>/dev/null || echo "$now"))) -gt "$STALE_LOCK_S" ] || continue
+    if [ -L "$d" ]; then rm -f "$d"; continue; fi  # a .link never renamed into place
+    [ -d "$d" ] || continue
     used=0
     for l in "$LORA_DIR"/*; do
       if [ -L "$l" ] && [ "$(readlink "$l")" = "$b" ]; then used=1; break; fi
@@ -113,7 +120,7 @@ adapters_phase() {
     pause "$poll_s"
     waited_s=$((waited_s + poll_s))
   done
-  ( while sleep "$poll_s"; do touch "$alock" 2>/dev/null || exit 0; done ) >/dev/null 2>&1 &
+  ( while sleep "$poll_s"; do touch -c "$alock" 2>/dev/null || exit 0; done ) >/dev/null 2>&1 &
   toucher=$!
   trap 'kill "$toucher" 2>/dev/null || true; rm -rf "$alock"' EXIT
   if [ "${1:-}" = refresh ]; then refresh_adapters; fi

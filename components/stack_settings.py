@@ -46,12 +46,19 @@ class ClusterSettings(_Settings):
     )
     kubernetes_version: str = Field(
         "1.35", alias="kubernetesVersion",
-        description="create: EKS Kubernetes version. 1.35 is the one in EKS standard support on 2026-12-04 (1.33's "
-        "ended 2026-07-29, 1.34's 2026-12-02: a cluster created on them bills extended support).")
+        description="The cluster's Kubernetes version: create: the version created (1.35 is the one in EKS standard "
+        "support on 2026-12-04; 1.33's ended 2026-07-29, 1.34's 2026-12-02); existing: the version it runs. Cluster "
+        "Autoscaler's image follows it and preflight checks it against the cluster.")
+    support_type: Literal["STANDARD", "EXTENDED"] = Field(
+        "STANDARD", alias="supportType",
+        description="create: EKS support type. STANDARD: a version past standard support is upgraded by EKS; "
+        "EXTENDED (EKS's own default) bills $0.60 instead of $0.10 an hour past it. A cluster already in extended "
+        "support cannot leave it (EKS refuses): keep EXTENDED until it runs a version in standard support.")
     admin_principal_arns: tuple[str, ...] = Field(
         (), alias="adminPrincipalArns",
-        description="create: IAM roles or users given cluster admin through EKS access entries — the CI role that runs "
-        "`pulumi up` and the platform team. Without them only the principal that created the cluster can reach it.")
+        description="create: IAM roles or users given cluster admin through EKS access entries besides the principal "
+        "that creates the cluster — e.g. the CI role when engineers run the first `up`, or the engineers' role when CI "
+        "does. EKS gives the creator an entry of its own: listing it too fails with ResourceInUseException.")
     public_access_cidrs: tuple[str, ...] = Field(
         ("0.0.0.0/0",), alias="publicAccessCidrs",
         description="create: CIDR blocks allowed to the cluster's public API endpoint (EKS's default: anywhere). "

@@ -380,3 +380,13 @@ def test_an_existing_cluster_without_a_kubeconfig_is_reached_through_its_own_end
     assert entry["cluster"]["certificate-authority-data"]
     (user,) = doc["users"]
     assert user["user"]["exec"]["args"] == ["eks", "get-token", "--cluster-name", "platform-prod", "--region", "us-east-1"]
+
+
+def test_a_cluster_already_in_extended_support_can_keep_it():
+    """EKS does not let a cluster leave extended support: one created at the old default 1.33 pins the version and
+    EXTENDED until it runs a version in standard support."""
+    stack, config = read_stack_config(ROOT / "stacks" / "Pulumi.dev.yaml")
+    config = {**config, "llm-serving:cluster": {**config["llm-serving:cluster"], "kubernetesVersion": "1.33",
+                                                "supportType": "EXTENDED"}}
+    (cluster,) = run_program(stack, config).of_type("aws:eks/cluster:Cluster")
+    assert cluster.inputs["version"] == "1.33" and cluster.inputs["upgradePolicy"] == {"supportType": "EXTENDED"}

@@ -90,7 +90,7 @@ def world(aws_env, moto_endpoint, tmp_path):
     stack_file.write_text(yaml.safe_dump(doc))
     st = P.load_stack(stack_file)
 
-    eks.create_cluster(name=st.settings.cluster.name, version="1.35", roleArn="arn:aws:iam::123456789012:role/eks",
+    eks.create_cluster(name=st.settings.cluster.name, version="1.33", roleArn="arn:aws:iam::123456789012:role/eks",
                        resourcesVpcConfig={"subnetIds": ["subnet-1"]})
     addons = {"eks-pod-identity-agent": {"status": "ACTIVE", "addonVersion": "v1.3.8-eksbuild.2"}}
     s3.create_bucket(Bucket=source)
@@ -187,13 +187,13 @@ def test_a_stack_without_a_region_or_with_another_cluster_version_is_told_how_to
     stack_file, clients, *_ = world
     doc = yaml.safe_load(stack_file.read_text())
     del doc["config"]["aws:region"]
-    doc["config"]["llm-serving:cluster"]["kubernetesVersion"] = "1.34"  # the cluster runs 1.35
+    doc["config"]["llm-serving:cluster"]["kubernetesVersion"] = "1.34"
     stack_file.write_text(yaml.safe_dump(doc))
     checks, _text, status = run(stack_file, clients)
     assert status == 1
     assert checks["aws region"].fix == "pulumi config set aws:region us-east-1 -s prod"
-    assert "cluster runs 1.35" in checks["kubernetes version"].detail
-    assert checks["kubernetes version"].fix == "pulumi config set --path 'cluster.kubernetesVersion' 1.35 -s prod"
+    assert "cluster runs 1.33" in checks["kubernetes version"].detail
+    assert checks["kubernetes version"].fix == "pulumi config set --path 'cluster.kubernetesVersion' 1.33 -s prod"
 
 
 def test_the_owner_needs_the_other_stacks_caches_to_exist(world):
