@@ -11,6 +11,8 @@ The AWS, Kubernetes and Modal clients are injected (`Clients`), so tests run the
 
 from __future__ import annotations
 
+import re
+
 import json
 import subprocess
 import sys
@@ -129,6 +131,41 @@ def check_aws(st: StackUnderCheck, c: Clients) -> list[Check]:
     return out
 
 
+def _principal(arn: str) -> tuple[str, str, str] | None:
+    """(account, kind, name) of an IAM user or role ARN, or of the STS ARN a caller gets (`assumed-role/<role>/<session>`
+    is the role; a user's ARN may read `sts` or `iam`); None for anything else."""
+    m = re.fullmatch(r"arn:aws[a-z-]*:(?:iam|sts)::(\d{12}):(user|role|assumed-role)/(.+)", arn)
+    if not m:
+        return None
+    account, kind, rest = m.groups()
+    if kind == "assumed-role":
+        return account, "role", rest.split("/", 1)[0]
+    return account, kind, rest.rsplit("/", 1)[-1]  # a role's or user's path is not part of its identity here
+
+
+def check_cluster_admins(st: StackUnderCheck, c: Clients) -> list[Check]:
+    """Who runs this first `up` creates the cluster, and EKS gives the creator an access entry of its own
+    (bootstrapClusterCreatorAdminPermissions): listing that principal in adminPrincipalArns too fails the `up`
+    with ResourceInUseException."""
+    s = st.settings.cluster
+    try:
+        caller = c.aws("sts", st.spec.cluster_region).get_caller_identity()["Arn"]
+    except Exception:  # noqa: BLE001 - reported by the credentials check
+        return []
+    me = _principal(caller)
+    listed = [a for a in s.admin_principal_arns if me is not None and _principal(a) == me]
+    if listed:
+        return [Check("cluster admins", False,
+                      f"{caller} will create the cluster, and EKS gives its creator an access entry; {listed[0]} in "
+                      "cluster.adminPrincipalArns would be a second one for the same principal (ResourceInUseException)",
+                      f"remove {listed[0]} from llm-serving:cluster.adminPrincipalArns (or run the first up as another principal)")]
+    n = len(s.admin_principal_arns)
+    return [Check("cluster admins", True, f"{caller} will create the cluster and be its admin; "
+                                          f"{n} more admin(s) through access entries" if n else
+                                          f"{caller} will create the cluster and be its only admin "
+                                          "(set cluster.adminPrincipalArns for CI or the team)")]
+
+
 def check_cluster(st: StackUnderCheck, c: Clients) -> list[Check]:
     s, region = st.settings.cluster, st.spec.cluster_region
     eks = c.aws("eks", region)
@@ -138,7 +175,8 @@ def check_cluster(st: StackUnderCheck, c: Clients) -> list[Check]:
             return [Check("cluster", False, f"mode create, but an EKS cluster {s.name} already exists in {region}",
                           f"pick another llm-serving:cluster.name, or use it: llm-serving:cluster.mode existing")]
         except eks.exceptions.ResourceNotFoundException:
-            return [Check("cluster", True, f"{s.name} will be created (with the eks-pod-identity-agent add-on)")]
+            return [Check("cluster", True, f"{s.name} will be created (with the eks-pod-identity-agent add-on)"),
+                    *check_cluster_admins(st, c)]
     name = s.name
     if name is None:
         return [Check("cluster", True, "name comes from the stack reference (checked by `pulumi up`)", blocking=False)]

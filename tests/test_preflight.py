@@ -236,6 +236,7 @@ def test_a_stack_that_creates_its_cluster_checks_the_name_is_free_and_defers_the
     dev.write_text(yaml.safe_dump(doc))
     checks, _text, _status = run(dev, clients)
     assert checks["cluster"].ok and "will be created" in checks["cluster"].detail
+    assert checks["cluster admins"].ok and "1 more admin(s)" in checks["cluster admins"].detail
     assert "prometheus operator CRDs" not in checks  # dev installs kube-prometheus-stack itself
     deferred = checks["gateway secrets"]
     assert not deferred.ok and not deferred.blocking and "modal-proxy-auth" in deferred.detail
@@ -279,3 +280,24 @@ def test_the_owner_reads_its_destination_stacks_with_the_same_bounds(tmp_path):
     spec = plan(load_inputs(ROOT / "stacks" / "Pulumi.dev.yaml"))
     with pytest.raises(InputError, match=r"Pulumi\.prod\.yaml.*recursive alias"):
         replication_destinations(settings, "dev", spec, tmp_path)
+
+
+def test_the_principal_that_creates_the_cluster_is_not_listed_as_an_admin_too(world, tmp_path):
+    """EKS gives the cluster's creator an access entry (bootstrapClusterCreatorAdminPermissions): the same principal in
+    adminPrincipalArns would be a second entry, which fails the first `up` with ResourceInUseException. The caller
+    running preflight is who the first `up` runs as."""
+    _stack_file, clients, *_ = world
+    who = clients.aws("sts", "us-east-1").get_caller_identity()["Arn"]  # moto: arn:aws:sts::123456789012:user/moto
+    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.dev.yaml").read_text())
+    doc["config"]["llm-serving:cluster"]["name"] = f"dev-{tmp_path.name[-10:].lower().replace('_', '-')}"
+    doc["config"]["llm-serving:cluster"]["adminPrincipalArns"] = [
+        "arn:aws:iam::123456789012:role/github-actions-llm-serving", "arn:aws:iam::123456789012:user/moto"]
+    dev = tmp_path / "dev" / "Pulumi.dev.yaml"
+    dev.parent.mkdir()
+    dev.write_text(yaml.safe_dump(doc))
+    checks, _text, status = run(dev, clients)
+    assert status == 1 and not checks["cluster admins"].ok, checks["cluster admins"]
+    assert who in checks["cluster admins"].detail and "ResourceInUseException" in checks["cluster admins"].detail
+    assert "remove arn:aws:iam::123456789012:user/moto" in checks["cluster admins"].fix
+    assert P._principal("arn:aws:sts::123456789012:assumed-role/ci-deploy/gh-run-42") == ("123456789012", "role", "ci-deploy")
+    assert P._principal("arn:aws:iam::123456789012:role/team/ci-deploy") == ("123456789012", "role", "ci-deploy")
