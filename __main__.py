@@ -15,6 +15,7 @@ import pulumi
 from components.cluster import Cluster, ClusterArgs
 from components.floor_replicas import FloorReplicas, FloorReplicasArgs, canary_weights_prefix, previous_weights_prefix
 from components.gateway import Gateway, GatewayArgs
+from components.gateway_config import ClientLimits
 from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
 from components.gpu_operator import GpuOperator, GpuOperatorArgs
 from components.keda import Keda
@@ -57,6 +58,7 @@ try:
     settings = stack_settings(
         {
             "cluster": config.get_object("cluster"),
+            "gateway": config.get_object("gateway"),
             "namespace": config.get("namespace"),
             "prometheusUrl": config.get("prometheusUrl"),
             "monitorLabels": config.get_object("monitorLabels"),
@@ -249,6 +251,10 @@ if any(e.gated for e in spec.endpoints):
             burst_urls={n: b.url for n, b in bursts.items()},
             monitor_labels=settings.monitor_labels,
             quality_recorder=(f"{quality_recorder.service_dns}:{quality_recorder.port}" if quality_recorder else None),
+            client_limits=ClientLimits(source=settings.gateway.client_source),
+            # a cluster this stack creates has none of the Secrets the gateway reads (tenant keys, Modal proxy
+            # auth) until they are created after it: `up` does not wait for its pods (they start once they exist)
+            await_ready=settings.cluster.mode != "create",
         ),
         opts=monitored_opts,
     )

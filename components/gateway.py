@@ -66,6 +66,9 @@ class GatewayArgs:
     # per-client limits against slow-connection floods; `source` must say how client addresses reach the pods
     # ("src", "proxy_protocol" or "xff": see gateway_config.ClientLimits)
     client_limits: ClientLimits = ClientLimits()
+    # False: `pulumi up` does not wait for the pods to be ready (pulumi.com/skipAwait), for a cluster created in the
+    # same `up`, which holds none of the Secrets the pods read yet
+    await_ready: bool = True
     cpu_request: str = "1"  # HAProxy runs one thread (see gateway_config)
     memory_request: str = "512Mi"
     # HAProxy holds up to 2 buffers of tune.bufsize (~208 KiB for prod) per active stream; the
@@ -172,7 +175,8 @@ class Gateway(pulumi.ComponentResource):
 
         deployment = k8s.apps.v1.Deployment(
             f"{name}-deployment",
-            metadata=meta,
+            metadata=meta if args.await_ready else {**meta, "annotations": {
+                **meta.get("annotations", {}), "pulumi.com/skipAwait": "true"}},
             spec={
                 "replicas": args.replicas,
                 "selector": {"matchLabels": labels},
@@ -246,7 +250,11 @@ class Gateway(pulumi.ComponentResource):
                 "selector": {"matchLabels": labels},
                 "podMetricsEndpoints": [{"port": "stats", "path": "/metrics", "interval": "15s"},
                                         # what the gateway sampled and dropped for the evaluation sink
-                                        *([{"port": "stats", "path": "/metrics/quality", "interval": "30s"}]
+                                        # its own `endpoint` label: the operator labels both jobs' targets by
+                                        # the port name alone, so their `up` series would collide
+                                        *([{"port": "stats", "path": "/metrics/quality", "interval": "30s",
+                                            "relabelings": [{"targetLabel": "endpoint",
+                                                             "replacement": "stats-quality"}]}]
                                           if sampled else [])],
             },
             opts=child(self),

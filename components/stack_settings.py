@@ -123,8 +123,21 @@ class S3EndpointSettings(_Settings):
         return self
 
 
+class GatewaySettings(_Settings):
+    """`llm-serving:gateway`: how clients reach the gateway, which its per-client limits key on."""
+
+    client_source: Literal["src", "proxy_protocol", "xff"] = Field(
+        "src", alias="clientSource",
+        description="What identifies a client for the per-client connection and request-rate limits: 'src', the TCP "
+        "peer (clients in the cluster, or a load balancer that keeps client addresses: an NLB with IP targets and "
+        "preserve_client_ip); 'proxy_protocol', the address a load balancer sends in the PROXY protocol; 'xff', the "
+        "last X-Forwarded-For value a trusted proxy appends. Behind a proxy that hides client addresses, 'src' makes "
+        "every client one: the per-source caps then cap all traffic.")
+
+
 class StackSettings(_Settings):
     cluster: ClusterSettings = Field(description="`llm-serving:cluster`.")
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings, description="`llm-serving:gateway`.")
     namespace: str = Field(
         "llm-serving", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63,
         description="`llm-serving:namespace`: Kubernetes namespace of the serving workloads.",
@@ -173,7 +186,7 @@ class StackSettings(_Settings):
 
 
 def stack_settings(config: Mapping[str, Any], source: str) -> StackSettings:
-    """Settings from the non-input config keys (`cluster`, `namespace`, `prometheusUrl`, `monitorLabels`,
+    """Settings from the non-input config keys (`cluster`, `gateway`, `namespace`, `prometheusUrl`, `monitorLabels`,
     `weightReplication`, `s3GatewayEndpoint`, `monitoring`, `qualityRecorderImage`)."""
     if config.get("cluster") is None:
         raise InputError(

@@ -390,3 +390,43 @@ def test_a_cluster_already_in_extended_support_can_keep_it():
                                                 "supportType": "EXTENDED"}}
     (cluster,) = run_program(stack, config).of_type("aws:eks/cluster:Cluster")
     assert cluster.inputs["version"] == "1.33" and cluster.inputs["upgradePolicy"] == {"supportType": "EXTENDED"}
+
+
+def _gateway_objects(rec):
+    (dep,) = [r for r in rec.of_type("kubernetes:apps/v1:Deployment") if r.name == "gateway-deployment"]
+    (cm,) = [r for r in rec.of_type("kubernetes:core/v1:ConfigMap") if r.name.startswith("gateway-") and "haproxy.cfg" in r.inputs.get("data", {})]
+    return dep, cm
+
+
+def test_the_gateway_in_a_cluster_created_by_the_same_up_is_not_awaited():
+    """A cluster the stack creates holds none of the Secrets the gateway's pods read (tenant keys, Modal proxy auth)
+    until they are created after the `up`: pulumi-kubernetes would wait 10 minutes for pods that cannot start and
+    fail the first `up`. There the gateway is not awaited (its pods start once the Secrets exist); on an existing
+    cluster, where preflight checks the Secrets, it is."""
+    dev_dep, _ = _gateway_objects(run_program(*read_stack_config(ROOT / "stacks" / "Pulumi.dev.yaml")))
+    prod_dep, _ = _gateway_objects(run_program(*read_stack_config(ROOT / "stacks" / "Pulumi.prod.yaml")))
+    assert dev_dep.inputs["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
+    assert "pulumi.com/skipAwait" not in prod_dep.inputs["metadata"].get("annotations", {})
+
+
+@pytest.mark.parametrize(("source", "expect"), [("src", "track-sc0 src"), ("proxy_protocol", "accept-proxy")])
+def test_the_gateways_client_source_is_a_stack_setting(source, expect):
+    """Behind a proxy that hides client addresses every client is one source, and the per-source caps would cap all
+    traffic: `llm-serving:gateway.clientSource` says how client addresses reach the pods."""
+    stack, config = read_stack_config(ROOT / "stacks" / "Pulumi.prod.yaml")
+    _, cm = _gateway_objects(run_program(stack, {**config, "llm-serving:gateway": {"clientSource": source}}))
+    assert expect in cm.inputs["data"]["haproxy.cfg"]
+    with pytest.raises(InputError, match=r"gateway.clientSource.*'src', 'proxy_protocol' or 'xff'"):
+        run_program(stack, {**config, "llm-serving:gateway": {"clientSource": "forwarded"}})
+
+
+def test_the_gateways_two_scrape_endpoints_label_their_targets_apart():
+    """prometheus-operator labels every target of a PodMonitor endpoint by the port name alone (promcfg.go, v0.93):
+    two endpoints on one port would give two `up` series with the same labels."""
+    rec = run_program(*read_stack_config(ROOT / "stacks" / "Pulumi.prod.yaml"))
+    (pm,) = [r for r in rec.of_type("kubernetes:monitoring.coreos.com/v1:PodMonitor") if r.name == "gateway-pod-monitor"]
+    endpoints = pm.inputs["spec"]["podMetricsEndpoints"]
+    assert len(endpoints) == 2
+    labels = [next((x["replacement"] for x in e.get("relabelings", []) if x["targetLabel"] == "endpoint"), e["port"])
+              for e in endpoints]
+    assert len(set(labels)) == 2, labels
