@@ -315,7 +315,33 @@ def check_quality_sink(st: StackUnderCheck, c: Clients) -> list[Check]:
                          f"s3://{b} is in {region}" + ("" if region == want else
                                                         f", the cluster in {want}: sampled prompts would leave the region"),
                          f"name a sink bucket in {want} (rollout.quality_sampling.sink_uri)"))
+        key = _customer_kms_key(c.aws("s3", want), b)
+        if key is not None:
+            # the recorder's role may s3:PutObject and nothing else (components/quality_recorder.py): a put into a
+            # bucket whose default encryption is a customer-managed key needs kms:GenerateDataKey on it, and without
+            # it every sample is dropped (the QualitySamplingBlind alert fires hours later)
+            out.append(Check(f"quality sink {b} encryption", False,
+                             f"s3://{b} encrypts with the customer-managed KMS key {key}: the quality recorder's role "
+                             "has s3:PutObject only, so every sampled record would be refused",
+                             f"allow the recorder's role kms:GenerateDataKey on {key} (its key policy), or name a sink "
+                             "encrypted with SSE-S3 or the AWS-managed aws/s3 key"))
     return out
+
+
+def _customer_kms_key(s3, bucket: str) -> str | None:
+    """The customer-managed KMS key a bucket's default encryption uses, or None (SSE-S3, the AWS-managed aws/s3 key,
+    or nothing readable: the region check above reports a bucket it cannot read)."""
+    try:
+        rules = s3.get_bucket_encryption(Bucket=bucket)["ServerSideEncryptionConfiguration"]["Rules"]
+    except Exception:  # noqa: BLE001 - no configuration (SSE-S3 by default since 2023) or not readable
+        return None
+    for rule in rules:
+        default = rule.get("ApplyServerSideEncryptionByDefault", {})
+        if default.get("SSEAlgorithm") in ("aws:kms", "aws:kms:dsse"):
+            key = default.get("KMSMasterKeyID") or ""
+            if key and not key.endswith("alias/aws/s3"):
+                return key
+    return None
 
 
 def check_modal(st: StackUnderCheck, c: Clients) -> list[Check]:
