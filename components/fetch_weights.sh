@@ -4,7 +4,7 @@
 #   WEIGHTS_URI      s3://<regional bucket>/<model prefix>/
 #   LOCAL_DIR        node-local copy the engine serves from (its --model path)
 #   START_JITTER_S   random delay before pulling, so a scale-up step does not hit the shared path at once
-#   STALE_LOCK_S     a copy lock whose heartbeat is older than this was left by a killed pod and is taken over
+#   STALE_LOCK_S     a node lock (copy, adapters) whose heartbeat is older than this was left by a killed pod and is taken over
 #   LOCK_WAIT_MAX_S  longest a replica waits for a neighbour's copy before failing (the kubelet retries it)
 #   LORA_DIR         optional: the folder vLLM's filesystem LoRA resolver reads (made, empty when the revision ships
 #                    no adapters: the resolver refuses to start without it and S3 has no empty folders)
@@ -100,31 +100,63 @@ lora_view() {
   done
 }
 
-# The adapters' copy and the resolver's folder, one pod of the node at a time (pods starting together on a node
-# would otherwise sync into one folder and build the same adapters at once): a lock folder kept fresh while held,
-# taken over when older than STALE_LOCK_S (its holder was killed).
-adapters_phase() {
-  [ -n "${LORA_DIR:-}" ] || return 0
-  alock="$LOCAL_DIR.adapters.lock"
+# Node-local locks (the weights copy's, the adapters'): a folder taken with mkdir (atomic), its holder writing a
+# heartbeat file into it while held, aside and renamed into place so a reader never sees it empty. A lock whose
+# heartbeat is older than STALE_LOCK_S was left by a killed pod and is taken over; one killed before its first
+# heartbeat is dated by the folder's own mtime, so it goes stale like any other instead of being waited on forever.
+beat() {  # beat LOCK
+  date +%s > "$1/.heartbeat.$$" && mv -f "$1/.heartbeat.$$" "$1/heartbeat"
+}
+
+lock_age_s() {  # lock_age_s LOCK
+  t=$(cat "$1/heartbeat" 2>/dev/null || true)
+  case "$t" in
+    ''|*[!0-9]*) t=$(stat -c %Y "$1" 2>/dev/null || date +%s) ;;  # no heartbeat yet: the lock's mtime
+  esac
+  echo $(( $(date +%s) - t ))
+}
+
+# take_lock LOCK WHAT [MARKER]: waits for a live holder for at most LOCK_WAIT_MAX_S (then exits 1, the kubelet
+# retries); returns 1 without the lock when MARKER appears meanwhile (the holder finished the work). Once taken,
+# its heartbeat runs in the background ($beater) until release_lock.
+take_lock() {
   waited_s=0
-  while ! mkdir "$alock" 2>/dev/null; do
-    age=$(( $(date +%s) - $(stat -c %Y "$alock" 2>/dev/null || date +%s) ))
+  while ! mkdir "$1" 2>/dev/null; do
+    if [ -n "${3:-}" ] && [ -f "$3" ]; then return 1; fi
+    age=$(lock_age_s "$1")
     if [ "$age" -gt "$STALE_LOCK_S" ]; then
-      rm -rf "$alock"
+      echo "taking over a stale $2 lock (no heartbeat for ${age}s, limit ${STALE_LOCK_S}s)"
+      rm -rf "$1"
       continue
     fi
     if [ "$waited_s" -ge "$LOCK_WAIT_MAX_S" ]; then
-      echo "waited ${waited_s}s (LOCK_WAIT_MAX_S) for a neighbour's adapters; giving up so the kubelet retries" >&2
+      echo "waited ${waited_s}s (LOCK_WAIT_MAX_S) for a neighbour's $2 of $LOCAL_DIR; giving up so the kubelet retries" >&2
       exit 1
     fi
     pause "$poll_s"
     waited_s=$((waited_s + poll_s))
   done
-  ( while sleep "$poll_s"; do touch -c "$alock" 2>/dev/null || exit 0; done ) >/dev/null 2>&1 &
-  toucher=$!
-  trap 'kill "$toucher" 2>/dev/null || true; rm -rf "$alock"' EXIT
+  held="$1"
+  beat "$held"
+  ( while sleep "$poll_s"; do beat "$held" 2>/dev/null || exit 0; done ) >/dev/null 2>&1 &
+  beater=$!
+  trap release_lock EXIT
+}
+
+release_lock() {
+  kill "$beater" 2>/dev/null || true
+  rm -rf "$held"
+  trap - EXIT
+}
+
+# The adapters' copy and the resolver's folder, one pod of the node at a time (pods starting together on a node
+# would otherwise sync into one folder and build the same adapters at once).
+adapters_phase() {
+  [ -n "${LORA_DIR:-}" ] || return 0
+  take_lock "$LOCAL_DIR.adapters.lock" adapters
   if [ "${1:-}" = refresh ]; then refresh_adapters; fi
   lora_view
+  release_lock
 }
 
 # Every file the revision's manifest lists is here (S3 objects appear whole, and the sync renames each file into
@@ -167,58 +199,15 @@ delay=$((n % (START_JITTER_S + 1)))
 echo "start jitter: sleeping ${delay}s of at most ${START_JITTER_S}s"
 pause "$delay"
 
-# Replicas sharing a node share one copy: the first takes the lock (mkdir is atomic), the others wait for
-# its marker. The holder refreshes a heartbeat file while it copies, written aside and renamed into place so a
-# reader never sees it empty. A holder killed before its first heartbeat leaves a lock with no heartbeat: the
-# lock folder's own mtime then dates it, so such a lock goes stale like any other instead of being waited on
-# forever.
+# Replicas sharing a node share one copy: the first takes the lock, the others wait for its marker.
 mkdir -p "$(dirname "$LOCAL_DIR")"
-lock="$LOCAL_DIR.lock"
-
-beat() {
-  date +%s > "$lock/.heartbeat.$$" && mv -f "$lock/.heartbeat.$$" "$lock/heartbeat"
-}
-
-lock_age_s() {
-  t=$(cat "$lock/heartbeat" 2>/dev/null || true)
-  case "$t" in
-    ''|*[!0-9]*) t=$(stat -c %Y "$lock" 2>/dev/null || date +%s) ;;  # no heartbeat yet: the lock's mtime
-  esac
-  echo $(( $(date +%s) - t ))
-}
-
-waited_s=0
-while ! mkdir "$lock" 2>/dev/null; do
-  if [ -f "$done_marker" ]; then
-    echo "weights copied by a neighbour: $LOCAL_DIR"
-    adapters_phase refresh
-    exit 0
-  fi
-  age=$(lock_age_s)
-  if [ "$age" -gt "$STALE_LOCK_S" ]; then
-    echo "taking over a stale copy lock (no heartbeat for ${age}s, limit ${STALE_LOCK_S}s)"
-    rm -rf "$lock"
-    continue
-  fi
-  if [ "$waited_s" -ge "$LOCK_WAIT_MAX_S" ]; then
-    echo "waited ${waited_s}s (LOCK_WAIT_MAX_S) for a neighbour's copy of $LOCAL_DIR; giving up so the kubelet retries" >&2
-    exit 1
-  fi
-  pause "$poll_s"
-  waited_s=$((waited_s + poll_s))
-done
-
-beat
-( while sleep "$poll_s"; do beat 2>/dev/null || exit 0; done ) >/dev/null 2>&1 &
-heartbeat_pid=$!
-release_copy_lock() {
-  kill "$heartbeat_pid" 2>/dev/null || true
-  rm -rf "$lock"
-  trap - EXIT
-}
-trap release_copy_lock EXIT
+if ! take_lock "$LOCAL_DIR.lock" copy "$done_marker"; then
+  echo "weights copied by a neighbour: $LOCAL_DIR"
+  adapters_phase refresh
+  exit 0
+fi
 if [ -f "$done_marker" ]; then
-  release_copy_lock
+  release_lock
   adapters_phase refresh
   exit 0
 fi
@@ -231,5 +220,5 @@ fi
 check_complete
 touch "$done_marker"
 echo "weights copied: $WEIGHTS_URI -> $LOCAL_DIR"
-release_copy_lock
+release_lock
 adapters_phase

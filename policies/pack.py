@@ -32,9 +32,9 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import _is_unknown
 
-from .recorded import _is_secure
+from .recorded import plain_text_credentials
 from .rules import (
-    CLUSTER_KEY, CREDENTIAL_CONFIG_KEYS, MONITORING_KEY, PLATFORM_PROVIDES_KEY, RULES, UNKNOWN, Resource, Rule,
+    CLUSTER_KEY, MONITORING_KEY, PLATFORM_PROVIDES_KEY, RULES, UNKNOWN, Resource, Rule,
     StackContext, platform_groups,
 )
 
@@ -121,7 +121,7 @@ def plain_credential_keys(is_set, stack_config: Mapping[str, Any] | None = None)
     config = stack_file_config() if stack_config is None else stack_config
     if config is None:
         return ()
-    return tuple(k for k in CREDENTIAL_CONFIG_KEYS if is_set(k) and k in config and not _is_secure(config[k]))
+    return plain_text_credentials(config, is_set)
 
 
 def stack_context_from_config(policy_config: Mapping[str, Any] | None = None) -> StackContext:

@@ -28,6 +28,11 @@ def _is_secure(value: Any) -> bool:
     return isinstance(value, Mapping) and set(value) == {"secure"}
 
 
+def plain_text_credentials(config: Mapping[str, Any], is_set=lambda key: True) -> tuple[str, ...]:
+    """The credential keys (set for this run, where `is_set` says) that the stack file holds in plain text."""
+    return tuple(k for k in CREDENTIAL_CONFIG_KEYS if is_set(k) and k in config and not _is_secure(config[k]))
+
+
 def stack_context(config: Mapping[str, Any]) -> StackContext:
     """What the stack file states: the platform's API groups and credentials kept in plain text."""
     provides = config.get(PLATFORM_PROVIDES_KEY) or ()
@@ -35,7 +40,7 @@ def stack_context(config: Mapping[str, Any]) -> StackContext:
         provides = [provides]
     return StackContext(
         platform_provides=platform_groups(provides, config.get(MONITORING_KEY), config.get(CLUSTER_KEY)),
-        plain_credential_config_keys=tuple(k for k in CREDENTIAL_CONFIG_KEYS if k in config and not _is_secure(config[k])),
+        plain_credential_config_keys=plain_text_credentials(config),
     )
 
 
