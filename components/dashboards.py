@@ -85,13 +85,10 @@ def utc_offsets_min(timezone: str, year: int) -> dict[str, int]:
 
 
 def tier_prices_usd_per_gpu_hour(ep: EndpointSpec, prices: Prices) -> dict[str, float]:
-    """$/GPU-hour of the floor's reserved and on-demand capacity and of the burst tier (region pinning included:
-    the spec's serverless premium is the pinned serverless price over on-demand of the burst's GPU kind)."""
+    """$/GPU-hour of the floor's reserved and on-demand capacity (a burst container's price is the spec's own
+    burst.usd_per_container_hour: GPUs, cores and memory, region pinning included)."""
     on_demand = prices.dedicated_on_demand_usd_per_gpu_hour[ep.capacity.gpu_kind]
-    out = {"reserved": on_demand * (1 - prices.reserved_discount_fraction), "on_demand": on_demand}
-    if ep.burst is not None:
-        out["burst"] = ep.economics.serverless_premium * prices.dedicated_on_demand_usd_per_gpu_hour[ep.burst.gpu_kind]
-    return out
+    return {"reserved": on_demand * (1 - prices.reserved_discount_fraction), "on_demand": on_demand}
 
 
 def _target(expr: str, legend: str, ref: int) -> dict:
@@ -212,7 +209,7 @@ def cost_panel(ep: EndpointSpec, namespace: str, prices: Prices) -> dict:
     if ep.burst is not None:
         b = ep.burst
         containers = f"clamp_min(ceil({burst_backlog_query(namespace, ep.name)} / {b.target_inputs}), {b.min_containers})"
-        targets.append((f"{containers} * {b.gpus_per_container * usd['burst']:.6g}", "burst (estimated)"))
+        targets.append((f"{containers} * {b.usd_per_container_hour:.6g}", "burst (estimated)"))
     return _panel("Cost per hour by tier", f"USD per hour at the prices of {prices.prices_as_of} "
                   f"({ep.capacity.gpu_kind}: on demand ${usd['on_demand']:.2f}/GPU-h).", "currencyUSD", targets)
 

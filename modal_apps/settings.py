@@ -81,7 +81,7 @@ class BurstAppConfig(BaseModel):
 
     # what the plan reports about the burst, not how it runs: left out of what the app is shipped (and of the
     # deploy trigger), so a dated price update re-deploys nothing (a redeploy restarts containers: cold starts)
-    REPORT_ONLY: ClassVar[dict[str, set[str]]] = {"burst": {"spike_warm_usd_per_month"}}
+    REPORT_ONLY: ClassVar[dict[str, set[str]]] = {"burst": {"spike_warm_usd_per_month", "usd_per_container_hour"}}
 
     def to_json(self) -> str:
         return self.model_dump_json(exclude=self.REPORT_ONLY)
@@ -175,6 +175,8 @@ class BurstSettings:
     app_name: str
     environment: str
     gpu: str
+    cpu_cores: float
+    memory_mib: int
     region: str
     min_containers: int
     max_containers: int
@@ -203,6 +205,10 @@ class BurstSettings:
         """Keyword arguments of `@app.cls`, except the image and volume objects (burst.py adds those)."""
         kwargs: dict[str, Any] = dict(
             gpu=self.gpu,
+            # reserved, so billed at least this (the plan priced it): vLLM's cores and the host memory a level-1
+            # sleep backs the weights up to before the snapshot
+            cpu=self.cpu_cores,
+            memory=self.memory_mib,
             region=self.region,
             min_containers=self.min_containers,
             max_containers=self.max_containers,
@@ -261,6 +267,8 @@ def build_settings(config: BurstAppConfig) -> BurstSettings:
         app_name=burst.app_name,
         environment=burst.environment,
         gpu=burst.gpu,
+        cpu_cores=burst.cpu_cores,
+        memory_mib=burst.memory_mib,
         region=burst.region,
         min_containers=burst.min_containers,
         max_containers=burst.max_containers,

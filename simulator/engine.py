@@ -41,6 +41,7 @@ from operator import itemgetter
 
 import numpy as np
 
+from topology.costs import serverless_container_usd_per_s
 from topology.inputs import CostInputs, EndpointInputs
 from topology.spec import EndpointSpec, ReplicaCapacity
 from topology.timebase import MINUTES_PER_WEEK, SECONDS_PER_HOUR
@@ -368,8 +369,11 @@ class EndpointSim:
             gpus = b.gpus_per_container
             self.beng = engine_for(ep_in, bcap, b.max_inputs)
             self.b_gpus = gpus
-            self.b_usd_s = (prices.serverless_usd_per_gpu_second[b.gpu_kind] * ep_in.serverless.region_price_multiplier
-                            * gpus)
+            # what a running container bills a second: its GPUs and the cores and memory the spec reserves
+            self.b_usd_s = serverless_container_usd_per_s(
+                prices.serverless_usd_per_gpu_second[b.gpu_kind], gpus, b.cpu_cores,
+                prices.serverless_usd_per_cpu_core_second, b.memory_mib, prices.serverless_usd_per_memory_gib_second,
+                ep_in.serverless.region_price_multiplier)
             self.b_cold = ep.serverless_cold_start_s
             self.b_min = self._burst_min_by_minute()
         # --- API

@@ -244,7 +244,11 @@ def test_cost_lines_are_the_price_arithmetic(prod):
         assert float(t["on-demand floor"].rsplit("* ", 1)[1]) == pytest.approx(gpus * on_demand, rel=1e-5)
         if e.burst is not None:
             per_container = float(t["burst (estimated)"].rsplit("* ", 1)[1])
-            sls = inputs.prices.serverless_usd_per_gpu_second["H100-80GB"] * 3600
-            # the spec's premium carries the region multiplier; within its 3-decimal rounding of the input price
+            p = inputs.prices
+            b = e.burst
+            # what Modal bills a running container an hour: its GPUs, cores and memory, times the region multiplier
             multiplier = {x.name: x for x in inputs.endpoints}[endpoint].serverless.region_price_multiplier
-            assert per_container == pytest.approx(e.burst.gpus_per_container * sls * multiplier, rel=2e-3)
+            by_hand = (b.gpus_per_container * p.serverless_usd_per_gpu_second["H100-80GB"]
+                       + b.cpu_cores * p.serverless_usd_per_cpu_core_second
+                       + b.memory_mib / 1024 * p.serverless_usd_per_memory_gib_second) * multiplier * 3600
+            assert per_container == pytest.approx(by_hand, rel=1e-5)

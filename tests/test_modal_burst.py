@@ -55,6 +55,8 @@ def test_settings_object_equals_the_spec(stack):
         s = S.build_settings(S.BurstAppConfig.from_endpoint(endpoint))
         kw = s.cls_kwargs()
         assert kw["gpu"] == b.gpu and kw["region"] == b.region
+        # the cores and memory the plan priced are what the container reserves (Modal bills max(reservation, use))
+        assert (kw["cpu"], kw["memory"]) == (b.cpu_cores, b.memory_mib)
         assert (kw["min_containers"], kw["max_containers"], kw["buffer_containers"]) == (
             b.min_containers, b.max_containers, b.buffer_containers)
         assert kw["scaledown_window"] == b.scaledown_window_s
@@ -78,6 +80,9 @@ def test_built_app_matches_the_spec_through_function_info(stack, monkeypatch):
         assert burst.app.name == b.app_name
         info = burst.BurstServer().serve.info()
         assert info.gpus == [parse_gpu(b.gpu)]
+        # Modal's own record of the reservation (what it bills at least): the cores and memory the plan priced
+        assert (info.cpu, info.memory_mib) == (b.cpu_cores, b.memory_mib)
+        assert info.nonpreemptible is False  # the list price the plan uses (non-preemptible bills more)
         assert info.regions == [b.region]
         assert info.startup_timeout == b.startup_timeout_s and info.timeout == b.timeout_s
         concurrency = info.concurrency_info
@@ -92,7 +97,7 @@ def test_built_app_matches_the_spec_through_function_info(stack, monkeypatch):
         assert any(S.ENV_SPEC in s and "HF_HUB_OFFLINE" in s for s in info.secrets)
         shipped = S.load_config({S.ENV_SPEC: burst.settings.container_env[S.ENV_SPEC]})
         # all of it but what the plan reports about its price (left out so a price update redeploys nothing)
-        assert shipped.burst == b.model_copy(update={"spike_warm_usd_per_month": 0.0})
+        assert shipped.burst == b.model_copy(update={"spike_warm_usd_per_month": 0.0, "usd_per_container_hour": 0.0})
         assert shipped.engine == endpoint.engine
 
 

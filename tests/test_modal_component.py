@@ -130,9 +130,9 @@ def test_records_a_deploy_command_with_update_and_secret_token(prod_assist):
 
     env = unwrap(inputs["environment"])
     assert env[APP_CODE_ENV] == code_sha256()
-    # the config but the price it reports (a price update redeploys nothing: test below)
+    # the config but the prices it reports (a price update redeploys nothing: test below)
     assert BurstAppConfig.model_validate_json(env[ENV_SPEC]) == config.model_copy(update={
-        "burst": config.burst.model_copy(update={"spike_warm_usd_per_month": 0.0})})
+        "burst": config.burst.model_copy(update={"spike_warm_usd_per_month": 0.0, "usd_per_container_hour": 0.0})})
     assert (unwrap(env["MODAL_TOKEN_ID"]), unwrap(env["MODAL_TOKEN_SECRET"])) == ("ak-test", "as-test")
     for value in ("ak-test", "as-test"):  # on the wire, the token exists only inside a Pulumi secret
         assert plain_occurrences(inputs, value) == 0 and value in json.dumps(inputs)
@@ -207,7 +207,7 @@ def test_url_is_empty_not_an_error_before_any_deploy_output(prod_assist, monkeyp
 
 def test_a_price_update_that_leaves_the_burst_as_it_was_redeploys_nothing(planned_stacks):
     """Modal's serverless price up 2%: prod assist's burst runs exactly as before (same containers, windows,
-    engine) and only the reported price of its spike-warm minimum moves. The deploy trigger and the config the
+    engine) and only the reported prices (its spike-warm minimum, a container-hour) move. The deploy trigger and the config the
     app is shipped must not move with it: a redeploy restarts the app's containers (a wave of cold starts)."""
     from topology import plan
 
@@ -218,8 +218,9 @@ def test_a_price_update_that_leaves_the_burst_as_it_was_redeploys_nothing(planne
     before = BurstAppConfig.from_endpoint(spec.endpoint("assist"))
     after = BurstAppConfig.from_endpoint(plan(inputs.model_copy(update={"prices": dearer})).endpoint("assist"))
     assert after.burst.spike_warm_usd_per_month > before.burst.spike_warm_usd_per_month > 0
-    assert (after.burst.model_dump(exclude={"spike_warm_usd_per_month"})
-            == before.burst.model_dump(exclude={"spike_warm_usd_per_month"}))
+    assert after.burst.usd_per_container_hour > before.burst.usd_per_container_hour > 0
+    report_only = {"spike_warm_usd_per_month", "usd_per_container_hour"}
+    assert after.burst.model_dump(exclude=report_only) == before.burst.model_dump(exclude=report_only)
     assert after.sha256() == before.sha256() and after.to_json() == before.to_json()
     # what the app is shipped still reads back as its config
     assert BurstAppConfig.model_validate_json(before.to_json()).burst.max_containers == before.burst.max_containers

@@ -175,3 +175,18 @@ class FakeEngine:
 
     def wake(self):
         self.calls.append("wake")
+
+
+def test_gpu_snapshots_on_a_multi_gpu_container_are_flagged_with_what_a_boot_costs(planned_stacks):
+    """Modal documents GPU memory snapshots as generally incompatible with multi-GPU code; prod assist's burst
+    container has 2 GPUs (tensor parallel) with snapshots on: the plan says so, with what each launch costs if the
+    restore falls back to a boot ((240 − 25) s × the container's price)."""
+    inputs, spec = planned_stacks["prod"]
+    warned = {e.name: [w for w in e.warnings if "multi-GPU" in w] for e in spec.endpoints}
+    assist = spec.endpoint("assist")
+    assert assist.burst.gpus_per_container == 2
+    (w,) = warned["assist"]
+    assert "215 s more" in w and f"${215 * assist.burst.usd_per_container_hour / 3600:,.2f} a launch" in w
+    assert "serverless.gpu_snapshots: false" in w
+    one_gpu = [e.name for e in spec.endpoints if e.burst is not None and e.burst.gpus_per_container == 1]
+    assert one_gpu and all(not warned[n] for n in one_gpu)

@@ -38,13 +38,16 @@ def test_guards_weekday_second_node_is_on_the_clock_ahead_of_its_pods(prod_spec)
     assert len(windows) == 5 and all(w.replicas == 14 for w in windows)
     minimums = pool_minimums(prod_spec)
     # assist and autocomplete also run a node on the clock above their reserved ones (the plan's exact costing
-    # of the layer DP's schedules): assist one node, (12 − 8 reserved) / 4 per node, for its Saturday-evening
-    # window — up before the window, down at its end
+    # of the layer DP's schedules): assist one node, (12 − 8 reserved) / 4 per node, for each of its three
+    # windows (Thursday and Sunday evenings, Saturday evening) — up before each window, down at its end
     assert set(minimums) == {"guard-on-demand", "assist-on-demand", "autocomplete-on-demand"}
-    (aw,) = prod_spec.endpoint("assist").floor.windows
-    up, down = minimums["assist-on-demand"]
-    assert (up.min_nodes, down.min_nodes) == (1, 0) and aw.replicas == 12
-    assert up.minute_of_week < aw.start_minute_of_week and down.minute_of_week == aw.end_minute_of_week
+    aws = prod_spec.endpoint("assist").floor.windows
+    changes = minimums["assist-on-demand"]
+    assert len(aws) == 3 and len(changes) == 6 and all(w.replicas == 12 for w in aws)
+    ups, downs = changes[0::2], changes[1::2]
+    for aw, up, down in zip(sorted(aws, key=lambda w: w.start_minute_of_week), ups, downs):
+        assert (up.min_nodes, down.min_nodes) == (1, 0)
+        assert up.minute_of_week < aw.start_minute_of_week and down.minute_of_week == aw.end_minute_of_week
     got = [(m.minute_of_week, m.min_nodes) for m in minimums["guard-on-demand"]]
     want = sorted([(w.start_minute_of_week - 6, 1) for w in windows] + [(w.end_minute_of_week, 0) for w in windows])
     assert got == want
@@ -112,8 +115,8 @@ def test_scheduled_actions_change_only_the_groups_minimum():
     rec = recording("prod")
     schedules = rec.of_type("aws:autoscaling/schedule:Schedule")
     # one action per change of an on-demand pool's minimum: guard's and autocomplete's 5 weekday windows
-    # (up, down: 10 each) and assist's Saturday-evening window (2)
-    assert len(schedules) == 22
+    # (up, down: 10 each) and assist's three evening windows (6)
+    assert len(schedules) == 26
     # named after the pool and a digest (components/gpu_node_pool.py node_group_physical_name)
     groups = {r.inputs["nodeGroupName"].rsplit("-", 1)[0]: r for r in rec.of_type("aws:eks/nodeGroup:NodeGroup")}
     pools = ("guard-on-demand", "autocomplete-on-demand", "assist-on-demand")
@@ -126,7 +129,7 @@ def test_scheduled_actions_change_only_the_groups_minimum():
         per_pool[pool] += 1
         assert 0 <= i["minSize"] <= groups[pool].inputs["scalingConfig"]["maxSize"]
         assert i["timeZone"] == "America/New_York"
-    assert per_pool == {"guard-on-demand": 10, "autocomplete-on-demand": 10, "assist-on-demand": 2}
+    assert per_pool == {"guard-on-demand": 10, "autocomplete-on-demand": 10, "assist-on-demand": 6}
 
 
 def asg_templates(rec) -> dict[str, dict]:

@@ -50,6 +50,31 @@ def break_even_duty_cycle(dedicated_usd_per_request_at_saturation: float, api_us
     return dedicated_usd_per_request_at_saturation / api_usd_per_request_
 
 
+MIB_PER_GIB = 1024
+
+
+def serverless_container_resources(cpu_cores: float | None, memory_gib: float | None, gpus: int,
+                                   weights_gb: float) -> tuple[float, int]:
+    """(physical cores, MiB of host memory) one serverless container reserves: the inputs where given, else 2 + its
+    GPUs (vLLM's documented minimum: the API server, the engine core and one worker per GPU) and the served weights
+    (held in host memory by a level-1 sleep before a snapshot), rounded up to whole MiB as Modal's `memory=` takes."""
+    cores = float(cpu_cores) if cpu_cores is not None else 2.0 + gpus
+    gib = float(memory_gib) if memory_gib is not None else weights_gb * 1e9 / 2**30
+    return cores, int(math.ceil(gib * MIB_PER_GIB - 1e-9))
+
+
+def serverless_container_usd_per_s(gpu_usd_per_s: float, gpus: float, cpu_cores: float, cpu_usd_per_core_s: float,
+                                   memory_mib: int, memory_usd_per_gib_s: float, region_multiplier: float) -> float:
+    """What one running serverless container bills a second: its GPUs, its cores and its memory, all times the region
+    multiplier (Modal: the multiplier applies to GPU, CPU and memory alike, docs/guide/region-selection).
+
+    Worked example: one H100 at $0.001097/s, 3 cores at $0.0000131, 65,536 MiB (64 GiB) at $0.00000222/GiB, pinned
+    at 1.5× → (0.001097 + 0.0000393 + 0.00014208) × 1.5 = $0.00191757/s = $6.9033/h, against $5.9238/h for the GPU
+    alone (+16.5%)."""
+    return (gpu_usd_per_s * gpus + cpu_cores * cpu_usd_per_core_s
+            + memory_mib / MIB_PER_GIB * memory_usd_per_gib_s) * region_multiplier
+
+
 def serverless_premium(serverless_usd_per_gpu_second: float, on_demand_usd_per_gpu_hour: float) -> float:
     """How many times dearer a serverless GPU-second is than an on-demand one."""
     return serverless_usd_per_gpu_second * SECONDS_PER_HOUR / on_demand_usd_per_gpu_hour

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import warnings
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from .errors import FieldsError
+from .errors import FieldsError, InputNotice
 from .names import (
+    MODAL_BROAD_MULTIPLIER,
     MODAL_NAME_MAX,
     burst_app_name,
     check_aws_region,
@@ -24,6 +26,7 @@ from .names import (
     check_modal_region,
     check_timezone,
     config_name,
+    modal_region_multiplier,
     tenant_env_names,
 )
 
@@ -367,13 +370,31 @@ class Serverless(_Inputs):
 
     gpu_kind: GpuKindName = Field(description="GPU kind for serverless containers.")
     region: str = Field(default="us-east", description="Modal region the containers are pinned to.")
-    region_price_multiplier: float = Field(
-        default=1.5, ge=1, le=3, description="Price multiplier for pinning a region (Modal: 1.5 broad, 1.75 narrow)."
+    region_price_multiplier: float | None = Field(
+        default=None, ge=1, le=3,
+        description="Price multiplier for pinning a region, on GPU, CPU and memory alike. Default: Modal's for the "
+        "region — 1.5 for a broad one ('us', 'eu': no '-'), 1.75 for a narrow one ('us-east', 'eu-west') "
+        "(modal.com/docs/guide/region-selection); a value that differs is kept (a negotiated price) with a notice.",
     )
     gpu_snapshots: bool = Field(default=True, description="Restore from GPU memory snapshots (fast cold start).")
     scaledown_window_s: int = Field(default=120, ge=2, le=3600, description="Idle seconds before a container stops.")
     max_containers_cap: int = Field(
         default=20, ge=0, le=10_000, description="Hard cap on burst containers, whatever the plan sizes."
+    )
+    cpu_cores_per_container: float | None = Field(
+        default=None, ge=0.125, le=64,
+        description="Physical CPU cores each container reserves (Modal `cpu=`; billed at the greater of this and the "
+        "usage). Default: 2 + the container's GPUs, vLLM's documented minimum (one core each for the API server, the "
+        "engine core's busy loop and every GPU worker; docs/configuration/optimization.md, 'CPU Resources for GPU "
+        "Deployments').",
+    )
+    memory_gib_per_container: float | None = Field(
+        default=None, gt=0, le=2048,
+        description="Host memory each container reserves, GiB (Modal `memory=`; billed at the greater of this and the "
+        "usage). Default: the served weights (model.weights_gb): with GPU snapshots the engine sleeps at level 1 before "
+        "the snapshot, which backs the weights up in host memory (vLLM's sleep-mode docs: 'make sure there's enough CPU "
+        "memory to store the model weights'), and without them the weights pass through the page cache as they load. "
+        "Set it to the usage Modal reports when that is higher.",
     )
     weights_region: str = Field(
         description="AWS region of the weight cache the Modal Volume is filled from (nearest to `region`)."
@@ -383,6 +404,18 @@ class Serverless(_Inputs):
     @classmethod
     def _modal_region(cls, v: str) -> str:
         return check_modal_region(v)
+
+    @model_validator(mode="after")
+    def _region_multiplier(self) -> "Serverless":
+        listed = modal_region_multiplier(self.region)
+        if self.region_price_multiplier is None:
+            object.__setattr__(self, "region_price_multiplier", listed)  # frozen: set once, while validating
+        elif self.region_price_multiplier != listed:
+            warnings.warn(InputNotice(
+                f"serverless.region_price_multiplier={self.region_price_multiplier:g} for region {self.region!r}: "
+                f"Modal lists {listed:g}× for a {'broad' if listed == MODAL_BROAD_MULTIPLIER else 'narrow'} region "
+                "(modal.com/docs/guide/region-selection); the plan uses the value given"), stacklevel=2)
+        return self
 
     @field_validator("weights_region")
     @classmethod
@@ -482,6 +515,17 @@ class Prices(_Inputs):
     )
     serverless_usd_per_gpu_second: dict[GpuKindName, float] = Field(
         description="Serverless price per GPU-second by GPU kind, USD (before region pinning)."
+    )
+    serverless_usd_per_cpu_core_second: float = Field(
+        default=0.0000131, ge=0, le=1,
+        description="Serverless price per physical CPU core-second, USD, before region pinning. Modal bills a container's "
+        "cores on top of its GPUs, at the greater of the reservation and the usage (modal.com/docs/guide/resources); "
+        "default: Modal's list price as read 2026-06-27 (beam.cloud's pricing review, the FinOps profile of 2026-07-01).",
+    )
+    serverless_usd_per_memory_gib_second: float = Field(
+        default=0.00000222, ge=0, le=1,
+        description="Serverless price per GiB-second of host memory, USD, before region pinning (billed like the cores); "
+        "default: Modal's list price as read 2026-07-01.",
     )
     platform_fixed_usd_per_month: float = Field(
         ge=0, le=10_000_000,

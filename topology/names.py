@@ -98,6 +98,16 @@ def check_aws_region(v: str) -> str:
     return v
 
 
+# Modal's price multiplier for a pinned region, on GPU, CPU and memory alike (modal.com/docs/guide/region-selection,
+# as stored 2026: "Broad (e.g. `us`) 1.5x, Narrow (e.g. `us-west`) 1.75x"): a broad region is one word
+MODAL_BROAD_MULTIPLIER = 1.5
+MODAL_NARROW_MULTIPLIER = 1.75
+
+
+def modal_region_multiplier(region: str) -> float:
+    return MODAL_BROAD_MULTIPLIER if "-" not in region else MODAL_NARROW_MULTIPLIER
+
+
 def check_modal_region(v: str) -> str:
     if len(v) > 40 or not MODAL_REGION.fullmatch(v):
         raise ValueError(f"{v[:80]!r} is not a Modal region, e.g. 'us-east', 'us', 'eu-west' (lowercase, '-' separated)")

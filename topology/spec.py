@@ -286,6 +286,12 @@ class BurstSpec(_Spec):
     gpu: str = Field(description="Modal `gpu=` string, e.g. 'H100' or 'H100:2'.")
     gpu_kind: str
     gpus_per_container: int = Field(description="GPUs per container (the engine's tensor-parallel size).")
+    cpu_cores: float = Field(description="Physical CPU cores each container reserves (Modal `cpu=`).")
+    memory_mib: int = Field(description="Host memory each container reserves, MiB (Modal `memory=`).")
+    usd_per_container_hour: float = Field(
+        default=0.0,
+        description="What one running container bills an hour: GPUs, cores and memory, times the region multiplier "
+        "(reported; left out of what the app is shipped, so a price update redeploys nothing).")
     planning_requests_per_s: float = Field(description="Requests/s one container is planned to carry at peak.")
     region: str
     min_containers: int = Field(description="Warm containers outside scheduled windows (0 = scale to zero).")

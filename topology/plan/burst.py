@@ -17,6 +17,7 @@ from ..windows import hour_windows, level_windows
 from .demand import Demand
 from .options import OptionEval
 from .placement import Placement
+from .container_price import container_price
 from .section import Section
 from .serverless import buffer_containers
 from .limits import SpikeWarm, non_streamed_burst_rule, spike_headroom, spike_warm_derivation
@@ -28,8 +29,7 @@ def _spike(inp: CostInputs, ep: EndpointInputs, demand: Demand, pl: Placement, s
     floor = win.floor_by_hour if win.floor_by_hour is not None and win.tier == "floor_plus_burst" else None
     floor_rps = (np.asarray(floor, dtype=float) * pl.planning_rps if floor is not None
                  else np.zeros(HOURS_PER_WEEK))
-    usd_s = (inp.prices.serverless_usd_per_gpu_second[sls.gpu_kind] * ep.serverless.region_price_multiplier
-             * sls.gpu_fraction_per_replica)
+    usd_s = container_price(inp, ep, sls.gpus_per_replica).usd_per_s
     return spike_headroom(ep, demand.peak_rps, floor_rps, sls, usd_s, serverless_cold_start_s(ep))
 
 
@@ -67,10 +67,12 @@ def burst_spec(
     buffer = (buffer_containers(demand.peak_rps, sls.planning_rps, cold, planned_max)
               if win.tier == "serverless_only" else 0)
     kind = catalog[sls.gpu_kind]
+    price = container_price(inp, ep, sls.gpus_per_replica)
     return BurstSpec(
         app_name=burst_app_name(inp.project, inp.environment, ep.name), environment=inp.environment,
         gpu=kind.modal_gpu if sls.gpus_per_replica == 1 else f"{kind.modal_gpu}:{sls.gpus_per_replica}",
         gpu_kind=sls.gpu_kind, gpus_per_container=sls.gpus_per_replica,
+        cpu_cores=price.cpu_cores, memory_mib=price.memory_mib, usd_per_container_hour=round(price.usd_per_hour, 4),
         planning_requests_per_s=round(sls.planning_rps, 4), region=ep.serverless.region,
         min_containers=min_c,
         max_containers=max_c, buffer_containers=buffer, scaledown_window_s=ep.serverless.scaledown_window_s,
@@ -89,6 +91,21 @@ def burst_spec(
     )
 
 
+def _container_price_derivation(inp: CostInputs, ep: EndpointInputs, sls: Placement) -> Derivation:
+    p, pr, s = container_price(inp, ep, sls.gpus_per_replica), inp.prices, ep.serverless
+    gpu_s = pr.serverless_usd_per_gpu_second[s.gpu_kind]
+    return Derivation(
+        figure="burst_usd_per_container_hour", value=round(p.usd_per_hour, 4), unit="USD/h",
+        formula=f"({p.gpus} GPU × ${gpu_s:g}/s + {p.cpu_cores:g} cores × ${pr.serverless_usd_per_cpu_core_second:g}/s + "
+        f"{p.memory_mib / 1024:.2f} GiB × ${pr.serverless_usd_per_memory_gib_second:g}/s) × "
+        f"{s.region_price_multiplier:g} region × 3600 = ${p.usd_per_hour:.4f}/h; cores and memory "
+        f"{p.host_share:.1%} of it",
+        inputs=("prices.serverless_usd_per_gpu_second", "prices.serverless_usd_per_cpu_core_second",
+                "prices.serverless_usd_per_memory_gib_second", "serverless.cpu_cores_per_container",
+                "serverless.memory_gib_per_container", "model.weights_gb", "serverless.region_price_multiplier"),
+    )
+
+
 def burst_section(
     inp: CostInputs, ep: EndpointInputs, demand: Demand, pl: Placement, sls: Placement, win: OptionEval,
     catalog: Mapping[str, GpuKind],
@@ -103,12 +120,22 @@ def burst_section(
         warnings = (f"{ep.name}: a {ep.traffic.spike_factor:g}× spike needs {spike.containers} burst containers > "
                     f"serverless.max_containers_cap {ep.serverless.max_containers_cap}: beyond the cap the gateway "
                     "sheds (429 after its bounded wait)",)
+    if ep.serverless.gpu_snapshots and sls.gpus_per_replica > 1:
+        extra_s = ep.cold_starts.serverless_no_snapshot_s - ep.cold_starts.serverless_snapshot_restore_s
+        warnings += (f"{ep.name}: GPU snapshots on a {sls.gpus_per_replica}-GPU container: Modal's GPU memory "
+                     "snapshots are 'generally incompatible with multi-GPU code' (docs/guide/memory-snapshots, "
+                     "Limitations), and vLLM's tensor parallelism is a worker process per GPU; the plan takes "
+                     f"cold_starts.serverless_snapshot_restore_s={ep.cold_starts.serverless_snapshot_restore_s:g} s, "
+                     "so measure it on this container — if the restore falls back to a boot, each launch takes "
+                     f"serverless_no_snapshot_s={ep.cold_starts.serverless_no_snapshot_s:g} s: {extra_s:g} s more "
+                     f"(${extra_s * burst.usd_per_container_hour / 3600:,.2f} a launch) and a request waiting on a "
+                     "launch misses the TTFT SLO; or set serverless.gpu_snapshots: false",)
     derivs = (Derivation(
         figure="burst_max_containers", value=burst.max_containers, unit="containers",
         formula=f"⌈max over hours (peak − floor × {pl.planning_rps:.3f}) / {sls.planning_rps:.3f}⌉, cap "
         f"{ep.serverless.max_containers_cap}",
         inputs=("traffic.hourly_mean_requests_per_s", "traffic.within_hour_peak_factor", "serverless.max_containers_cap"),
-    ), spike.derivation, ns.derivation)
+    ), _container_price_derivation(inp, ep, sls), spike.derivation, ns.derivation)
     sw = _spike_warm(win)
     if sw.protected.any():
         derivs += (spike_warm_derivation(ep, sw, sls, serverless_cold_start_s(ep), burst.spike_warm_usd_per_month),)

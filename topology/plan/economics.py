@@ -7,6 +7,7 @@ from __future__ import annotations
 from ..inputs import CostInputs, EndpointInputs
 from ..spec import Derivation, Economics
 from .. import costs
+from .container_price import container_price
 from .demand import Demand
 from .placement import Placement
 from .section import Section
@@ -31,10 +32,10 @@ def economics_section(inp: CostInputs, ep: EndpointInputs, demand: Demand, ok: l
         be_od = costs.break_even_duty_cycle(ded_req, api_req)
         be_res = costs.break_even_duty_cycle(res_req, api_req)
     sls_kind = ep.serverless.gpu_kind
-    premium = costs.serverless_premium(
-        prices.serverless_usd_per_gpu_second[sls_kind] * ep.serverless.region_price_multiplier,
-        prices.dedicated_on_demand_usd_per_gpu_hour[sls_kind],
-    )
+    # a serverless GPU-second as billed: the container's cores and memory shared over its GPUs
+    sls_gpus = next((p.gpus_per_replica for p in ok if p.gpu_kind == sls_kind and p.mig_profile is None), 1)
+    sls_price = container_price(inp, ep, sls_gpus)
+    premium = costs.serverless_premium(sls_price.usd_per_s / sls_gpus, prices.dedicated_on_demand_usd_per_gpu_hour[sls_kind])
     be_hours = costs.serverless_break_even_busy_hours_per_day(premium)
     weekly_req = costs.weekly_requests(demand.mean_rps)
     econ = Economics(
@@ -66,9 +67,13 @@ def economics_section(inp: CostInputs, ep: EndpointInputs, demand: Demand, ok: l
         ),
         Derivation(
             figure="serverless_break_even_busy_hours_per_day", value=econ.serverless_break_even_busy_hours_per_day,
-            unit="h/day", formula=f"24 / premium {premium:.2f} (= ${prices.serverless_usd_per_gpu_second[sls_kind]:g}/GPU-s × "
-            f"{ep.serverless.region_price_multiplier:g} × 3600 / ${prices.dedicated_on_demand_usd_per_gpu_hour[sls_kind]:g}/GPU-h)",
-            inputs=("prices.serverless_usd_per_gpu_second", "serverless.region_price_multiplier",
+            unit="h/day", formula=f"24 / premium {premium:.2f} (= (${prices.serverless_usd_per_gpu_second[sls_kind]:g}/GPU-s + "
+            f"({sls_price.cpu_cores:g} cores × ${prices.serverless_usd_per_cpu_core_second:g} + "
+            f"{sls_price.memory_mib / 1024:.2f} GiB × ${prices.serverless_usd_per_memory_gib_second:g}) / {sls_gpus}) × "
+            f"{ep.serverless.region_price_multiplier:g} × 3600 / ${prices.dedicated_on_demand_usd_per_gpu_hour[sls_kind]:g}/GPU-h; "
+            f"cores and memory shared over the container's {sls_gpus} GPU)",
+            inputs=("prices.serverless_usd_per_gpu_second", "prices.serverless_usd_per_cpu_core_second",
+                    "prices.serverless_usd_per_memory_gib_second", "serverless.region_price_multiplier",
                     "prices.dedicated_on_demand_usd_per_gpu_hour"),
         ),
     ]

@@ -17,6 +17,7 @@ from ..spec import Derivation, FloorSchedule, HerdSpec
 from ..timebase import HOURS_PER_WEEK
 from ..windows import floor_windows
 from .demand import Demand, replicas_needed_by_hour
+from .container_price import container_price
 from .placement import Placement
 from .section import Section
 from .timing import lead_time_s
@@ -32,9 +33,8 @@ class Prices:
 def prices_for(inp: CostInputs, ep: EndpointInputs, pl: Placement, sls: Placement) -> Prices:
     od_gpu = inp.prices.dedicated_on_demand_usd_per_gpu_hour[pl.gpu_kind]
     res_gpu = od_gpu * (1 - inp.prices.reserved_discount_fraction)
-    sls_gpu_s = inp.prices.serverless_usd_per_gpu_second[ep.serverless.gpu_kind] * ep.serverless.region_price_multiplier
     return Prices(
-        serverless_container_hour=sls_gpu_s * costs.SECONDS_PER_HOUR * sls.gpus_per_replica,
+        serverless_container_hour=container_price(inp, ep, sls.gpus_per_replica).usd_per_hour,
         on_demand_node_hour=od_gpu * pl.gpus_per_node,
         reserved_node_hour=res_gpu * pl.gpus_per_node,
     )
