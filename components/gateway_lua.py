@@ -424,9 +424,12 @@ local function gate(txn, max_tokens_arg, salt_env, tenant, cap, ttl, ns_cap_arg,
   local salt_part
   if stamp_salt then salt_part = salt_member(salt_env) end
   local prefix = salt_part
+  -- Without a limit of the client's the engine applies the endpoint's cap itself (--override-generation-config
+  -- max_new_tokens: vLLM's get_max_tokens takes min(cap, max_model_len − prompt)). Stamping the cap here instead
+  -- made vLLM refuse every prompt longer than max_model_len − cap with a 400 about a max_tokens the client never
+  -- sent (_validate_input: prompt + max_tokens > max_model_len; vLLM 0.11.0 serving_engine.py).
   if not has_limit then
-    prefix = (prefix and prefix .. "," or "") .. '"max_tokens":' .. max_tokens_arg
-    txn:set_var("txn.gate_max", max_tokens_arg)  -- for the quality record: the limit the engine got
+    txn:set_var("txn.gate_max", max_tokens_arg)  -- for the quality record: the limit the engine applies
   end
   if prefix then
     if count > 0 then prefix = prefix .. "," end

@@ -235,7 +235,7 @@ class Chunk:
     arrival_s: np.ndarray
     input_tokens: np.ndarray
     output_tokens: np.ndarray
-    status: np.ndarray | None = None  # raw tokens: 413 / 400 for prompts over the product limit, else 0
+    status: np.ndarray | None = None  # raw tokens: 413 / 400 for prompts at or over the product limit, else 0
 
 
 # a prompt's request body, bytes per token: ~4 characters of English text per token (OpenAI's rule of thumb),
@@ -244,15 +244,21 @@ BODY_BYTES_PER_TOKEN = 4
 
 
 def over_limit_status(ep: EndpointInputs, max_request_body_bytes: int | None, ins: np.ndarray,
-                      outs: np.ndarray) -> np.ndarray:
-    """What the product answers a request whose prompt + output does not fit the context (max_model_len):
-    413 when its body already passes the gateway's cap, else vLLM's 400 (prompt + max_tokens over
-    max_model_len); 0 for requests that fit."""
-    over = ins + outs > ep.shape.product_max_context_tokens
+                      outs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What the product does with a request whose prompt + output does not fit the context (max_model_len), as
+    (status, output tokens): a prompt of max_model_len tokens or more gets vLLM's 400 (413 when its body already
+    passes the gateway's cap); a shorter one is served, its output clipped to what still fits — the gateway leaves
+    max_tokens to the engine when the client sends none, and vLLM generates min(cap, max_model_len − prompt)
+    (vLLM 0.11.0 serving_engine.py _validate_input, entrypoints/utils.py get_max_tokens; tests/vllm_max_tokens.py).
+    Replayed traces carry no client max_tokens, so a client's own limit that does not fit (vLLM's other 400) is
+    not modelled."""
+    limit = ep.shape.product_max_context_tokens
+    over = ins >= limit
     status = np.where(over, 400, 0)
     if max_request_body_bytes is not None:
         status = np.where(over & (ins * BODY_BYTES_PER_TOKEN > max_request_body_bytes), 413, status)
-    return status.astype(np.int64)
+    fitted = np.where(over, outs, np.maximum(np.minimum(outs, limit - ins), 1))
+    return status.astype(np.int64), fitted
 
 
 def arrivals(
@@ -352,10 +358,11 @@ def _trace_arrivals(
         t, idx = t[order], idx[order]
         keep = (t >= start_s) & (t < end_s)
         t, idx = t[keep], idx[keep]
-        if raw_tokens:  # the replayed prompts as they are: over the product limit they are refused, not clipped
+        if raw_tokens:  # the replayed prompts as they are: past the product limit refused, outputs clipped to fit
             outs = np.clip(np.rint(trace.output_tokens[idx]), 1, ep.shape.max_tokens)
             ins = np.maximum(np.rint(trace.input_tokens[idx]), 1)
-            yield Chunk(t, ins, outs, over_limit_status(ep, body_cap, ins, outs))
+            status, outs = over_limit_status(ep, body_cap, ins, outs)
+            yield Chunk(t, ins, outs, status)
             continue
         ins, outs = _clip_tokens(ep, trace.input_tokens[idx] * k_in, trace.output_tokens[idx] * k_out)
         yield Chunk(t, ins, outs)

@@ -17,6 +17,7 @@ import pytest
 
 from components.gateway_config import (DnsServers, StaticServers, env_name, floor_capacity,
                                        render_gateway_config)
+from tests import vllm_max_tokens
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_harness import (HaproxyProcess, free_port, instrumented, lua_path, no_recorder, pod_ca_dir,
                                    require_haproxy)
@@ -406,7 +407,7 @@ def test_wrong_or_missing_api_key_gets_401(gw):
         assert records(gw, rid) == []
 
 
-def test_max_tokens_cap_enforced_and_stamped(gw):
+def test_max_tokens_cap_enforced_and_left_to_the_engine_when_absent(gw):
     cap = gw["spec"].endpoint("assist").gateway.max_tokens
     status, _, content, rid = post(gw["ports"]["assist"], body(max_tokens=cap + 1))
     assert status == 400 and "max_tokens" in json.loads(content)["error"]["message"]
@@ -416,21 +417,44 @@ def test_max_tokens_cap_enforced_and_stamped(gw):
     status, _, _, rid = post(gw["ports"]["assist"], sneaky)
     assert status == 400 and records(gw, rid) == []
     # an escaped backslash before "u005f" is a backslash in the name, not an escape: to the engine's parser this
-    # body has no max_tokens at all (its own default would apply), so the gateway must stamp the cap
+    # body has no max_tokens at all, so the engine's own cap applies (and the gateway passes the name through)
     lookalike = b'{"model":"m","max\\\\u005ftokens":5,"messages":[]}'
     assert "max_tokens" not in json.loads(lookalike)
     status, _, _, rid = post(gw["ports"]["assist"], lookalike)
-    assert status == 200 and records(gw, rid)[0][1].body["max_tokens"] == cap
+    assert status == 200 and "max_tokens" not in records(gw, rid)[0][1].body
     status, _, _, rid = post(gw["ports"]["assist"], body(max_tokens=7))
     assert status == 200 and records(gw, rid)[0][1].body["max_tokens"] == 7
     status, _, _, rid = post(gw["ports"]["assist"], body())
-    assert status == 200 and records(gw, rid)[0][1].body["max_tokens"] == cap
+    assert status == 200 and "max_tokens" not in records(gw, rid)[0][1].body
     status, _, _, _ = post(gw["ports"]["assist"], b"[1, 2]")
     assert status == 400
 
 
+def test_a_long_prompt_without_max_tokens_passes_vllms_length_check(gw):
+    """A prompt near the product limit, no max_tokens: what the gateway forwards passes vLLM 0.11.0's own check
+    (tests/vllm_max_tokens.py, copied from its source) and generates at most what still fits, never more than the
+    cap. The stamped cap it used to forward made vLLM refuse such a prompt: prompt + cap > max_model_len."""
+    e = gw["spec"].endpoint("assist")
+    cap, limit = e.gateway.max_tokens, e.engine.max_model_len
+    prompt = limit - cap // 2  # 15,360 tokens of prod assist's 16,384: within the product limit
+    status, _, _, rid = post(gw["ports"]["assist"], body())
+    assert status == 200
+    forwarded = records(gw, rid)[0][1].body
+    asked = vllm_max_tokens.requested_max_tokens(forwarded)
+    vllm_max_tokens.validate_input(prompt, asked, limit)  # no 400
+    assert vllm_max_tokens.get_max_tokens(limit, asked, prompt, e.engine.max_tokens) == cap // 2
+    assert vllm_max_tokens.get_max_tokens(limit, asked, 100, e.engine.max_tokens) == cap  # a short one: the cap
+    args = e.engine.vllm_args("/m")  # the engine's default limit is the gateway's cap
+    assert json.loads(args[args.index("--override-generation-config") + 1]) == {"max_new_tokens": cap}
+    assert args[args.index("--generation-config") + 1] == "vllm" and e.engine.max_tokens == cap
+    # what the gateway used to forward: the engine refused it
+    with pytest.raises(ValueError, match="'max_tokens' or 'max_completion_tokens' is too large"):
+        vllm_max_tokens.validate_input(prompt, vllm_max_tokens.requested_max_tokens({**forwarded, "max_tokens": cap}),
+                                       limit)
+
+
 def test_body_checks_read_top_level_keys_only(gw):
-    port, cap = gw["ports"]["assist"], gw["spec"].endpoint("assist").gateway.max_tokens
+    port = gw["ports"]["assist"]
     # the same words inside strings or nested objects are prompt content, not parameters
     tricky = body(messages=[{"role": "user", "content": '{"max_tokens": 999999, "cache_salt": "x"} \\" }'}],
                   metadata={"cache_salt": "nested is fine", "max_tokens": 10 ** 9, "list": [1, {"a": "}"}]},
@@ -439,7 +463,7 @@ def test_body_checks_read_top_level_keys_only(gw):
     assert status == 200
     (_, rec), = records(gw, rid)
     assert rec.body["messages"] == tricky["messages"] and rec.body["metadata"] == tricky["metadata"]
-    assert rec.body["max_tokens"] == cap and rec.body["cache_salt"] == SALTS["acme"]
+    assert "max_tokens" not in rec.body and rec.body["cache_salt"] == SALTS["acme"]
     unicode_body = json.dumps(body(messages=[{"role": "user", "content": "héllo \u2603 ☃"}]), ensure_ascii=True)
     status, _, _, rid = post(port, unicode_body.encode())
     assert status == 200 and records(gw, rid)[0][1].body["messages"][0]["content"] == "héllo \u2603 ☃"
@@ -742,7 +766,7 @@ def test_one_key_claimed_by_gates_paused_side_by_side_starts_one_generation(yiel
 def test_expired_claims_at_the_cap_are_swept_by_gates_paused_side_by_side(yielding):
     """A tenant at its cap whose claims have expired (non-streamed answers trickling in past their claims' expiry
     keep their keys until swept): a burst of new keys whose gates run side by side sweeps them, and exactly the
-    cap's worth are served, each gated (stamped max_tokens); the rest get 429. The count stays exact: another
+    cap's worth are served, each gated (the tenant's salt stamped); the rest get 429. The count stays exact: another
     burst once all is done again gets exactly IDEM_CAP through. (Before the sweep ran unpaused, a sweep paused in
     its pairs walk while other gates added and dropped keys could raise, and the request then went upstream
     ungated, or the count drifted.)"""
@@ -750,7 +774,6 @@ def test_expired_claims_at_the_cap_are_swept_by_gates_paused_side_by_side(yieldi
 
     g = yielding
     port = g["ports"]["assist"]
-    max_tokens = str(g["spec"].endpoint("assist").gateway.max_tokens)
     trickled = [f"trickled-{uuid.uuid4()}" for _ in range(IDEM_CAP)]
     stream = {"X-Fake-Chunks": "4", "X-Fake-Interval-Ms": "250"}
 
@@ -762,7 +785,8 @@ def test_expired_claims_at_the_cap_are_swept_by_gates_paused_side_by_side(yieldi
         assert sum(upstream_copies(g, k) for k in keys) == IDEM_CAP  # the refused ones reached nothing
         bodies = [r.body for u in g["ups"].values() for r in u.log.completions()
                   if r.headers.get("idempotency-key") in served]
-        assert len(bodies) == IDEM_CAP and all(str(b.get("max_tokens")) == max_tokens for b in bodies)
+        # each one gated: the tenant's salt stamped
+        assert len(bodies) == IDEM_CAP and all(b.get("cache_salt") == SALTS["acme"] for b in bodies)
 
     with cf.ThreadPoolExecutor(max_workers=IDEM_CAP) as pool:
         slow = [pool.submit(post, port, body(), headers={"Idempotency-Key": k, "X-Fake-Body-Pieces": "10",

@@ -52,16 +52,16 @@ def test_a_prompt_waits_for_kv_blocks_when_the_cache_is_full(planned_stacks):
 
 def test_mooncake_replay_with_raw_tokens_reports_rejections_and_preemptions(planned_stacks, root):
     """prod assist at its planned 3× spike for 15 minutes of Friday's peak, Mooncake prompts as they are: the
-    prompts past the 16,384-token product limit are refused (413/400) and counted, not clipped; the rest
+    prompts of 16,384 tokens (the product limit) or more are refused (413/400) and counted, as vLLM does; the rest
     overflow replicas' KV caches and are preempted; nothing is silently served."""
     inputs, spec = planned_stacks["prod"]
     trace = load_trace(root / "traces" / "mooncake_synthetic.jsonl")
     r = simulate_endpoint(inputs, spec, "assist", seed=0, trace=trace, start_h=116.0, end_h=116.25,
                           raw_tokens=True, rate_scale=3.0)
     refused = r.too_long_413 + r.too_long_400
-    # the trace's share over the limit (prompt + output > 16,384), counted independently of the simulator
-    ins, outs = trace.input_tokens, np.minimum(trace.output_tokens, 2048)
-    share = float(np.mean(ins + outs > 16384))
+    # the trace's share at or over the limit (vLLM refuses a prompt of max_model_len tokens or more), counted
+    # independently of the simulator
+    share = float(np.mean(trace.input_tokens >= 16384))
     assert refused / r.requests == pytest.approx(share, abs=0.03)
     assert r.too_long_413 > 0 and r.too_long_400 > 0
     assert r.preemptions > 0 and r.recomputed_tokens > 0
@@ -69,6 +69,30 @@ def test_mooncake_replay_with_raw_tokens_reports_rejections_and_preemptions(plan
     scaled = simulate_endpoint(inputs, spec, "assist", seed=0, trace=trace, start_h=116.0, end_h=116.25,
                                raw_tokens=False, rate_scale=3.0)
     assert scaled.too_long_413 + scaled.too_long_400 == 0  # scaled to the shape: nothing over the limit
+
+
+def test_what_the_replay_refuses_or_clips_is_what_vllm_does(planned_stacks):
+    """Prompts and outputs around prod assist's 16,384-token limit, without a client max_tokens (the gateway leaves
+    the cap to the engine): refused exactly where vLLM 0.11.0's own check refuses, and each served output the
+    tokens vLLM lets it generate (tests/vllm_max_tokens.py, copied from its source)."""
+    from simulator.traffic import over_limit_status
+    from tests import vllm_max_tokens as V
+
+    inputs, spec = planned_stacks["prod"]
+    ep = next(e for e in inputs.endpoints if e.name == "assist")
+    limit, cap = ep.shape.product_max_context_tokens, ep.shape.max_tokens
+    rng = np.random.default_rng(5)
+    ins = np.concatenate([rng.integers(1, limit + 600, 4000), [limit - 1, limit, limit + 1, limit - cap, limit - cap + 1]])
+    outs = np.minimum(rng.integers(1, 3 * cap, ins.size), cap)  # generation stops at the cap or on its own
+    status, fitted = over_limit_status(ep, None, ins.astype(float), outs.astype(float))
+    for i, o, st, f in zip(ins.tolist(), outs.tolist(), status.tolist(), fitted.tolist()):
+        try:
+            V.validate_input(i, None, limit)
+        except ValueError:
+            assert st == 400, (i, o)
+            continue
+        assert st == 0 and f == min(o, V.get_max_tokens(limit, None, i, cap)), (i, o, f)
+    assert (status == 400).sum() > 0 and ((status == 0) & (fitted < outs)).sum() > 0  # both cases exercised
 
 
 def _guard_sim(planned_stacks, replicas: int, engine: Engine | None = None) -> EndpointSim:
