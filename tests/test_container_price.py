@@ -12,6 +12,7 @@ from pathlib import Path
 from topology import costs, plan
 from topology.loading import InputError, inputs_from_document
 from topology.plan.container_price import container_price
+from topology.report import terminal
 from simulator.simulate import simulate_endpoint
 
 from inputs_factory import inputs_dict, set_path
@@ -59,6 +60,10 @@ def test_plan_prices_the_container_and_the_burst_spec_reserves_it(planned_stacks
             assert e.burst.usd_per_container_hour == pytest.approx(by_hand, abs=1e-4)
             d = next(d for d in e.derivations if d.figure == "burst_usd_per_container_hour")
             assert "cores" in d.formula and "GiB" in d.formula and "serverless.cpu_cores_per_container" in d.inputs
+            # and the report says what a running container bills
+            line = next(x for x in terminal(spec).splitlines() if x.strip().startswith("burst: Modal")
+                        and f"${e.burst.usd_per_container_hour:.2f}/h" in x)
+            assert f"{cores:g} cores and {mib / 1024:.1f} GiB reserved" in line
 
 
 def _serverless_only(inp):

@@ -113,7 +113,8 @@ def _endpoint_lines(e: EndpointSpec) -> list[str]:
             if b.min_containers_schedule else "")
         L.append(f"  burst: Modal {b.gpu} in {b.region}, {warm}, max {b.max_containers}, buffer {b.buffer_containers}, "
                  f"scaledown {b.scaledown_window_s} s, {b.max_inputs} inputs/container (target {b.target_inputs}), "
-                 f"snapshots {'on' if b.enable_gpu_snapshot else 'off'}")
+                 f"snapshots {'on' if b.enable_gpu_snapshot else 'off'}; ${b.usd_per_container_hour:.2f}/h a container "
+                 f"running ({b.cpu_cores:g} cores and {b.memory_mib / 1024:.1f} GiB reserved beside its GPUs)")
         L.append(_spike_line(e))
     g = e.gateway
     L.append(f"  gateway: overflow above {g.overflow_inflight_per_replica} in flight per replica; first byte ≤{g.first_byte_timeout_s} s, "
