@@ -14,8 +14,9 @@ What each piece enforces:
   goes to burst; decided before any byte goes upstream, so nothing waits in HAProxy's queue;
 - bodies: 413 above max_request_body_bytes from Content-Length alone, before reading the body; the
   (size-capped) body is then buffered and checked by Lua (`gateway_lua.py`): the whole body valid JSON
-  and an object, max_tokens within the endpoint cap (when absent the engine's own cap applies: not stamped,
-  which would refuse prompts longer than max_model_len − cap), no client-chosen cache_salt;
+  and an object, max_tokens within the endpoint cap (when absent from a chat request the engine's own cap
+  applies: not stamped, which would refuse prompts longer than max_model_len − cap; stamped on a completion
+  request, where vLLM's default is 16), no client-chosen cache_salt;
   the tenant's salt is stamped into the body, which is where vLLM reads it; an Idempotency-Key already
   in flight for the tenant gets 409;
 - streams: responses are never buffered (`http-no-delay`, `X-Accel-Buffering: no`); a Lua response

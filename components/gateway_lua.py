@@ -424,12 +424,18 @@ local function gate(txn, max_tokens_arg, salt_env, tenant, cap, ttl, ns_cap_arg,
   local salt_part
   if stamp_salt then salt_part = salt_member(salt_env) end
   local prefix = salt_part
-  -- Without a limit of the client's the engine applies the endpoint's cap itself (--override-generation-config
-  -- max_new_tokens: vLLM's get_max_tokens takes min(cap, max_model_len − prompt)). Stamping the cap here instead
-  -- made vLLM refuse every prompt longer than max_model_len − cap with a 400 about a max_tokens the client never
-  -- sent (_validate_input: prompt + max_tokens > max_model_len; vLLM 0.11.0 serving_engine.py).
+  -- Without a limit of the client's: a chat request gets the endpoint's cap from the engine itself
+  -- (--override-generation-config max_new_tokens: vLLM's get_max_tokens takes min(cap, max_model_len − prompt)),
+  -- so nothing is stamped — a stamped cap made vLLM refuse every prompt longer than max_model_len − cap with a 400
+  -- about a max_tokens the client never sent (_validate_input: prompt + max_tokens > max_model_len; vLLM 0.11.0
+  -- serving_engine.py). A completion request defaults max_tokens to 16 in vLLM's request model (and asserts it is
+  -- not null while it streams), so there the cap is stamped, and vLLM's own check refuses a prompt past
+  -- max_model_len − cap, as it would the client's own max_tokens.
   if not has_limit then
-    txn:set_var("txn.gate_max", max_tokens_arg)  -- for the quality record: the limit the engine applies
+    txn:set_var("txn.gate_max", max_tokens_arg)  -- for the quality record: the limit that applies
+    if txn.f:path() == "/v1/completions" then
+      prefix = (prefix and prefix .. "," or "") .. '"max_tokens":' .. max_tokens_arg
+    end
   end
   if prefix then
     if count > 0 then prefix = prefix .. "," end

@@ -373,7 +373,7 @@ class EndpointSim:
             self.b_usd_s = serverless_container_usd_per_s(
                 prices.serverless_usd_per_gpu_second[b.gpu_kind], gpus, b.cpu_cores,
                 prices.serverless_usd_per_cpu_core_second, b.memory_mib, prices.serverless_usd_per_memory_gib_second,
-                ep_in.serverless.region_price_multiplier)
+                ep_in.serverless.price_multiplier)
             self.b_cold = ep.serverless_cold_start_s
             self.b_min = self._burst_min_by_minute()
         # --- API

@@ -250,8 +250,9 @@ def over_limit_status(ep: EndpointInputs, max_request_body_bytes: int | None, in
     passes the gateway's cap); a shorter one is served, its output clipped to what still fits — the gateway leaves
     max_tokens to the engine when the client sends none, and vLLM generates min(cap, max_model_len − prompt)
     (vLLM 0.11.0 serving_engine.py _validate_input, entrypoints/utils.py get_max_tokens; tests/vllm_max_tokens.py).
-    Replayed traces carry no client max_tokens, so a client's own limit that does not fit (vLLM's other 400) is
-    not modelled."""
+    Replayed requests are taken as chat requests: a completion request (which the gateway stamps with the cap, as
+    vLLM's request model would otherwise default to 16) or a client's own max_tokens that does not fit gets vLLM's
+    other 400, prompt + max_tokens > max_model_len, which is not modelled (traces carry neither)."""
     limit = ep.shape.product_max_context_tokens
     over = ins >= limit
     status = np.where(over, 400, 0)

@@ -56,7 +56,7 @@ def test_plan_prices_the_container_and_the_burst_spec_reserves_it(planned_stacks
             p = inp.prices
             by_hand = (p.serverless_usd_per_gpu_second[ep.serverless.gpu_kind] * gpus
                        + cores * p.serverless_usd_per_cpu_core_second
-                       + mib / 1024 * p.serverless_usd_per_memory_gib_second) * ep.serverless.region_price_multiplier * 3600
+                       + mib / 1024 * p.serverless_usd_per_memory_gib_second) * ep.serverless.price_multiplier * 3600
             assert e.burst.usd_per_container_hour == pytest.approx(by_hand, abs=1e-4)
             d = next(d for d in e.derivations if d.figure == "burst_usd_per_container_hour")
             assert "cores" in d.formula and "GiB" in d.formula and "serverless.cpu_cores_per_container" in d.inputs
@@ -101,7 +101,7 @@ def test_simulator_bills_the_reserved_cores_and_memory(planned_stacks):
     p = inputs.prices
     gpu = p.serverless_usd_per_gpu_second[b.gpu_kind] * b.gpus_per_container
     whole = gpu + b.cpu_cores * p.serverless_usd_per_cpu_core_second + b.memory_mib / 1024 * p.serverless_usd_per_memory_gib_second
-    mult = inputs.endpoints[0].serverless.region_price_multiplier
+    mult = inputs.endpoints[0].serverless.price_multiplier
     # the same containers in both runs (prices steer nothing), so the bills stand as the container prices do; the
     # results are rounded to the cent, hence the tolerance (±0.005 on each of ~$35)
     assert gpu_only.gpu_hours == billed.gpu_hours and billed.gpu_hours["serverless"] > 0
@@ -127,8 +127,12 @@ def test_region_multiplier_defaults_to_modals_for_the_region(region, multiplier,
     """Modal: a broad region (one word) 1.5×, a narrow one 1.75×; dev pinned us-east and priced it at 1.5×,
     16.7% under the bill."""
     inp = _inputs(**{"endpoints.0.serverless.region": region})
-    assert inp.endpoints[0].serverless.region_price_multiplier == multiplier
+    sls = inp.endpoints[0].serverless
+    assert sls.price_multiplier == multiplier and sls.region_price_multiplier is None  # resolved, not pinned
     assert not [w for w in recwarn if "region_price_multiplier" in str(w.message)]
+    # a copy in another region prices at that region's (nothing stale is kept from validation)
+    other = "us" if "-" in region else "us-east"
+    assert sls.model_copy(update={"region": other}).price_multiplier == (1.5 if other == "us" else 1.75)
 
 
 def test_a_multiplier_other_than_modals_is_kept_with_a_notice():
@@ -137,4 +141,25 @@ def test_a_multiplier_other_than_modals_is_kept_with_a_notice():
     with pytest.warns(InputNotice, match=r"region_price_multiplier=1\.5 for region 'us-east': Modal lists 1\.75×"):
         inp = _inputs(**{"endpoints.0.serverless.region": "us-east",
                          "endpoints.0.serverless.region_price_multiplier": 1.5})
-    assert inp.endpoints[0].serverless.region_price_multiplier == 1.5
+    assert inp.endpoints[0].serverless.price_multiplier == 1.5
+
+
+def test_a_spec_saved_before_the_reservation_fields_still_reads(planned_stacks, tmp_path):
+    """`topology diff` against a spec saved before the burst carried cpu_cores / memory_mib / usd_per_container_hour
+    (e.g. `pulumi stack output spec` of the deployed stack): it reads as Modal's own default reservation, which is
+    what that spec deployed."""
+    import json
+
+    from topology.loading import load_spec_or_inputs
+
+    _, spec = planned_stacks["prod"]
+    doc = json.loads(spec.to_json())
+    for e in doc["endpoints"]:
+        if e.get("burst"):
+            for k in ("cpu_cores", "memory_mib", "usd_per_container_hour"):
+                del e["burst"][k]
+    f = tmp_path / "old-spec.json"
+    f.write_text(json.dumps(doc))
+    old = load_spec_or_inputs(f)
+    b = old.endpoint("assist").burst
+    assert (b.cpu_cores, b.memory_mib) == (0.125, 128)

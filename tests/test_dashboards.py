@@ -247,7 +247,7 @@ def test_cost_lines_are_the_price_arithmetic(prod):
             p = inputs.prices
             b = e.burst
             # what Modal bills a running container an hour: its GPUs, cores and memory, times the region multiplier
-            multiplier = {x.name: x for x in inputs.endpoints}[endpoint].serverless.region_price_multiplier
+            multiplier = {x.name: x for x in inputs.endpoints}[endpoint].serverless.price_multiplier
             by_hand = (b.gpus_per_container * p.serverless_usd_per_gpu_second["H100-80GB"]
                        + b.cpu_cores * p.serverless_usd_per_cpu_core_second
                        + b.memory_mib / 1024 * p.serverless_usd_per_memory_gib_second) * multiplier * 3600

@@ -95,7 +95,7 @@ def body(**extra) -> dict:
 
 
 def post(port: int, payload: dict | bytes, key: str | None = KEYS["acme"], headers: dict | None = None,
-         timeout: float = 10.0):
+         timeout: float = 10.0, path: str = "/v1/chat/completions"):
     """POST and read the whole response: (status, headers, body bytes, request id)."""
     rid = str(uuid.uuid4())
     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
@@ -104,7 +104,7 @@ def post(port: int, payload: dict | bytes, key: str | None = KEYS["acme"], heade
         h["Authorization"] = f"Bearer {key}"
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request("POST", "/v1/chat/completions", body=data, headers=h)
+        conn.request("POST", path, body=data, headers=h)
         resp = conn.getresponse()
         try:
             content = resp.read()
@@ -431,26 +431,41 @@ def test_max_tokens_cap_enforced_and_left_to_the_engine_when_absent(gw):
 
 
 def test_a_long_prompt_without_max_tokens_passes_vllms_length_check(gw):
-    """A prompt near the product limit, no max_tokens: what the gateway forwards passes vLLM 0.11.0's own check
-    (tests/vllm_max_tokens.py, copied from its source) and generates at most what still fits, never more than the
-    cap. The stamped cap it used to forward made vLLM refuse such a prompt: prompt + cap > max_model_len."""
+    """A prompt near the product limit, no max_tokens, through the real proxy; what it forwards is judged by vLLM
+    0.11.0's own request defaults, length check and output limit (tests/vllm_max_tokens.py, copied from its
+    source). Chat: nothing stamped, so the prompt passes and generates at most what still fits, never more than the
+    engine's cap (the stamped cap it used to forward was refused: prompt + cap > max_model_len). Completions: vLLM's
+    request model defaults max_tokens to 16 and asserts it is not null, so the cap is stamped there, and a prompt
+    past max_model_len − cap gets vLLM's 400 as it would with the client's own max_tokens."""
     e = gw["spec"].endpoint("assist")
     cap, limit = e.gateway.max_tokens, e.engine.max_model_len
     prompt = limit - cap // 2  # 15,360 tokens of prod assist's 16,384: within the product limit
-    status, _, _, rid = post(gw["ports"]["assist"], body())
-    assert status == 200
-    forwarded = records(gw, rid)[0][1].body
-    asked = vllm_max_tokens.requested_max_tokens(forwarded)
-    vllm_max_tokens.validate_input(prompt, asked, limit)  # no 400
-    assert vllm_max_tokens.get_max_tokens(limit, asked, prompt, e.engine.max_tokens) == cap // 2
-    assert vllm_max_tokens.get_max_tokens(limit, asked, 100, e.engine.max_tokens) == cap  # a short one: the cap
+    text = "word " * prompt  # ~1 token a word: 75 KB, inside the body cap
     args = e.engine.vllm_args("/m")  # the engine's default limit is the gateway's cap
     assert json.loads(args[args.index("--override-generation-config") + 1]) == {"max_new_tokens": cap}
     assert args[args.index("--generation-config") + 1] == "vllm" and e.engine.max_tokens == cap
-    # what the gateway used to forward: the engine refused it
+
+    status, _, _, rid = post(gw["ports"]["assist"], body(messages=[{"role": "user", "content": text}]))
+    assert status == 200
+    forwarded = records(gw, rid)[0][1].body
+    assert forwarded["messages"][0]["content"] == text
+    asked = vllm_max_tokens.requested_max_tokens(forwarded, chat=True)
+    vllm_max_tokens.validate_input(prompt, asked, limit)  # no 400
+    assert vllm_max_tokens.get_max_tokens(limit, asked, prompt, cap) == cap // 2
+    assert vllm_max_tokens.get_max_tokens(limit, asked, 100, cap) == cap  # a short prompt: the cap
     with pytest.raises(ValueError, match="'max_tokens' or 'max_completion_tokens' is too large"):
-        vllm_max_tokens.validate_input(prompt, vllm_max_tokens.requested_max_tokens({**forwarded, "max_tokens": cap}),
-                                       limit)
+        vllm_max_tokens.validate_input(prompt, cap, limit)  # what the gateway used to forward
+
+    status, _, _, rid = post(gw["ports"]["assist"], {"model": "m", "prompt": text}, path="/v1/completions")
+    assert status == 200
+    forwarded = records(gw, rid)[0][1].body
+    asked = vllm_max_tokens.requested_max_tokens(forwarded, chat=False)
+    assert asked == cap  # not vLLM's 16
+    assert vllm_max_tokens.get_max_tokens(limit, asked, 100, cap) == cap
+    with pytest.raises(ValueError, match="too large"):
+        vllm_max_tokens.validate_input(prompt, asked, limit)
+    # unstamped, the completion would have generated vLLM's default 16 tokens
+    assert vllm_max_tokens.requested_max_tokens({"model": "m", "prompt": "x"}, chat=False) == 16
 
 
 def test_body_checks_read_top_level_keys_only(gw):

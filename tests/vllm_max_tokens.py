@@ -2,6 +2,7 @@
 
 Source: vllm-project/vllm v0.11.0 (the spec's default engine image), Apache-2.0 (SPDX-License-Identifier:
 Apache-2.0, Copyright contributors to the vLLM project):
+- vllm/entrypoints/openai/protocol.py: the request models' max_tokens defaults (chat None, completion 16);
 - vllm/entrypoints/openai/serving_engine.py, OpenAIServing._validate_input: the two length checks (a chat request
   reads `max_completion_tokens or max_tokens`, a completion `max_tokens`);
 - vllm/entrypoints/utils.py, get_max_tokens: the tokens a request may generate, where `default_max_tokens` is the
@@ -13,8 +14,16 @@ Apache-2.0, Copyright contributors to the vLLM project):
 from __future__ import annotations
 
 
+# vllm/entrypoints/openai/protocol.py: ChatCompletionRequest.max_tokens / max_completion_tokens default None;
+# CompletionRequest.max_tokens defaults to 16 (and serving_completion.py asserts it is not None)
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+
+
 def requested_max_tokens(body: dict, chat: bool = True) -> int | None:
-    return (body.get("max_completion_tokens") or body.get("max_tokens")) if chat else body.get("max_tokens")
+    """The max_tokens the engine's request model reads from a JSON body."""
+    if chat:
+        return body.get("max_completion_tokens") or body.get("max_tokens")
+    return body.get("max_tokens", COMPLETION_DEFAULT_MAX_TOKENS)
 
 
 def validate_input(token_num: int, max_tokens: int | None, max_model_len: int) -> None:

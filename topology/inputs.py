@@ -405,12 +405,17 @@ class Serverless(_Inputs):
     def _modal_region(cls, v: str) -> str:
         return check_modal_region(v)
 
+    @property
+    def price_multiplier(self) -> float:
+        """The region multiplier that applies: the input's, else Modal's for the region."""
+        if self.region_price_multiplier is not None:
+            return self.region_price_multiplier
+        return modal_region_multiplier(self.region)
+
     @model_validator(mode="after")
     def _region_multiplier(self) -> "Serverless":
         listed = modal_region_multiplier(self.region)
-        if self.region_price_multiplier is None:
-            object.__setattr__(self, "region_price_multiplier", listed)  # frozen: set once, while validating
-        elif self.region_price_multiplier != listed:
+        if self.region_price_multiplier is not None and self.region_price_multiplier != listed:
             warnings.warn(InputNotice(
                 f"serverless.region_price_multiplier={self.region_price_multiplier:g} for region {self.region!r}: "
                 f"Modal lists {listed:g}× for a {'broad' if listed == MODAL_BROAD_MULTIPLIER else 'narrow'} region "

@@ -286,8 +286,9 @@ class BurstSpec(_Spec):
     gpu: str = Field(description="Modal `gpu=` string, e.g. 'H100' or 'H100:2'.")
     gpu_kind: str
     gpus_per_container: int = Field(description="GPUs per container (the engine's tensor-parallel size).")
-    cpu_cores: float = Field(description="Physical CPU cores each container reserves (Modal `cpu=`).")
-    memory_mib: int = Field(description="Host memory each container reserves, MiB (Modal `memory=`).")
+    # defaults: Modal's own reservation, what a spec saved before these fields deployed (docs/guide/resources)
+    cpu_cores: float = Field(default=0.125, description="Physical CPU cores each container reserves (Modal `cpu=`).")
+    memory_mib: int = Field(default=128, description="Host memory each container reserves, MiB (Modal `memory=`).")
     usd_per_container_hour: float = Field(
         default=0.0,
         description="What one running container bills an hour: GPUs, cores and memory, times the region multiplier "

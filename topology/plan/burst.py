@@ -98,7 +98,7 @@ def _container_price_derivation(inp: CostInputs, ep: EndpointInputs, sls: Placem
         figure="burst_usd_per_container_hour", value=round(p.usd_per_hour, 4), unit="USD/h",
         formula=f"({p.gpus} GPU × ${gpu_s:g}/s + {p.cpu_cores:g} cores × ${pr.serverless_usd_per_cpu_core_second:g}/s + "
         f"{p.memory_mib / 1024:.2f} GiB × ${pr.serverless_usd_per_memory_gib_second:g}/s) × "
-        f"{s.region_price_multiplier:g} region × 3600 = ${p.usd_per_hour:.4f}/h; cores and memory "
+        f"{s.price_multiplier:g} region × 3600 = ${p.usd_per_hour:.4f}/h; cores and memory "
         f"{p.host_share:.1%} of it",
         inputs=("prices.serverless_usd_per_gpu_second", "prices.serverless_usd_per_cpu_core_second",
                 "prices.serverless_usd_per_memory_gib_second", "serverless.cpu_cores_per_container",

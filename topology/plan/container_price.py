@@ -33,5 +33,5 @@ def container_price(inp: CostInputs, ep: EndpointInputs, gpus: int) -> Container
                                                       ep.model.weights_gb)
     gpu_s = pr.serverless_usd_per_gpu_second[sls.gpu_kind]
     usd_s = costs.serverless_container_usd_per_s(gpu_s, gpus, cores, pr.serverless_usd_per_cpu_core_second, mib,
-                                                 pr.serverless_usd_per_memory_gib_second, sls.region_price_multiplier)
-    return ContainerPrice(gpus, cores, mib, usd_s, gpu_s * gpus * sls.region_price_multiplier)
+                                                 pr.serverless_usd_per_memory_gib_second, sls.price_multiplier)
+    return ContainerPrice(gpus, cores, mib, usd_s, gpu_s * gpus * sls.price_multiplier)

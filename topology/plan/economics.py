@@ -70,7 +70,7 @@ def economics_section(inp: CostInputs, ep: EndpointInputs, demand: Demand, ok: l
             unit="h/day", formula=f"24 / premium {premium:.2f} (= (${prices.serverless_usd_per_gpu_second[sls_kind]:g}/GPU-s + "
             f"({sls_price.cpu_cores:g} cores × ${prices.serverless_usd_per_cpu_core_second:g} + "
             f"{sls_price.memory_mib / 1024:.2f} GiB × ${prices.serverless_usd_per_memory_gib_second:g}) / {sls_gpus}) × "
-            f"{ep.serverless.region_price_multiplier:g} × 3600 / ${prices.dedicated_on_demand_usd_per_gpu_hour[sls_kind]:g}/GPU-h; "
+            f"{ep.serverless.price_multiplier:g} × 3600 / ${prices.dedicated_on_demand_usd_per_gpu_hour[sls_kind]:g}/GPU-h; "
             f"cores and memory shared over the container's {sls_gpus} GPU)",
             inputs=("prices.serverless_usd_per_gpu_second", "prices.serverless_usd_per_cpu_core_second",
                     "prices.serverless_usd_per_memory_gib_second", "serverless.region_price_multiplier",
