@@ -23,7 +23,7 @@ from .demand import Demand
 from .economics import economics_section
 from .engine import engine_section
 from .gateway import gateway_spec
-from .limits import admission, kv_at_p99_prompt
+from .limits import admission, kv_at_p99_prompt, token_gap_p99
 from .nodepools import node_pools
 from .options import OptionEval, mig_decision
 from .placement import Placement, capacity_section, replica_capacity
@@ -125,6 +125,10 @@ def build_endpoint_spec(
         derivs.append(kv.derivation)
         if kv.warning:
             warnings.append(kv.warning)
+        gap = token_gap_p99(ep, ded_pl, ded_pl.planned_inflight)
+        derivs.append(gap.derivation)
+        if gap.warning:
+            warnings.append(gap.warning)
     spec = EndpointSpec(
         name=ep.name, model_name=ep.model.name, model_revision=engine.model_revision, tier=win.tier,
         runner_up=runner.tier if runner else None, why_runner_up_lost=why, alternatives=_alternatives(options),
