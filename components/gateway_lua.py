@@ -431,17 +431,28 @@ local function gate(txn, max_tokens_arg, salt_env, tenant, cap, ttl, ns_cap_arg,
   -- serving_engine.py). A completion request defaults max_tokens to 16 in vLLM's request model (and asserts it is
   -- not null while it streams), so there the cap is stamped, and vLLM's own check refuses a prompt past
   -- max_model_len − cap, as it would the client's own max_tokens.
-  if not has_limit then
+  -- On a completion vLLM reads max_tokens alone (its request model has no max_completion_tokens): a null one is
+  -- rewritten to the cap in place (a stamped second key would lose to it: the engine's parser keeps the last).
+  local completion = txn.f:path() == "/v1/completions"
+  local mt = keys["max_tokens"]
+  local grow = 0
+  if completion and mt and mt.dup then
+    txn:set_var("txn.gate_error", "max_tokens must be a single number")
+    return
+  end
+  if not has_limit or (completion and not (mt and mt.raw ~= "null")) then
     txn:set_var("txn.gate_max", max_tokens_arg)  -- for the quality record: the limit that applies
-    if txn.f:path() == "/v1/completions" then
+    if completion and mt then
+      txn:set_var("txn.gate_edits", mt.pos .. ":" .. mt.len)
+      txn:set_var("txn.gate_cap", max_tokens_arg)
+      grow = #max_tokens_arg - mt.len
+    elseif completion then
       prefix = (prefix and prefix .. "," or "") .. '"max_tokens":' .. max_tokens_arg
     end
   end
-  if prefix then
-    if count > 0 then prefix = prefix .. "," end
-    txn:set_var("txn.gate_prefix", prefix)
-    txn:set_var("txn.gate_len", #body + #prefix)
-  end
+  if prefix and count > 0 then prefix = prefix .. "," end
+  if prefix then txn:set_var("txn.gate_prefix", prefix) end
+  if prefix or grow ~= 0 then txn:set_var("txn.gate_len", #body + #(prefix or "") + grow) end
   if pick_be ~= "-" then
     txn:set_var("txn.floor_server", unpaused(pick_floor, txn.f, pick_be, pick_prefix, tonumber(pick_slots),
                                                         tonumber(pick_threshold), pick_header))
@@ -454,7 +465,8 @@ local function gate(txn, max_tokens_arg, salt_env, tenant, cap, ttl, ns_cap_arg,
   for _, field in ipairs(LIMIT_FIELDS) do
     local k = keys[field]
     if k then
-      if k.raw ~= "null" then limited = true end
+      -- a completion's limit is its max_tokens alone (above)
+      if k.raw ~= "null" and (field == "max_tokens" or not completion) then limited = true end
       if k.raw == "null" or tonumber(k.raw) > ns_cap then
         edits[#edits + 1] = k.pos .. ":" .. k.len
         grow = grow + #cap_text - k.len
@@ -643,6 +655,12 @@ core.register_action("llm_shadow", { "http-req" }, function(txn, name, dst, cap,
   if n >= tonumber(cap) then return end
   local body = txn.f:req_body() or ""
   local prefix = txn:get_var("txn.gate_prefix")
+  local edit, cap = txn:get_var("txn.gate_edits"), txn:get_var("txn.gate_cap")
+  if edit then  -- a completion's null max_tokens, rewritten to the cap as the user's request is (one span)
+    local p, l = edit:match("(%d+):(%d+)")
+    p, l = tonumber(p), tonumber(l)
+    body = body:sub(1, p - 1) .. cap .. body:sub(p + l)
+  end
   if prefix then
     local pos = body:find("{", 1, true)
     if pos then body = body:sub(1, pos) .. prefix .. body:sub(pos + 1) end
@@ -727,7 +745,7 @@ end
 function Llm:http_headers(txn, msg)
   if not msg:is_resp() then
     -- after every http-request rule: llm_gate has decided the stamp (burst's ns cap included)
-    if txn:get_var("txn.gate_prefix") or txn:get_var("txn.ns_capped") then
+    if txn:get_var("txn.gate_prefix") or txn:get_var("txn.gate_edits") or txn:get_var("txn.ns_capped") then
       filter.register_data_filter(self, txn.req)
     else
       self.req_done = true
@@ -764,9 +782,10 @@ function Llm:http_headers(txn, msg)
   return filter.CONTINUE
 end
 local function stamp(txn, msg, n)
-  local prefix, edits = txn:get_var("txn.gate_prefix"), nil
+  local prefix, edits, cap = txn:get_var("txn.gate_prefix"), txn:get_var("txn.gate_edits"), txn:get_var("txn.gate_cap")
   if txn:get_var("txn.ns_capped") then  -- a non-streamed request on burst: the capped stamp
     prefix, edits = txn:get_var("txn.gate_prefix_b"), txn:get_var("txn.gate_edits_b")
+    cap = txn:get_var("txn.gate_cap_b")
     if prefix == "" then prefix = nil end
     if edits == "" then edits = nil end
   end
@@ -779,7 +798,7 @@ local function stamp(txn, msg, n)
   end
   if edits then
     -- values replaced from the last to the first, so the earlier offsets stay valid
-    local cap, spans = txn:get_var("txn.gate_cap_b"), {}
+    local spans = {}
     for p, l in edits:gmatch("(%d+):(%d+)") do spans[#spans + 1] = { tonumber(p), tonumber(l) } end
     table.sort(spans, function(a, b) return a[1] > b[1] end)
     for _, sp in ipairs(spans) do

@@ -468,6 +468,32 @@ def test_a_long_prompt_without_max_tokens_passes_vllms_length_check(gw):
     assert vllm_max_tokens.requested_max_tokens({"model": "m", "prompt": "x"}, chat=False) == 16
 
 
+def test_a_completion_always_reaches_the_engine_with_a_number_in_max_tokens(gw):
+    """vLLM's CompletionRequest reads max_tokens alone (no max_completion_tokens), defaults it to 16 and asserts it
+    is not null while generating: a completion sent with null, with max_completion_tokens only, or with none gets
+    the cap as the engine reads the forwarded body (Python's parser: the last of two equal keys wins)."""
+    port, cap = gw["ports"]["assist"], gw["spec"].endpoint("assist").gateway.max_tokens
+    cases = [
+        (b'{"model":"m","prompt":"hi","max_tokens":null}', cap),
+        (b'{"model":"m","max_tokens":null,"prompt":"hi","stream":false}', cap),
+        (b'{"model":"m","prompt":"hi","max_completion_tokens":50}', cap),
+        (b'{"model":"m","prompt":"hi"}', cap),
+        (b'{"model":"m","prompt":"hi","max_tokens":7}', 7),
+    ]
+    for raw, want in cases:
+        status, _, _, rid = post(port, raw, path="/v1/completions")
+        assert status == 200, raw
+        fwd = records(gw, rid)[0][1].body
+        assert vllm_max_tokens.requested_max_tokens(fwd, chat=False) == want, (raw, fwd)
+        assert fwd["prompt"] == "hi"
+    status, _, _, rid = post(port, b'{"model":"m","prompt":"hi","max_tokens":null,"max_tokens":null}',
+                             path="/v1/completions")
+    assert status == 400 and records(gw, rid) == []
+    # chat keeps the client's null (the engine's own cap applies)
+    status, _, _, rid = post(port, b'{"model":"m","messages":[],"max_tokens":null}')
+    assert status == 200 and records(gw, rid)[0][1].body["max_tokens"] is None
+
+
 def test_body_checks_read_top_level_keys_only(gw):
     port = gw["ports"]["assist"]
     # the same words inside strings or nested objects are prompt content, not parameters
