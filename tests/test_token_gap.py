@@ -104,3 +104,25 @@ def test_the_plan_says_when_the_per_token_alert_will_read_the_slo_as_breached(pl
             assert bool(warned) == (d.value > e.slo_inter_token_p99_ms), e.name
         if warned:
             assert "VllmInterTokenSloBreach" in warned[0] and "lower bound" in d.formula
+
+
+def test_the_engine_runs_the_step_budget_the_estimate_assumes(planned_stacks):
+    """The budget is rendered (--max-num-batched-tokens), vLLM's own default for the device: what its
+    _set_default_args picks for the replica's device memory (a MIG slice is its own device), never below
+    max_num_seqs (vLLM refuses that)."""
+    from tests import vllm_max_tokens as V
+
+    seen = set()
+    for name in planned_stacks:
+        inputs, spec = planned_stacks[name]
+        for e in spec.endpoints:
+            ep = next(x for x in inputs.endpoints if x.name == e.name)
+            pl = next(p for p in placements(ep, GPU_KINDS)[0]
+                      if p.gpu_kind == e.capacity.gpu_kind and p.mig_profile == e.capacity.mig_profile
+                      and p.gpus_per_replica == e.capacity.gpus_per_replica)
+            device_bytes = int(pl.memory_gb / pl.gpus_per_replica * 1e9)
+            want = max(V.default_max_num_batched_tokens(device_bytes, pl.gpu_kind), e.engine.max_num_seqs)
+            args = e.engine.vllm_args("/m")
+            assert int(args[args.index("--max-num-batched-tokens") + 1]) == want == e.engine.max_num_batched_tokens
+            seen.add(want)
+    assert seen == {2048, 8192}  # a MIG slice (prod guard) and whole H100s

@@ -41,3 +41,11 @@ def validate_input(token_num: int, max_tokens: int | None, max_model_len: int) -
 
 def get_max_tokens(max_model_len: int, max_tokens: int | None, input_length: int, default_max_tokens: int | None) -> int:
     return min(v for v in (max_model_len - input_length, max_tokens, default_max_tokens) if v is not None)
+
+
+def default_max_num_batched_tokens(device_memory_bytes: int, device_name: str) -> int:
+    """vllm/engine/arg_utils.py EngineArgs._set_default_args (0.11.0), the OpenAI server's default step budget."""
+    GiB_bytes = 1 << 30
+    if device_memory_bytes >= 70 * GiB_bytes and "a100" not in device_name.lower():
+        return 8192
+    return 2048

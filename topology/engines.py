@@ -20,7 +20,8 @@ What differs between the series, and why the rows say what they say:
   is deprecated from 0.9, hidden in 0.11, gone in 0.12); the prefix-cache counters are
   `vllm:prefix_cache_{queries,hits}` (the `gpu_`-prefixed ones likewise).
 - Unchanged across 0.10.0–0.13.0, checked: every other flag the project passes (`--served-model-name`,
-  `--tokenizer`, `--max-model-len`, `--max-num-seqs`, `--tensor-parallel-size`, `--gpu-memory-utilization`,
+  `--tokenizer`, `--max-model-len`, `--max-num-seqs`, `--max-num-batched-tokens`, `--tensor-parallel-size`,
+  `--gpu-memory-utilization`,
   `--kv-cache-dtype`, `--generation-config`, `--override-generation-config`, `--port`,
   `--[no-]enable-prefix-caching`, `--quantization`, `--enable-lora`, `--max-loras`, `--max-cpu-loras`,
   `--max-lora-rank`, and on the burst tier `--host`, `--enable-sleep-mode`), the `lora_filesystem_resolver`

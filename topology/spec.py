@@ -211,6 +211,11 @@ class EngineSpec(_Spec):
     max_model_len: int = Field(description="= the product limit, never the model's maximum.")
     max_tokens: int = Field(description="Per-endpoint generation cap.")
     max_num_seqs: int
+    max_num_batched_tokens: int | None = Field(
+        default=None,
+        description="Tokens one engine step may carry (running decodes plus prompt chunks): vLLM's own default for "
+        "the device, rendered so the plan's per-token gap arithmetic and the engine agree (None: a spec saved "
+        "before it, vLLM picks).")
     tensor_parallel_size: int
     gpu_memory_utilization: float
     enable_prefix_caching: bool
@@ -250,6 +255,8 @@ class EngineSpec(_Spec):
             "--tokenizer", model_path,
             "--max-model-len", str(self.max_model_len),
             "--max-num-seqs", str(self.max_num_seqs),
+            *(["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
+              if self.max_num_batched_tokens is not None else []),
             "--tensor-parallel-size", str(self.tensor_parallel_size),
             "--gpu-memory-utilization", f"{self.gpu_memory_utilization:.2f}",
             "--kv-cache-dtype", self.kv_cache_dtype,
