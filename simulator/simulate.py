@@ -102,7 +102,7 @@ class EndpointResult:
     burst_backlog_replicas_added: int = 0  # floor replicas added beyond what the queue and cron triggers asked
     burst_inflight_peak: int = 0  # most requests in flight to burst at an autoscaler poll
     too_long_413: int = 0  # prompts over the product limit whose body passed the gateway's cap (raw tokens)
-    too_long_400: int = 0  # prompts over the product limit the engine refused (prompt + output > max_model_len)
+    too_long_400: int = 0  # prompts at or over the product limit the engine refused (prompt ≥ max_model_len)
     preemptions: int = 0  # vLLM recompute preemptions (KV cache full)
     recomputed_tokens: float = 0.0
     recompute_gpu_s: float = 0.0
@@ -114,6 +114,9 @@ class EndpointResult:
     non_streamed_capped: int = 0  # … whose max_tokens the burst rule capped
     non_streamed_refused: int = 0  # … refused (400) because burst requires streaming
     non_streamed_redirected: int = 0  # … that ran past Modal's web-request cap (303, a failure)
+    # the plan's lower bound of the per-token gap p99 at the planned batch (derivation token_gap_p99_ms): what
+    # vLLM's ITL histogram reads, where the ITL above is each request's mean gap; None without a floor
+    token_gap_p99_s: float | None = None
 
     @property
     def admitted_goodput(self) -> float:
@@ -373,6 +376,7 @@ def _result(sim: EndpointSim, ep: EndpointSpec, start_h: float, end_h: float) ->
         focus_minute_shed=tuple(float(x) for x in tl.minute_shed),
         non_streamed_burst=sim.n_ns_burst, non_streamed_capped=sim.n_ns_capped,
         non_streamed_refused=sim.n_ns_refused, non_streamed_redirected=sim.n_ns_redirected,
+        token_gap_p99_s=next((d.value / 1000.0 for d in ep.derivations if d.figure == "token_gap_p99_ms"), None),
     )
 
 
@@ -546,7 +550,12 @@ def summary(res: SimResult, markdown: bool = False) -> str:
         if e.too_long_413 or e.too_long_400:
             out.append(("- " if markdown else "  ") + f"{e.endpoint}: {e.too_long_413 + e.too_long_400:,} prompts over "
                        f"the product limit refused ({e.too_long_413:,} × 413 at the gateway's body cap, "
-                       f"{e.too_long_400:,} × 400 from the engine: prompt + output > max_model_len)")
+                       f"{e.too_long_400:,} × 400 from the engine: a prompt of max_model_len tokens or more)")
+        if e.token_gap_p99_s is not None and e.token_gap_p99_s > e.itl_slo_s:
+            out.append(("- " if markdown else "  ") + f"{e.endpoint}: ITL here is each request's mean gap; per token, "
+                       f"as vLLM's histogram and VllmInterTokenSloBreach read it, the plan puts the p99 at "
+                       f"{fmt_seconds(e.token_gap_p99_s)} or more against the {fmt_seconds(e.itl_slo_s)} SLO "
+                       "(token_gap_p99_ms; README Known limits)")
         if e.preemptions or e.kv_admission_waits:
             out.append(("- " if markdown else "  ") + f"{e.endpoint}: KV cache full: {e.preemptions:,} preemptions "
                        f"recomputed {e.recomputed_tokens:,.0f} tokens ({e.recompute_gpu_s:,.0f} GPU-s); "

@@ -126,3 +126,15 @@ def test_the_engine_runs_the_step_budget_the_estimate_assumes(planned_stacks):
             assert int(args[args.index("--max-num-batched-tokens") + 1]) == want == e.engine.max_num_batched_tokens
             seen.add(want)
     assert seen == {2048, 8192}  # a MIG slice (prod guard) and whole H100s
+
+
+def test_the_simulated_week_says_its_itl_is_a_mean_and_what_the_alert_reads(planned_stacks):
+    """The simulator records each request's mean gap; its summary names the plan's per-token bound beside it."""
+    from simulator.simulate import simulate_endpoint, summary, SimResult
+
+    inputs, spec = planned_stacks["prod"]
+    r = simulate_endpoint(inputs, spec, "assist", seed=0, start_h=9, end_h=9.1)
+    bound = next(d.value for d in spec.endpoint("assist").derivations if d.figure == "token_gap_p99_ms") / 1000
+    assert r.token_gap_p99_s == pytest.approx(bound) and r.itl_p99_s < r.itl_slo_s < bound
+    text = summary(SimResult(environment="prod", source="test", seed=0, endpoints=(r,)))
+    assert "assist: ITL here is each request's mean gap" in text and "VllmInterTokenSloBreach" in text
