@@ -262,7 +262,8 @@ def build_settings(config: BurstAppConfig) -> BurstSettings:
             f"burst.max_inputs={burst.max_inputs}; the autoscaler target must be at most the hard limit"
         )
     path = model_path(engine)
-    engine_command = tuple(engine.vllm_args(path))
+    # the container's own step budget (its GPU, not the floor's: a MIG floor's is smaller)
+    engine_command = tuple(engine.vllm_args(path, burst.max_num_batched_tokens))
     return BurstSettings(
         app_name=burst.app_name,
         environment=burst.environment,

@@ -553,7 +553,7 @@ def summary(res: SimResult, markdown: bool = False) -> str:
                        f"{e.too_long_400:,} × 400 from the engine: a prompt of max_model_len tokens or more)")
         if e.token_gap_p99_s is not None and e.token_gap_p99_s > e.itl_slo_s:
             out.append(("- " if markdown else "  ") + f"{e.endpoint}: ITL here is each request's mean gap; per token, "
-                       f"as vLLM's histogram and VllmInterTokenSloBreach read it, the plan puts the p99 at "
+                       f"as vLLM's histogram and VllmInterTokenSloBreach read it, the plan puts the floor's p99 at "
                        f"{fmt_seconds(e.token_gap_p99_s)} or more against the {fmt_seconds(e.itl_slo_s)} SLO "
                        "(token_gap_p99_ms; README Known limits)")
         if e.preemptions or e.kv_admission_waits:

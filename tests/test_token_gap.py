@@ -107,9 +107,9 @@ def test_the_plan_says_when_the_per_token_alert_will_read_the_slo_as_breached(pl
 
 
 def test_the_engine_runs_the_step_budget_the_estimate_assumes(planned_stacks):
-    """The budget is rendered (--max-num-batched-tokens), vLLM's own default for the device: what its
-    _set_default_args picks for the replica's device memory (a MIG slice is its own device), never below
-    max_num_seqs (vLLM refuses that)."""
+    """The budget is pinned (--max-num-batched-tokens): vLLM's _set_default_args rule on the memory the replica's
+    engine has per GPU (the slice's on MIG, where vLLM itself would read the parent GPU's through NVML or fall back
+    to 2,048), never below max_num_seqs (vLLM refuses that); the burst container's by its own GPU."""
     from tests import vllm_max_tokens as V
 
     seen = set()
@@ -138,3 +138,22 @@ def test_the_simulated_week_says_its_itl_is_a_mean_and_what_the_alert_reads(plan
     assert r.token_gap_p99_s == pytest.approx(bound) and r.itl_p99_s < r.itl_slo_s < bound
     text = summary(SimResult(environment="prod", source="test", seed=0, endpoints=(r,)))
     assert "assist: ITL here is each request's mean gap" in text and "VllmInterTokenSloBreach" in text
+
+
+def test_a_mig_floor_and_a_whole_gpu_burst_run_their_own_step_budgets(planned_stacks):
+    """The engine spec is shared by the tiers; the burst container's budget is its own GPU's (a whole H100: 8,192)
+    even when the floor's is a MIG slice's (2,048)."""
+    from modal_apps import settings as S
+
+    _, spec = planned_stacks["prod"]
+    e = spec.endpoint("assist")
+    assert e.burst.max_num_batched_tokens == 8192
+    mig_floor = e.model_copy(update={"engine": e.engine.model_copy(update={"max_num_batched_tokens": 2048})})
+    settings = S.build_settings(S.BurstAppConfig.from_endpoint(mig_floor))
+    floor_args = mig_floor.engine.vllm_args(settings.model_path)
+    burst_args = list(settings.engine_command)
+    assert floor_args[floor_args.index("--max-num-batched-tokens") + 1] == "2048"
+    assert burst_args[burst_args.index("--max-num-batched-tokens") + 1] == "8192"
+    # everything else on the two command lines is the same
+    i, j = floor_args.index("--max-num-batched-tokens"), burst_args.index("--max-num-batched-tokens")
+    assert floor_args[:i] == burst_args[:j] and floor_args[i + 2:] == burst_args[j + 2:]

@@ -247,16 +247,19 @@ class EngineSpec(_Spec):
             })
         return env
 
-    def vllm_args(self, model_path: str) -> list[str]:
-        """The `vllm serve` command line, the single source for both tiers."""
+    def vllm_args(self, model_path: str, max_num_batched_tokens: int | None = None) -> list[str]:
+        """The `vllm serve` command line, the single source for both tiers; max_num_batched_tokens: the burst
+        container's own step budget (its GPU may differ from the floor's), never below max_num_seqs."""
+        budget = self.max_num_batched_tokens
+        if max_num_batched_tokens is not None:
+            budget = max(max_num_batched_tokens, self.max_num_seqs)
         args = [
             "vllm", "serve", model_path,
             "--served-model-name", self.served_model_name,
             "--tokenizer", model_path,
             "--max-model-len", str(self.max_model_len),
             "--max-num-seqs", str(self.max_num_seqs),
-            *(["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
-              if self.max_num_batched_tokens is not None else []),
+            *(["--max-num-batched-tokens", str(budget)] if budget is not None else []),
             "--tensor-parallel-size", str(self.tensor_parallel_size),
             "--gpu-memory-utilization", f"{self.gpu_memory_utilization:.2f}",
             "--kv-cache-dtype", self.kv_cache_dtype,
@@ -309,6 +312,10 @@ class BurstSpec(_Spec):
     startup_timeout_s: int
     timeout_s: int = Field(description="Longest a single request may run (max_tokens at the inter-token SLO, plus prefill).")
     max_inputs: int = Field(description="@modal.concurrent max_inputs: concurrent requests per container.")
+    max_num_batched_tokens: int | None = Field(
+        default=None,
+        description="The container engine's --max-num-batched-tokens, for its own GPU (the floor's may be a MIG "
+        "slice); None: a spec saved before it, the engine spec's.")
     target_inputs: int = Field(description="@modal.concurrent target_inputs: the autoscaler's per-container target.")
     enable_memory_snapshot: bool
     enable_gpu_snapshot: bool

@@ -20,7 +20,7 @@ from .placement import Placement
 from .container_price import container_price
 from .section import Section
 from .serverless import buffer_containers
-from .limits import SpikeWarm, non_streamed_burst_rule, spike_headroom, spike_warm_derivation
+from .limits import SpikeWarm, non_streamed_burst_rule, spike_headroom, spike_warm_derivation, step_token_budget
 from .timing import longest_request_s, serverless_cold_start_s
 from .weights import bucket_name
 
@@ -78,6 +78,7 @@ def burst_spec(
         max_containers=max_c, buffer_containers=buffer, scaledown_window_s=ep.serverless.scaledown_window_s,
         startup_timeout_s=int(min(3600, max(600, 3 * ep.cold_starts.serverless_no_snapshot_s))),
         timeout_s=longest_request_s(ep, sls), max_inputs=sls.usable_concurrency,
+        max_num_batched_tokens=step_token_budget(sls, sls.usable_concurrency),
         target_inputs=sls.planned_inflight,
         enable_memory_snapshot=ep.serverless.gpu_snapshots, enable_gpu_snapshot=ep.serverless.gpu_snapshots,
         # the revision the endpoint serves; under a rollout endpoint.py renames it to the served engine's

@@ -7,7 +7,7 @@ from ..inputs import EndpointInputs
 from ..spec import Derivation, EngineSpec, LoraSettings
 from .errors import PlanningError
 from .placement import ACTIVATION_OVERHEAD_GB_PER_GPU, GB_PER_MIB, GPU_MEMORY_UTILIZATION, Placement
-from .limits import default_step_token_budget
+from .limits import step_token_budget
 from .section import Section
 from .weights import weights_prefix
 
@@ -56,8 +56,7 @@ def engine_section(ep: EndpointInputs, pl: Placement) -> Section[EngineSpec]:
         metrics=release.metrics, served_model_name=ep.model.name, model_revision=ep.model.revision,
         tokenizer=ep.model.tokenizer, weights_uri_suffix=prefix, max_model_len=s.product_max_context_tokens,
         max_tokens=s.max_tokens, max_num_seqs=pl.usable_concurrency,
-        # vLLM refuses a budget below max_num_seqs (SchedulerConfig)
-        max_num_batched_tokens=max(default_step_token_budget(pl), pl.usable_concurrency),
+        max_num_batched_tokens=step_token_budget(pl, pl.usable_concurrency),
         tensor_parallel_size=pl.gpus_per_replica,
         gpu_memory_utilization=GPU_MEMORY_UTILIZATION, enable_prefix_caching=True,
         cache_salt_per_tenant=len(ep.tenants) > 1, kv_cache_dtype="auto", quantization=None, lora=lora,

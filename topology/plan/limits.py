@@ -350,9 +350,19 @@ def _normal_nodes() -> np.ndarray:
 
 
 def default_step_token_budget(pl: Placement) -> int:
-    device_gib = pl.memory_gb / pl.gpus_per_replica * 1e9 / GIB  # a MIG slice is its own device
+    """vLLM's rule applied to the memory a replica's engine has per GPU — on a MIG slice, the slice's. vLLM itself
+    reads the memory through NVML by the device index, which on a MIG slice is the parent GPU's (platforms/cuda.py
+    get_device_total_memory), or fails and falls back to the small budget: its own pick there depended on the
+    environment. The plan pins this value on the command line instead (step_token_budget)."""
+    device_gib = pl.memory_gb / pl.gpus_per_replica * 1e9 / GIB
     large = device_gib >= 70 and "A100" not in pl.gpu_kind.upper()
     return STEP_TOKEN_BUDGET_LARGE if large else STEP_TOKEN_BUDGET_SMALL
+
+
+def step_token_budget(pl: Placement, max_num_seqs: int) -> int:
+    """The --max-num-batched-tokens an engine on this placement runs: the rule above, never below max_num_seqs
+    (vLLM's SchedulerConfig refuses a budget under it)."""
+    return max(default_step_token_budget(pl), max_num_seqs)
 
 
 @dataclass(frozen=True)
@@ -380,7 +390,7 @@ def token_gap_p99(ep: EndpointInputs, pl: Placement, batch: int) -> TokenGap:
     budgeted packing (tests/test_token_gap.py), not against a GPU."""
     s, h = ep.shape, ep.prefix_cache_hit_fraction
     t_b = pl.decode_step_floor_s + batch * pl.decode_step_s_per_sequence
-    budget = default_step_token_budget(pl)
+    budget = step_token_budget(pl, pl.usable_concurrency)  # what the engine is given (engine.py)
     room = max(budget - batch, 1)
     lam = pl.planning_rps
     mu, sigma = lognormal_params(s.input_tokens_mean * (1 - h), s.input_tokens_p99 * (1 - h)) if h < 1 else (0.0, 0.0)
@@ -414,12 +424,12 @@ def token_gap_p99(ep: EndpointInputs, pl: Placement, batch: int) -> TokenGap:
         warn = (f"{ep.name}: per-token gap p99 between {p99 * 1000:.0f} and {packed_s * 1000:.0f} ms at the planned "
                 f"batch of {batch} (inter_token_p99_ms {ep.slo.inter_token_p99_ms:g}): at {lam:.3f} req/s a replica "
                 "cannot prefill one prompt a step, so prompts queue and vLLM packs them into steps of up to "
-                f"{room} prompt tokens (its default budget {budget}); the plan sizes the batch on each request's mean "
+                f"{room} prompt tokens (a budget of {budget}); the plan sizes the batch on each request's mean "
                 "gap, so VllmInterTokenSloBreach (per token) may read the SLO as breached (README Known limits)")
     elif p99 > slo_s:
         warn = (f"{ep.name}: per-token gap p99 at least {p99 * 1000:.0f} ms at the planned batch of {batch} > "
                 f"inter_token_p99_ms {ep.slo.inter_token_p99_ms:g}: {share:.0%} of tokens share an engine step with a "
-                f"prompt's chunk (vLLM's default budget {budget} tokens a step, chunks up to {room}); the plan sizes the "
+                f"prompt's chunk (a budget of {budget} tokens a step, chunks up to {room}); the plan sizes the "
                 "batch on each request's mean gap, so vLLM's ITL histogram and VllmInterTokenSloBreach (per token) "
                 "will read the SLO as breached at planned load (README Known limits)")
     d = Derivation(
