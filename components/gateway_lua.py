@@ -428,11 +428,10 @@ local function gate(txn, max_tokens_arg, salt_env, tenant, cap, ttl, ns_cap_arg,
   -- (--override-generation-config max_new_tokens: vLLM's get_max_tokens takes min(cap, max_model_len − prompt)),
   -- so nothing is stamped — a stamped cap made vLLM refuse every prompt longer than max_model_len − cap with a 400
   -- about a max_tokens the client never sent (_validate_input: prompt + max_tokens > max_model_len; vLLM 0.11.0
-  -- serving_engine.py). A completion request defaults max_tokens to 16 in vLLM's request model (and asserts it is
-  -- not null while it streams), so there the cap is stamped, and vLLM's own check refuses a prompt past
-  -- max_model_len − cap, as it would the client's own max_tokens.
-  -- On a completion vLLM reads max_tokens alone (its request model has no max_completion_tokens): a null one is
-  -- rewritten to the cap in place (a stamped second key would lose to it: the engine's parser keeps the last).
+  -- serving_engine.py). A completion reads max_tokens alone (vLLM's request model has no max_completion_tokens),
+  -- defaults it to 16 and asserts it is not null, so there the cap is stamped when absent and written over a null
+  -- in place (a stamped second key would lose to it: the engine's parser keeps the last); vLLM's own check then
+  -- refuses a prompt past max_model_len − cap, as it would the client's own max_tokens.
   local completion = txn.f:path() == "/v1/completions"
   local mt = keys["max_tokens"]
   local grow = 0

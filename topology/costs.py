@@ -51,6 +51,7 @@ def break_even_duty_cycle(dedicated_usd_per_request_at_saturation: float, api_us
 
 
 MIB_PER_GIB = 1024
+BYTES_PER_GIB = 2**30
 
 
 def serverless_container_resources(cpu_cores: float | None, memory_gib: float | None, gpus: int,
@@ -59,7 +60,7 @@ def serverless_container_resources(cpu_cores: float | None, memory_gib: float | 
     GPUs (vLLM's documented minimum: the API server, the engine core and one worker per GPU) and the served weights
     (held in host memory by a level-1 sleep before a snapshot), rounded up to whole MiB as Modal's `memory=` takes."""
     cores = float(cpu_cores) if cpu_cores is not None else 2.0 + gpus
-    gib = float(memory_gib) if memory_gib is not None else weights_gb * 1e9 / 2**30
+    gib = float(memory_gib) if memory_gib is not None else weights_gb * 1e9 / BYTES_PER_GIB
     return cores, int(math.ceil(gib * MIB_PER_GIB - 1e-9))
 
 

@@ -17,7 +17,7 @@ from ..windows import hour_windows, level_windows
 from .demand import Demand
 from .options import OptionEval
 from .placement import Placement
-from .container_price import container_price
+from .container_price import ContainerPrice, container_price
 from .section import Section
 from .serverless import buffer_containers
 from .limits import SpikeWarm, non_streamed_burst_rule, spike_headroom, spike_warm_derivation, step_token_budget
@@ -92,8 +92,8 @@ def burst_spec(
     )
 
 
-def _container_price_derivation(inp: CostInputs, ep: EndpointInputs, sls: Placement) -> Derivation:
-    p, pr, s = container_price(inp, ep, sls.gpus_per_replica), inp.prices, ep.serverless
+def _container_price_derivation(inp: CostInputs, ep: EndpointInputs, p: ContainerPrice) -> Derivation:
+    pr, s = inp.prices, ep.serverless
     gpu_s = pr.serverless_usd_per_gpu_second[s.gpu_kind]
     return Derivation(
         figure="burst_usd_per_container_hour", value=round(p.usd_per_hour, 4), unit="USD/h",
@@ -136,7 +136,8 @@ def burst_section(
         formula=f"⌈max over hours (peak − floor × {pl.planning_rps:.3f}) / {sls.planning_rps:.3f}⌉, cap "
         f"{ep.serverless.max_containers_cap}",
         inputs=("traffic.hourly_mean_requests_per_s", "traffic.within_hour_peak_factor", "serverless.max_containers_cap"),
-    ), _container_price_derivation(inp, ep, sls), spike.derivation, ns.derivation)
+    ), _container_price_derivation(inp, ep, container_price(inp, ep, sls.gpus_per_replica)), spike.derivation,
+        ns.derivation)
     sw = _spike_warm(win)
     if sw.protected.any():
         derivs += (spike_warm_derivation(ep, sw, sls, serverless_cold_start_s(ep), burst.spike_warm_usd_per_month),)

@@ -11,6 +11,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from ..costs import BYTES_PER_GIB
 from ..inputs import EndpointInputs
 from ..spec import Derivation
 from ..token_shape import Z_P99, lognormal_params
@@ -337,7 +338,6 @@ def spike_warm_for(ep: EndpointInputs, peak_rps: np.ndarray, floor_by_hour: np.n
 # prompt is prefilled in chunks of (budget − running decodes) tokens, each inside a decode step.
 STEP_TOKEN_BUDGET_LARGE = 8192
 STEP_TOKEN_BUDGET_SMALL = 2048
-GIB = 2**30
 TOKEN_GAP_QUANTILE = 0.99
 _PROMPT_NODES = 4000  # quantile nodes of the prompt distribution
 
@@ -354,7 +354,7 @@ def default_step_token_budget(pl: Placement) -> int:
     reads the memory through NVML by the device index, which on a MIG slice is the parent GPU's (platforms/cuda.py
     get_device_total_memory), or fails and falls back to the small budget: its own pick there depended on the
     environment. The plan pins this value on the command line instead (step_token_budget)."""
-    device_gib = pl.memory_gb / pl.gpus_per_replica * 1e9 / GIB
+    device_gib = pl.memory_gb / pl.gpus_per_replica * 1e9 / BYTES_PER_GIB
     large = device_gib >= 70 and "A100" not in pl.gpu_kind.upper()
     return STEP_TOKEN_BUDGET_LARGE if large else STEP_TOKEN_BUDGET_SMALL
 
@@ -403,11 +403,12 @@ def token_gap_p99(ep: EndpointInputs, pl: Placement, batch: int) -> TokenGap:
     weights = np.concatenate([[full.sum()], np.ones(int((rest > 0).sum()))]) / _PROMPT_NODES
     e_chunks, e_u = float(n_chunks.mean()), float(u.mean())
     prefill_busy = lam * e_u / pl.prefill_tokens_per_s  # seconds a second spent on prefill tokens
-    # one prompt a step cannot keep up when its steps fill the second: prompts then queue and vLLM packs them into
-    # steps of up to `room` tokens, which this estimate does not bound
-    saturated = lam * e_chunks * t_b + prefill_busy >= 1.0
-    plain_steps = max(1.0 - lam * e_chunks * t_b - prefill_busy, 0.0) / t_b
     stall_steps = lam * e_chunks
+    # the second's time left for steps without a chunk; none: one prompt a step cannot keep up, prompts then queue
+    # and vLLM packs them into steps of up to `room` tokens, which this estimate does not bound
+    slack = 1.0 - stall_steps * t_b - prefill_busy
+    saturated = slack <= 0.0
+    plain_steps = max(slack, 0.0) / t_b
     share = stall_steps / (plain_steps + stall_steps) if plain_steps + stall_steps > 0 else 1.0
     tail = 1.0 - TOKEN_GAP_QUANTILE
     if share <= tail:

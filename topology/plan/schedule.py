@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import costs
 from ..inputs import CostInputs, EndpointInputs
 from ..spec import Derivation, FloorSchedule, HerdSpec
 from ..timebase import HOURS_PER_WEEK
