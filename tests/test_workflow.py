@@ -88,6 +88,10 @@ def test_two_runs_never_update_one_stack_at_once():
 
 
 SECRET_REF = re.compile(r"^\$\{\{ secrets\.[A-Z0-9_]+ \}\}$")
+AWS_CREDENTIALS_ACTION = "aws-actions/configure-aws-credentials@v6"
+# the inputs of aws-actions/configure-aws-credentials v6.2.3 (action.yml; node24), those the workflows may pass
+AWS_CREDENTIALS_INPUTS = {"aws-region", "role-to-assume", "role-duration-seconds", "role-session-name", "audience",
+                          "role-skip-session-tagging", "mask-aws-account-id", "allowed-account-ids"}
 
 
 @pytest.mark.parametrize("name", ["preview.yml", "deploy.yml"])
@@ -95,8 +99,7 @@ def test_every_credential_comes_from_the_secret_store(name):
     for job in load(name)["jobs"].values():
         for step in pulumi_steps(job):
             env = step["env"]
-            for var in ("PULUMI_ACCESS_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-                assert SECRET_REF.match(env[var]), (var, env[var])
+            assert SECRET_REF.match(env["PULUMI_ACCESS_TOKEN"])
             cm = config_map(step)
             assert "aws:region" not in cm  # the stack file's region (tests/test_stack_isolation.py)
             for key in ("llm-serving:modalTokenId", "llm-serving:modalTokenSecret"):
@@ -104,3 +107,65 @@ def test_every_credential_comes_from_the_secret_store(name):
                 assert cm[key]["secret"] is True and SECRET_REF.match(cm[key]["value"])
     text = (ROOT / ".github" / "workflows" / name).read_text()
     assert not re.search(r"AKIA[0-9A-Z]{16}|ak-[A-Za-z0-9]{16,}", text)
+
+
+@pytest.mark.parametrize("name", ["preview.yml", "deploy.yml"])
+def test_aws_access_is_a_short_lived_role_session_never_a_stored_key(name):
+    """Every job that runs Pulumi assumes the CI role by GitHub's OIDC token before it (credentials that expire
+    with the job); no AWS key is stored or passed anywhere, and only those jobs may mint an OIDC token."""
+    text = (ROOT / ".github" / "workflows" / name).read_text()
+    assert "AWS_ACCESS_KEY_ID" not in text and "AWS_SECRET_ACCESS_KEY" not in text and "aws-access-key-id" not in text
+    wf = load(name)
+    assert wf.get("permissions", {}).get("id-token") is None  # not granted workflow-wide
+    for job_name, job in wf["jobs"].items():
+        steps = job["steps"]
+        if not pulumi_steps(job):
+            # the tests run the pull request's code: no token to assume a role with
+            assert job.get("permissions", {}).get("id-token") is None, job_name
+            continue
+        assert job["permissions"]["id-token"] == "write", job_name
+        (creds,) = [s for s in steps if s.get("uses", "").startswith("aws-actions/configure-aws-credentials")]
+        assert creds["uses"] == AWS_CREDENTIALS_ACTION
+        w = creds["with"]
+        assert set(w) <= AWS_CREDENTIALS_INPUTS, set(w) - AWS_CREDENTIALS_INPUTS
+        assert w["role-to-assume"] == "${{ vars.AWS_ROLE_ARN }}"
+        assert w["aws-region"] == "${{ steps.region.outputs.region }}"
+        # AWS accepts 900 s to 12 h; an `up` that outlives its session fails half way
+        assert 900 <= int(w["role-duration-seconds"]) <= 43200
+        (region,) = [s for s in steps if s.get("id") == "region"]
+        (up,) = pulumi_steps(job)
+        assert steps.index(region) < steps.index(creds) < steps.index(up)
+
+
+@pytest.mark.parametrize("name", ["preview.yml", "deploy.yml"])
+def test_the_region_step_reads_each_stack_files_region(name, tmp_path):
+    """The region the role session is opened in is the stack file's own aws:region, read by the step's own
+    command (run here with this interpreter for the runner's .venv)."""
+    wf = load(name)
+    for job in wf["jobs"].values():
+        if not pulumi_steps(job):
+            continue
+        (step,) = [s for s in job["steps"] if s.get("id") == "region"]
+        stack = pulumi_steps(job)[0]["with"]["stack-name"]
+        stacks = sorted(STACKS) if stack == "${{ matrix.stack }}" else [stack]
+        for s in stacks:
+            out = tmp_path / f"out-{s}"
+            script = step["run"].replace("${{ matrix.stack }}", s).replace(".venv/bin/python", sys.executable)
+            r = subprocess.run(["bash", "-e", "-c", script], cwd=ROOT, env={"GITHUB_OUTPUT": str(out), "PATH": "/usr/bin:/bin"},
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            want = yaml.safe_load((ROOT / "stacks" / f"Pulumi.{s}.yaml").read_text())["config"]["aws:region"]
+            assert out.read_text() == f"region={want}\n"
+
+
+@pytest.mark.parametrize("name", ["preview.yml", "deploy.yml"])
+def test_the_tests_job_runs_where_the_gateway_tests_can_run(name):
+    """The gateway tests need HAProxy 3.0 (the image's line), which dev.py builds from Debian's source only as
+    root on Debian: the job runs in a Debian bookworm container (root by default), as .ci/run's machine; no
+    step installs the runner's own HAProxy (Ubuntu's 2.8, which the tests refuse under CI)."""
+    job = load(name)["jobs"]["tests"]
+    assert job["container"] == "python:3.11-bookworm"
+    assert "options" not in job  # a --user option would make dev.py skip the build
+    runs = [s.get("run", "") for s in job["steps"]]
+    assert any(r.strip() == "python3 dev.py test" for r in runs)
+    assert not any("haproxy" in r for r in runs)
