@@ -52,6 +52,8 @@ def test_pull_requests_run_the_tests_and_preview_every_stack_with_the_policy_pac
     job = wf["jobs"]["plan-diff"]
     assert set(job["strategy"]["matrix"]["stack"]) == STACKS
     assert any("topology diff" in s.get("run", "") for s in job["steps"])
+    # the comment carries the plan and a simulated week through it: the plan verified, not asserted
+    assert any("topology plan" in s.get("run", "") and "--simulate" in s.get("run", "") for s in job["steps"])
     (preview,) = pulumi_steps(job)
     w = preview["with"]
     assert w["command"] == "preview" and w["diff"] is True and w["comment-on-pr"] is True
