@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -187,6 +188,19 @@ def stop_engine(server: object) -> None:
         engine.stop()
 
 
+def reload_weights_after_restore() -> None:
+    """Reload the weights volume after a snapshot restore. Modal refuses a reload while a file on the volume is
+    open (modal 1.6.4 `Volume.reload`: RuntimeError, "Reloading will fail if there are open files for the volume");
+    with the engine held in the snapshot, vLLM has read its weights and closed them, but if it (or a library under
+    it) keeps one open, failing the hook would fail every restored container. The weights are in the engine either
+    way: what a failed reload costs is the adapters published since the snapshot, until the next one."""
+    try:
+        weights_readonly.reload()
+    except RuntimeError as e:
+        print(f"burst: volume {settings.volume_name!r} not reloaded after the restore ({e}); serving the weights the "
+              "engine holds, adapters published since the snapshot wait for the next one", file=sys.stderr, flush=True)
+
+
 server_decorator = app.cls(image=image, volumes={settings.weights_mount: weights_readonly}, **settings.cls_kwargs())
 
 if settings.enable_memory_snapshot:
@@ -203,8 +217,10 @@ if settings.enable_memory_snapshot:
 
         @modal.enter(snap=False)
         def start_after_restore(self) -> None:
+            # field note: restores with volumes are reliable only after a reload — before the engine reads the
+            # weights (memory snapshots alone) and before the adapters' folder is rebuilt (both)
+            reload_weights_after_restore()
             if SNAPSHOTS_HOLD_ENGINE:
-                weights_readonly.reload()  # field note: restores with volumes are reliable only after a reload
                 # adapters published to the volume since the snapshot: the resolver reads its folder on each new
                 # adapter's first request, so a folder rebuilt now serves them (and does not rely on /tmp
                 # surviving the restore)

@@ -160,7 +160,33 @@ def test_an_adapter_published_after_the_snapshot_resolves_after_a_restore(planne
     server.start_after_restore()
     assert resolves(str(view), settings.model_path, "tenant-a") and resolves(str(view), settings.model_path, "tenant-b")
     assert server.engine.calls == (["start", "sleep", "wake"] if gpu else ["start"])
-    assert reloads == ([1] if gpu else [])
+    # the volume is reloaded after every restore, before the engine reads it (memory snapshots alone) or the
+    # adapters' folder is rebuilt
+    assert reloads == [1]
+
+
+@pytest.mark.parametrize(("memory", "gpu"), [(True, True), (True, False)], ids=["gpu-snapshots", "memory-snapshots-only"])
+def test_a_restore_whose_volume_reload_is_refused_still_serves(planned_stacks, monkeypatch, capsys, memory, gpu):
+    """Modal refuses a reload while a file on the volume is open (RuntimeError, modal 1.6.4 Volume.reload): the
+    restored container serves with what it has and says so, instead of failing every cold start."""
+    _, spec = planned_stacks["prod"]
+    ep = next(e for e in spec.endpoints if e.burst is not None)
+    burst_cfg = ep.burst.model_copy(update={"enable_memory_snapshot": memory, "enable_gpu_snapshot": gpu})
+    burst = _import_burst(monkeypatch, S.BurstAppConfig.from_endpoint(ep.model_copy(update={"burst": burst_cfg})))
+    monkeypatch.setattr(burst, "check_weights_revision", lambda: None)
+    monkeypatch.setattr(burst, "ensure_lora_resolver_dir", lambda s: None)
+    monkeypatch.setattr(burst, "Engine", lambda *a, **k: FakeEngine())
+
+    def refuse(self):
+        raise RuntimeError("there are open files preventing the operation")
+
+    monkeypatch.setattr(burst, "weights_readonly", type("V", (), {"reload": refuse})())
+    server = burst.BurstServer._get_user_cls()()
+    server.start_before_snapshot()
+    server.start_after_restore()
+    assert server.engine.calls == (["start", "sleep", "wake"] if gpu else ["start"])
+    err = capsys.readouterr().err
+    assert "not reloaded after the restore" in err and "open files" in err
 
 
 class FakeEngine:
