@@ -116,9 +116,11 @@ def endpoint_panels(ep: EndpointSpec, namespace: str, prices: Prices | None, yea
     hour = duration(SHAPE_WINDOW_S)
     m = ep.engine.metrics  # the pinned engine version's series names
     panels = []
-    for title, metric, slo_ms, buckets in (
-            ("TTFT", m.ttft_seconds_bucket, ep.slo_ttft_p99_ms, TTFT_BUCKETS_S),
-            ("Inter-token latency", m.inter_token_seconds_bucket, ep.slo_inter_token_p99_ms, INTER_TOKEN_BUCKETS_S)):
+    # vLLM observes TTFT once per request and the inter-token gap once per token (0.11.0 v1/metrics/loggers.py)
+    for title, metric, slo_ms, buckets, counted in (
+            ("TTFT", m.ttft_seconds_bucket, ep.slo_ttft_p99_ms, TTFT_BUCKETS_S, "requests"),
+            ("Inter-token latency", m.inter_token_seconds_bucket, ep.slo_inter_token_p99_ms, INTER_TOKEN_BUCKETS_S,
+             "token gaps")):
         q = f"sum by (le) (rate({metric}{stable}[{RATE}]))"
         panels.append(_panel(
             f"{title} p50 / p99 vs the SLO",
@@ -134,10 +136,10 @@ def endpoint_panels(ep: EndpointSpec, namespace: str, prices: Prices | None, yea
             shares.append((share_above_query(metric, namespace, ep, lo, RATE), f"over {lo * 1000:g} ms (maybe over)"))
         shares.append((_line(1 - SLO_QUANTILE), "a p99 allows"))
         panels.append(_panel(
-            f"{title}: share of requests over the SLO",
-            f"Stable replicas: the share of requests slower than the bucket bound of {metric} at or above the "
+            f"{title}: share of {counted} over the SLO",
+            f"Stable replicas: the share of {counted} slower than the bucket bound of {metric} at or above the "
             f"{slo_ms:g} ms SLO" + ("" if lo == hi else f" (and above its lower bound {lo * 1000:g} ms: the SLO lies "
-                                    "inside that bucket, so the histogram cannot tell requests between the two)")
+                                    f"inside that bucket, so the histogram cannot tell {counted} between the two)")
             + ". The SLO alerts page when this stays above the line.", "percentunit", shares))
     panels.append(_panel(
         "Requests waiting per stable replica vs the KEDA target",

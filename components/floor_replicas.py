@@ -581,11 +581,18 @@ class FloorReplicas(pulumi.ComponentResource):
 def scaled_object_spec(ep: EndpointSpec, deployment: str, namespace: str, prometheus_url: str) -> dict:
     a = ep.autoscaling
     assert a is not None  # checked by FloorReplicas before calling (internal invariant)
+    # A floor whose base is 0 (scale to zero allowed, no floor in some hours) is woken and stopped by KEDA itself,
+    # not the HPA: from 0 any trigger above its activation threshold (default 0) scales it to 1, and once every
+    # trigger is inactive for cooldownPeriod (default 300 s) KEDA drops it to 0 in one step (keda v2.20.2
+    # pkg/scaling/executor/scale_scaledobjects.go). So the stop waits as long as the HPA's scale-down window, and
+    # the burst backlog wakes it only past the burst's planned capacity (burst_backlog_trigger).
+    to_zero = {"cooldownPeriod": a.scale_down_stabilization_s} if ep.floor.base_replicas == 0 else {}
     return {
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment},
         "minReplicaCount": ep.floor.base_replicas,
         "maxReplicaCount": a.max_replicas,
         "pollingInterval": a.polling_interval_s,
+        **to_zero,
         "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
             "scaleUp": {
                 "stabilizationWindowSeconds": a.scale_up_stabilization_s,
@@ -625,15 +632,16 @@ def burst_backlog_trigger(ep: EndpointSpec, namespace: str, prometheus_url: str)
     threshold = ep.autoscaling.burst_backlog_threshold if ep.autoscaling else None
     if threshold is None:
         return []
-    return [{
-        "type": "prometheus",
-        "name": "burst-backlog",
-        "metricType": "Value",
-        "metadata": {
-            "serverAddress": prometheus_url,
-            "query": burst_backlog_query(namespace, ep.name),
-            "threshold": _number(threshold),
-            # no series means no burst traffic (or no gateway yet): nothing to add
-            "ignoreNullValues": "true",
-        },
-    }]
+    metadata = {
+        "serverAddress": prometheus_url,
+        "query": burst_backlog_query(namespace, ep.name),
+        "threshold": _number(threshold),
+        # no series means no burst traffic (or no gateway yet): nothing to add
+        "ignoreNullValues": "true",
+    }
+    if ep.floor.base_replicas == 0:
+        # from zero replicas KEDA activates on any value above activationThreshold (default 0): one request in
+        # flight to burst, in an hour the plan serves from burst alone, would start a floor replica and a GPU node,
+        # which the emptied backlog then stops again a cooldown later. Wake only past the burst's planned capacity.
+        metadata["activationThreshold"] = _number(threshold)
+    return [{"type": "prometheus", "name": "burst-backlog", "metricType": "Value", "metadata": metadata}]

@@ -390,6 +390,8 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
                              f"({buckets[-1]:g} s); its p99 cannot be measured against it")
         lo, hi = slo_bucket_bounds(slo_s, buckets)
         what = "TTFT" if alert_name == "VllmTtftSloBreach" else "inter-token latency"
+        # vLLM observes TTFT once per request and the inter-token gap once per token (0.11.0 v1/metrics/loggers.py)
+        counted = "requests" if alert_name == "VllmTtftSloBreach" else "token gaps"
         allowed = 1 - SLO_QUANTILE
         exact = lo == hi
         alerts.append(Alert(
@@ -398,7 +400,7 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
             comparison=">", threshold=allowed, for_s=react_s, severity="critical",
             summary=(f"{name}: p99 {what} above the {slo_ms:g} ms SLO" if exact else
                      f"{name}: p99 {what} above {hi * 1000:g} ms, beyond the {slo_ms:g} ms SLO"),
-            description=(f"{{{{ $value | humanizePercentage }}}} of the requests to the stable replicas of {served} "
+            description=(f"{{{{ $value | humanizePercentage }}}} of the {counted} at the stable replicas of {served} "
                          f"took longer than {hi * 1000:g} ms ({what})"
                          + ("" if exact else f", the first bucket bound of vLLM's histogram above the "
                             f"{slo_ms:g} ms SLO")
@@ -416,7 +418,7 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
                 query=share_above_query(metric, namespace, ep, lo, rw),
                 comparison=">", threshold=allowed, for_s=react_s, severity="warning",
                 summary=f"{name}: p99 {what} may be above the {slo_ms:g} ms SLO",
-                description=(f"{{{{ $value | humanizePercentage }}}} of the requests to the stable replicas of "
+                description=(f"{{{{ $value | humanizePercentage }}}} of the {counted} at the stable replicas of "
                              f"{served} took longer than {lo * 1000:g} ms ({what}): the p99 lies between "
                              f"{lo * 1000:g} and {hi * 1000:g} ms or above, and vLLM's histogram cannot tell it "
                              f"against the {slo_ms:g} ms SLO inside that bucket (an SLO on a bucket bound can be "

@@ -184,6 +184,21 @@ class StackSettings(_Settings):
             check_label_value(x)
         return v
 
+    @model_validator(mode="after")
+    def _labels_the_installed_prometheus_reads(self) -> "StackSettings":
+        # The installed kube-prometheus-stack selects monitors and rules by these labels (components/monitoring.py),
+        # and its own ServiceMonitors carry `release: <release>` (chart 88.5.3 templates/prometheus/prometheus.yaml:
+        # a set selector replaces that default): other labels would stop it scraping kube-state-metrics, which
+        # VllmFloorNotServing reads, and every node and kubelet metric, silently.
+        default = {"release": "kube-prometheus-stack"}
+        if self.installs_monitoring and self.monitor_labels != default:
+            raise ValueError(
+                f"monitorLabels {self.monitor_labels} with monitoring: install: the installed Prometheus would then "
+                f"select only objects labelled so, and stop scraping the chart's own monitors (kube-state-metrics, "
+                f"which the floor-not-serving alert reads); allowed: {default} (the default), or monitoring: platform "
+                f"for a Prometheus that selects by other labels")
+        return self
+
 
 def stack_settings(config: Mapping[str, Any], source: str) -> StackSettings:
     """Settings from the non-input config keys (`cluster`, `gateway`, `namespace`, `prometheusUrl`, `monitorLabels`,

@@ -696,12 +696,13 @@ def _tick_floor(now, dt, hour, fi, fkv, fin_, fpfree, fready, fbad, fstate, fslo
         desired_other = min(max_r, max(cron_n, q, int(p[_P_MIN_REPLICAS])))
         desired_raw = desired_other
         if has_threshold:
-            # KEDA's burst-backlog trigger (a Value metric): ⌈current × value / target⌉, from 0 ⌈value / target⌉
+            # KEDA's burst-backlog trigger (a Value metric): ⌈current × value / target⌉; from 0 KEDA scales to 1
+            # once the value passes the activation threshold, the target (as engine.py)
             inflight = int(sv[_V_BINF])
             if inflight > sv[_V_BACKLOG_PEAK]:
                 sv[_V_BACKLOG_PEAK] = inflight
-            if inflight > 0:
-                b = min(max_r, math.ceil((current if current else 1) * inflight / threshold))
+            if inflight > (threshold if current == 0 else 0):
+                b = min(max_r, math.ceil(current * inflight / threshold) if current else 1)
                 if b > desired_other:
                     sv[_V_BACKLOG_POLLS] += 1
                     desired_raw = b

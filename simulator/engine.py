@@ -631,13 +631,14 @@ class EndpointSim:
             desired_raw = desired_other
             threshold = a.burst_backlog_threshold if self.has_burst else None
             if threshold is not None:
-                # KEDA's burst-backlog trigger (metricType Value): the HPA asks for ⌈current × value / target⌉
-                # (⌈value / target⌉ from zero replicas); no series reads as 0 (ignoreNullValues)
+                # KEDA's burst-backlog trigger (metricType Value): the HPA asks for ⌈current × value / target⌉;
+                # from zero replicas KEDA itself scales to 1 once the value passes the trigger's activation
+                # threshold, the target (components/floor_replicas.py); no series reads as 0 (ignoreNullValues)
                 inflight = self.burst_inflight
                 if inflight > self.backlog_peak:
                     self.backlog_peak = inflight
-                if inflight > 0:
-                    b = min(a.max_replicas, math.ceil((current or 1) * inflight / threshold))
+                if inflight > (threshold if current == 0 else 0):
+                    b = min(a.max_replicas, math.ceil(current * inflight / threshold) if current else 1)
                     if b > desired_other:
                         self.backlog_polls += 1
                         desired_raw = b

@@ -315,6 +315,16 @@ def test_monitor_labels_are_checked_as_stack_settings():
     with pytest.raises(InputError, match="monitorLabels.*'Bad Value!' is not a Kubernetes label value"):
         stack_settings({"cluster": {"mode": "create", "name": "c", "subnetIds": ["a", "b"]},
                         "monitorLabels": {"release": "Bad Value!"}}, "stack x config")
+    # the installed kube-prometheus-stack's own monitors carry release: kube-prometheus-stack: other labels would
+    # stop it scraping kube-state-metrics (the floor-not-serving alert's input)
+    with pytest.raises(InputError, match=r"monitorLabels \{'team': 'ml'\} with monitoring: install.*kube-state-metrics"
+                                         r".*allowed: \{'release': 'kube-prometheus-stack'\}"):
+        stack_settings({"cluster": {"mode": "create", "name": "c", "subnetIds": ["a", "b"]},
+                        "monitorLabels": {"team": "ml"}}, "stack x config")
+    # a platform Prometheus selects by whatever labels it is set up with
+    s = stack_settings({"cluster": {"mode": "create", "name": "c", "subnetIds": ["a", "b"]}, "monitoring": "platform",
+                        "monitorLabels": {"team": "ml"}}, "stack x config")
+    assert s.monitor_labels == {"team": "ml"}
 
 
 # ── messages ───────────────────────────────────────────────────────────────────────────────────

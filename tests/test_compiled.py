@@ -148,17 +148,25 @@ def test_autoscaler_polls_over_days_are_identical(planned_stacks, name, scale, s
         assert r.container_cold_starts > 0
 
 
-@pytest.mark.parametrize("in_flight,threshold_set", [(0, True), (1200, True), (1800, True), (1800, False)])
-def test_one_poll_is_identical(planned_stacks, in_flight, threshold_set):
-    """One poll from the same state on both engines (prod assist's 8 replicas at Monday 10:00 and a burst
-    backlog set by hand, as tests/test_simulate.py's trigger test): the same replicas added, the same
-    trigger figures, the same books."""
+@pytest.mark.parametrize("in_flight,threshold_set,at_zero", [
+    (0, True, False), (1200, True, False), (1800, True, False), (1800, False, False),
+    (1176, True, True), (1177, True, True), (5000, True, True),  # a floor at zero: KEDA's activation
+])
+def test_one_poll_is_identical(planned_stacks, in_flight, threshold_set, at_zero):
+    """One poll from the same state on both engines (prod assist's 8 replicas at Monday 10:00, or its floor at
+    zero all week, and a burst backlog set by hand, as tests/test_simulate.py's trigger tests): the same
+    replicas added, the same trigger figures, the same books."""
     from tests.test_simulate import _without_burst_backlog_trigger
 
     inputs, spec = planned_stacks["prod"]
     if not threshold_set:
         spec = _without_burst_backlog_trigger(spec, "assist")
     ep, ep_in = spec.endpoint("assist"), next(e for e in inputs.endpoints if e.name == "assist")
+    if at_zero:
+        ep = ep.model_copy(update={
+            "floor": ep.floor.model_copy(update={"replicas_by_hour": (0,) * 168, "base_replicas": 0, "windows": ()}),
+            "autoscaling": ep.autoscaling.model_copy(update={"min_replicas": 0}),
+        })
     start = 10 * 3600.0
     sims = [cls(inputs, ep_in, ep, start, start + 3600.0, np.random.default_rng(0))
             for cls in (EndpointSim, CompiledEndpointSim)]
@@ -173,6 +181,8 @@ def test_one_poll_is_identical(planned_stacks, in_flight, threshold_set):
         assert getattr(ref, name) == getattr(fast, name), name
     assert ref.tally.floor_replica_s.tolist() == fast.tally.floor_replica_s.tolist()
     assert (ref.backlog_replicas_added > 0) == (in_flight > 1176 and threshold_set)
+    if at_zero:
+        assert sum(1 for s in ref.f_state if s in (1, 2)) == (0 if in_flight <= 1176 else 1)
 
 
 class _TinyArrays(CompiledEndpointSim):

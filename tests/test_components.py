@@ -403,6 +403,34 @@ def test_floor_also_scales_on_burst_backlog_read_from_the_gateways_own_metrics(s
         assert float(t["metadata"]["threshold"]) == e.burst.max_containers * e.burst.target_inputs
 
 
+def test_a_floor_at_zero_wakes_only_past_the_bursts_capacity_and_stops_after_the_scale_down_window(planned_stacks):
+    """A floor + burst plan whose weekly base is 0 leaves the floor at zero replicas in the hours burst alone
+    serves. KEDA, not the HPA, wakes it from zero: any trigger above its activation threshold (default 0; keda
+    v2.20.2 prometheus_scaler.go) — one request in flight to burst would start a replica and a GPU node — and drops
+    it to zero once every trigger was inactive for cooldownPeriod (default 300 s), past the HPA's policies. So the
+    burst-backlog trigger activates at its target and the cooldown is the scale-down window; a floor that never
+    reaches zero keeps KEDA's defaults (nothing to activate)."""
+    from components.floor_replicas import scaled_object_spec
+    from offline.validate import validate_object
+
+    _, spec = planned_stacks["prod"]
+    ep = next(e for e in spec.endpoints if e.tier == "floor_plus_burst" and e.autoscaling.burst_backlog_threshold)
+    zero = ep.model_copy(update={"floor": ep.floor.model_copy(update={"base_replicas": 0})})
+    for e in (ep, zero):
+        so = scaled_object_spec(e, f"{e.name}-vllm", "llm-serving", "http://prometheus:9090")
+        obj = {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+               "metadata": {"name": f"{e.name}-vllm", "namespace": "llm-serving"}, "spec": so}
+        assert validate_object(obj) == []
+        backlog = next(t for t in so["triggers"] if t["name"] == "burst-backlog")["metadata"]
+        if e.floor.base_replicas == 0:
+            assert so["minReplicaCount"] == 0
+            assert so["cooldownPeriod"] == e.autoscaling.scale_down_stabilization_s
+            assert float(backlog["activationThreshold"]) == float(backlog["threshold"]) == \
+                e.burst.max_containers * e.burst.target_inputs
+        else:
+            assert "cooldownPeriod" not in so and "activationThreshold" not in backlog
+
+
 def test_a_change_that_forces_a_new_node_group_gives_it_a_new_name(planned_stacks):
     """EKS cannot change a node group's instance type, AMI type or capacity type in place (terraform-provider-aws
     eks/node_group.go: ForceNew) and Pulumi creates the replacement before deleting the old one: under one fixed

@@ -67,7 +67,7 @@ def test_one_sidecar_labelled_dashboard_per_floor_endpoint(prod):
                                                    "query": "prometheus", "name": "datasource"}
         titles = [p["title"] for p in board["panels"]]
         must = ["TTFT p50 / p99 vs the SLO", "Inter-token latency p50 / p99 vs the SLO",
-                "TTFT: share of requests over the SLO", "Inter-token latency: share of requests over the SLO",
+                "TTFT: share of requests over the SLO", "Inter-token latency: share of token gaps over the SLO",
                 "Requests waiting per stable replica vs the KEDA target", "KV-cache usage", "Preemptions",
                 "Prefix-cache hit share vs plan", "p99 prompt tokens vs plan", "Floor replicas vs the planned schedule",
                 "Cost per hour by tier"]
@@ -110,14 +110,15 @@ def test_every_panel_query_parses_and_reads_only_exported_metrics(prod):
         # the share panels read the bucket bounds the SLO alerts page on, no interpolated p99
         rules = {r["alert"]: r["expr"] for r in endpoint_alerts_rules(e)}
         panel = {p["title"]: p for p in board["panels"]}
-        for title, critical, maybe in (("TTFT", "VllmTtftSloBreach", "VllmTtftSloMaybeBreached"),
-                                       ("Inter-token latency", "VllmInterTokenSloBreach",
-                                        "VllmInterTokenSloMaybeBreached")):
-            shown = {b for t in panel[f"{title}: share of requests over the SLO"]["targets"]
+        # vLLM observes TTFT per request and the inter-token gap per token (0.11.0 v1/metrics/loggers.py)
+        for title, critical, maybe, counted in (("TTFT", "VllmTtftSloBreach", "VllmTtftSloMaybeBreached", "requests"),
+                                                ("Inter-token latency", "VllmInterTokenSloBreach",
+                                                 "VllmInterTokenSloMaybeBreached", "token gaps")):
+            shown = {b for t in panel[f"{title}: share of {counted} over the SLO"]["targets"]
                      for b in re.findall(r'le="([^"]+)"', t["expr"])}
             paged = {b for a in (critical, maybe) if a in rules for b in re.findall(r'le="([^"]+)"', rules[a])}
             assert shown == paged and len(shown) >= 2, (endpoint, title, shown, paged)
-            assert "histogram_quantile" not in " ".join(t["expr"] for t in panel[f"{title}: share of requests over the SLO"]["targets"])
+            assert "histogram_quantile" not in " ".join(t["expr"] for t in panel[f"{title}: share of {counted} over the SLO"]["targets"])
     # a broken query is caught by the parser
     with pytest.raises(Exception):
         promql_parser.parse("sum(rate(vllm:num_preemptions_total[5m])")

@@ -271,6 +271,31 @@ def test_burst_backlog_trigger_asks_for_current_times_value_over_threshold(plann
     assert sim.backlog_peak == (in_flight if threshold_set else 0)
 
 
+@pytest.mark.parametrize("in_flight,replicas_after", [
+    (0, 0),
+    (1176, 0),  # at the burst's planned capacity: not past KEDA's activation threshold (the target)
+    (1177, 1),  # past it: KEDA scales the Deployment from zero to one; the HPA takes over from there
+    (5000, 1),
+])
+def test_a_floor_at_zero_wakes_only_past_the_bursts_planned_capacity(planned_stacks, in_flight, replicas_after):
+    """prod assist with its floor at zero all week (a scale-to-zero floor + burst plan): the burst serves alone
+    until requests in flight to it pass its planned capacity, the burst-backlog trigger's activation threshold
+    (components/floor_replicas.py), as KEDA wakes a ScaledObject at zero replicas."""
+    inputs, spec = planned_stacks["prod"]
+    ep = spec.endpoint("assist")
+    zero = ep.model_copy(update={
+        "floor": ep.floor.model_copy(update={"replicas_by_hour": (0,) * 168, "base_replicas": 0, "windows": ()}),
+        "autoscaling": ep.autoscaling.model_copy(update={"min_replicas": 0}),
+    })
+    ep_in = next(e for e in inputs.endpoints if e.name == "assist")
+    start = 10 * 3600.0
+    sim = EndpointSim(inputs, ep_in, zero, start, start + 3600.0, np.random.default_rng(0))
+    assert sum(1 for s in sim.f_state if s in (1, 2)) == 0
+    sim.burst_inflight = in_flight
+    sim.tick(start + ep.autoscaling.polling_interval_s)
+    assert sum(1 for s in sim.f_state if s in (1, 2)) == replicas_after
+
+
 def test_floor_grows_on_a_saturated_burst_only_with_the_burst_backlog_trigger(planned_stacks):
     """prod autocomplete at 9× its peak for 10 minutes (3× the spike its burst headroom is sized for): the burst
     (8 containers × 39) saturates while the
