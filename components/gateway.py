@@ -72,7 +72,8 @@ class GatewayArgs:
     cpu_request: str = "1"  # HAProxy runs one thread (see gateway_config)
     memory_request: str = "512Mi"
     # HAProxy holds up to 2 buffers of tune.bufsize (~208 KiB for prod) per active stream; the
-    # renderer's global maxconn (4000) x 2 x 208 KiB ~ 1.6 GiB fits under this limit
+    # renderer's global maxconn (prod 4090: the endpoints' 4000 split between them, the loopback frontends' 40 and
+    # the probes' 50) x 2 x 208 KiB ~ 1.6 GiB fits under this limit
     memory_limit: str = "2Gi"
     # labels the Prometheus operator selects PodMonitors by (the floors' burst-backlog trigger reads the
     # gateway's own exporter)

@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
-from typing import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
 from urllib.parse import urlsplit
 
 from components.gateway_lua import GATEWAY_LUA
@@ -177,6 +177,38 @@ def per_pod_threshold(overflow_inflight_per_replica: int, gateway_replicas: int)
     """In-flight per floor replica one gateway pod allows: its share of the spec's threshold
     (rounded down, so all pods together never exceed it; at least 1)."""
     return max(1, overflow_inflight_per_replica // gateway_replicas)
+
+
+def shadow_cap_of(e: EndpointSpec, gateway_replicas: int) -> int:
+    """Mirrors one gateway pod keeps in flight for the endpoint's shadow (0: no shadow)."""
+    return per_pod_threshold(e.gateway.shadow.max_inflight, gateway_replicas) if e.gateway.shadow is not None else 0
+
+
+def connection_shares(endpoints: Sequence[EndpointSpec], max_connections: int) -> dict[str, int]:
+    """Each endpoint frontend's maxconn: max_connections apportioned by what the endpoint can hold in flight at
+    once (its floor at its most replicas × the per-replica admission cap, plus the burst's), largest remainders
+    first, at least 1 each; they sum to max_connections. HAProxy's global maxconn is one per-process pool with no
+    per-listener reserve ("Proxies will stop accepting connections when this limit is reached", 3.0
+    configuration.txt): with every endpoint frontend at max_connections, three busy endpoints under their own
+    limits filled the pool and the stats listener stopped accepting, so the kubelet's probes timed out and
+    restarted both pods, every stream with them."""
+    if max_connections < len(endpoints):
+        raise ValueError(f"max_connections {max_connections} < {len(endpoints)} endpoint frontends: each needs one")
+    weights = {}
+    for e in endpoints:
+        floor = 0
+        if e.floor is not None and e.floor.replicas_by_hour:
+            most = max(max(e.floor.replicas_by_hour), e.autoscaling.max_replicas if e.autoscaling else 0)
+            floor = most * max(e.gateway.admission_inflight_per_floor_replica, e.gateway.overflow_inflight_per_replica)
+        weights[e.name] = max(1, floor + (e.gateway.admission_burst_inflight if e.burst is not None else 0))
+    total = sum(weights.values())
+    spare = max_connections - len(endpoints)  # one each first, the rest by weight
+    exact = {n: spare * w / total for n, w in weights.items()}
+    shares = {n: 1 + int(x) for n, x in exact.items()}
+    left = max_connections - sum(shares.values())
+    for n in sorted(exact, key=lambda n: (-(exact[n] - int(exact[n])), n))[:left]:
+        shares[n] += 1
+    return shares
 
 
 def floor_capacity(overflow_inflight_per_replica: int, replicas: int, gateway_replicas: int = 1) -> int:
@@ -337,7 +369,6 @@ def render_gateway_config(
     """
     if gateway_replicas < 1:
         raise ValueError(f"gateway_replicas must be >= 1, got {gateway_replicas}")
-    limits = client_limits.resolved(max_connections)
     canary_servers = canary_servers or {}
     ports = endpoint_ports(spec)
     binds = dict(binds or {e: f"*:{p}" for e, p in ports.items()})
@@ -355,15 +386,22 @@ def render_gateway_config(
         raise ValueError(f"endpoints {sampled} sample quality (rollout.quality_sampling); no quality recorder "
                          "servers given (quality_servers)")
     sections: list[str] = []
+    shares = connection_shares(endpoints, max_connections)
+    limits = client_limits.resolved(max_connections)
     for e in endpoints:
         if e.name not in binds:
             raise ValueError(f"no bind address for endpoint {e.name!r}; given: {sorted(binds)}")
+        # a client's connections: the per-source limit, at most the endpoint's own share (its frontend's maxconn)
+        own = replace(limits, max_conn_per_source=min(limits.max_conn_per_source, shares[e.name]))
         sections.append(_endpoint_sections(e, burst_urls, floor_servers, canary_servers, binds[e.name],
                                            health_check_interval_ms, secret_env, gateway_replicas, ca_path,
-                                           max_connections, shadow_binds.get(e.name), limits,
+                                           max_connections, shares[e.name], shadow_binds.get(e.name), own,
                                            quality_bind if sampled else None))
     if sampled:
         sections.append(_quality_sections(quality_servers, quality_bind, health_check_interval_ms))
+    # every listener's maxconn fits in the global pool with the stats room left over: the endpoints' shares, the
+    # loopback frontends the Lua tasks connect to (shadow mirrors, quality posts), and the probes
+    loopback = sum(shadow_cap_of(e, gateway_replicas) for e in endpoints) + (QUALITY_MAX_POSTS if sampled else 0)
 
     head = [
         # no inputs hash here: the pods roll when this text changes, and a price or another endpoint's input
@@ -388,8 +426,9 @@ def render_gateway_config(
         f"    hard-stop-after {longest_request_s(spec)}s",
         # bodies are validated and stamped in one buffer: it must hold the largest allowed body
         f"    tune.bufsize {bufsize}",
-        # the endpoints' frontends share max_connections; the stats frontend (probes) has its own room
-        f"    maxconn {max_connections + STATS_CONNECTIONS}",
+        # the endpoints' frontends split max_connections (connection_shares), the loopback frontends have theirs:
+        # the stats frontend (probes, the exporter) keeps its room whatever the clients do
+        f"    maxconn {max_connections + loopback + STATS_CONNECTIONS}",
         "",
         "resolvers cluster",
         "    parse-resolv-conf",
@@ -445,6 +484,7 @@ def _endpoint_sections(
     gateway_replicas: int,
     ca_path: str,
     max_connections: int,
+    frontend_connections: int,
     shadow_bind: str | None,
     limits: ClientLimits,
     quality_bind: str | None,
@@ -502,7 +542,7 @@ def _endpoint_sections(
     stamp = g.cache_isolation == "cache_salt"
 
     fl = [f"frontend {fe}", f"    bind {bind}" + (" accept-proxy" if limits.source == "proxy_protocol" else ""),
-          f"    maxconn {max_connections}"]
+          f"    maxconn {frontend_connections}"]
     # per-client limits (ClientLimits): connections per source counted from accept, so a trickler flood
     # from one client takes at most its share; request starts per 10 s, refused before any Lua runs
     fl.append(f"    stick-table type ipv6 size {max(1000, 4 * max_connections)} expire 60s "
@@ -604,12 +644,11 @@ def _endpoint_sections(
         fl.append(f"    http-request lua.llm_quality {e.name} {r.served_version} {candidate} "
                   f"{quality_bind} {quality_capture_bytes(e)} {QUALITY_MAX_CAPTURES} {QUALITY_MAX_POSTS} "
                   f"{QUALITY_POST_TIMEOUT_MS} if {{ var(txn.q_user) -m found }} || {{ var(txn.q_mirror) -m found }}")
-    shadow_cap = 0
+    shadow_cap = shadow_cap_of(e, gateway_replicas)
     if g.shadow is not None:
         # a validated request is mirrored (chosen per request) by a Lua task: this action only copies the
         # stamped body and returns; the user's request goes on at once and never waits for the mirror.
         # At most shadow_cap mirrors in flight from this pod; above that a mirror is skipped, never queued.
-        shadow_cap = per_pod_threshold(g.shadow.max_inflight, gateway_replicas)
         # chosen natively (basis points of 10,000): the Lua action runs only for the mirrored share
         fl.append(f"    http-request lua.llm_shadow {n} {shadow_bind} {shadow_cap} {whole_ms} "
                   f"if METH_POST {{ rand(10000) -m int lt {int(round(g.shadow.percent * 100))} }}")

@@ -167,3 +167,64 @@ def test_client_source_behind_a_load_balancer_is_configurable_and_haproxy_accept
         render_gateway_config(spec, quality_servers=no_recorder(), burst_urls={"assist": "https://a", "autocomplete": "https://b"},
                               floor_servers={e.name: StaticServers(("127.0.0.1:1",)) for e in spec.endpoints},
                               client_limits=ClientLimits(source="forwarded"))
+
+
+def test_busy_endpoints_together_cannot_take_the_probes_room(planned_stacks, tmp_path):
+    """HAProxy's global maxconn is one pool with no per-listener reserve: when every endpoint frontend had
+    max_connections of its own, three endpoints each under their limit filled it, the stats listener stopped
+    accepting, and the kubelet's probes would have restarted every pod with its streams. The endpoints' frontends
+    now split max_connections (connection_shares) and the global pool holds them, the loopback frontends and the
+    probes' room: with every endpoint frontend full, from many sources each under its per-source limit,
+    /healthz still answers."""
+    import re
+
+    from components.gateway_config import STATS_CONNECTIONS, connection_shares, gated_endpoints
+
+    require_haproxy()
+    spec = planned_stacks["prod"][1]
+    eps = gated_endpoints(spec)
+    ports = {e.name: free_port() for e in eps}
+    stats = free_port()
+    total = 40
+    rendered = render_gateway_config(
+        spec, quality_servers=no_recorder(), burst_urls={e.name: None for e in eps},
+        floor_servers={e.name: StaticServers(("127.0.0.1:1",)) for e in eps},
+        canary_servers={e.name: StaticServers(("127.0.0.1:1",)) for e in eps},
+        binds={k: f"127.0.0.1:{p}" for k, p in ports.items()}, shadow_binds={k: f"127.0.0.1:{free_port()}" for k in ports},
+        stats_bind=f"127.0.0.1:{stats}", lua_path=lua_path(tmp_path), ca_path=str(pod_ca_dir(tmp_path / "ca")),
+        max_connections=total, client_limits=ClientLimits(max_conn_per_source=4),
+    )
+    cfg = rendered.files["haproxy.cfg"]
+    shares = connection_shares(eps, total)
+    assert sum(shares.values()) == total and all(v >= 1 for v in shares.values())
+    # every listener's maxconn fits in the global one with the probes' room left
+    glob = int(re.search(r"^global\n(?:    .*\n)*?    maxconn (\d+)", cfg, re.M).group(1))
+    listeners = [int(m) for m in re.findall(r"^frontend [^\n]+\n(?:    [^\n]*\n)*?    maxconn (\d+)", cfg, re.M)]
+    assert sum(listeners) == glob and glob - sum(listeners[1:]) == STATS_CONNECTIONS  # the stats frontend first
+    env = {var: f"v-{key}" for var, key in rendered.secret_env.items()}
+    proc = HaproxyProcess(rendered, tmp_path, env, list(ports.values()) + [stats])
+    socks = []
+    try:
+        src = 2
+        # each endpoint frontend filled to the maxconn it was rendered with, four connections per source
+        blocks = re.findall(r"^frontend [^\n]+\n((?:    [^\n]*\n)*)", cfg, re.M)
+        rendered_max = {int(re.search(r"bind 127\.0\.0\.1:(\d+)", b).group(1)): int(re.search(r"maxconn (\d+)", b).group(1))
+                        for b in blocks if re.search(r"bind 127\.0\.0\.1:(\d+)", b)}
+        for name, port in ports.items():
+            assert rendered_max[port] == shares[name]
+            for i in range(rendered_max[port]):
+                if i % 4 == 0:
+                    src += 1
+                s = socket.socket()
+                s.bind((f"127.0.0.{src}", 0))
+                s.connect(("127.0.0.1", port))
+                socks.append(s)
+        time.sleep(0.5)
+        conn = http.client.HTTPConnection("127.0.0.1", stats, timeout=3)
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().status == 200
+        conn.close()
+    finally:
+        for s in socks:
+            s.close()
+        proc.stop()
