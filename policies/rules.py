@@ -23,6 +23,18 @@ ADVISORY = "advisory"
 Level = Literal["mandatory", "advisory"]
 
 UNKNOWN = "<unknown during preview>"  # what an input computed from another resource's output reads as in preview
+
+
+def _map(v: Any) -> Mapping:
+    """v if it is a mapping, else {}: a whole object unknown during preview (a ConfigMap's `data` rendered from
+    another resource's output) arrives as the UNKNOWN string, and reading it as a mapping raised, which stops the
+    engine's analysis and fails the preview."""
+    return v if isinstance(v, Mapping) else {}
+
+
+def _seq(v: Any) -> list:
+    """v if it is a list, else [] (a whole list unknown during preview arrives as the UNKNOWN string)."""
+    return v if isinstance(v, list) else []
 SECRET_MARKER = "[secret]"  # what the offline recording holds in place of a secret value (offline/mockrun.py)
 BURST_SPEC_ENV = "LLM_SERVING_BURST_SPEC"  # modal_apps/settings.py ENV_SPEC: the burst app's settings
 PLATFORM_PROVIDES_KEY = "llm-serving:platformProvides"  # stack setting: API groups the cluster already serves
@@ -120,7 +132,7 @@ def k8s_group(r: Resource) -> str:
 
 
 def k8s_ref(r: Resource) -> str:
-    meta = r.props.get("metadata") or {}
+    meta = _map(r.props.get("metadata"))
     ns = meta.get("namespace")
     return f"{k8s_kind(r)} {ns + '/' if ns else ''}{meta.get('name', r.name)}"
 
@@ -129,21 +141,21 @@ def pod_spec(r: Resource) -> Mapping[str, Any] | None:
     kind = k8s_kind(r)
     if kind not in WORKLOAD_KINDS:
         return None
-    spec = r.props.get("spec") or {}
+    spec = _map(r.props.get("spec"))
     if kind == "Pod":
         return spec
     if kind == "CronJob":
-        spec = ((spec.get("jobTemplate") or {}).get("spec") or {})
-    return ((spec.get("template") or {}).get("spec")) or None
+        spec = (_map(_map(spec.get("jobTemplate")).get("spec")))
+    return (_map(spec.get("template")).get("spec")) or None
 
 
 def _containers(spec: Mapping[str, Any], init: bool = True) -> list[Mapping[str, Any]]:
-    return [*(spec.get("containers") or []), *((spec.get("initContainers") or []) if init else [])]
+    return [*_seq(spec.get("containers")), *(_seq(spec.get("initContainers")) if init else [])]
 
 
 def _resource_amounts(container: Mapping[str, Any]) -> dict[str, Any]:
-    res = container.get("resources") or {}
-    return {**(res.get("limits") or {}), **(res.get("requests") or {})}
+    res = _map(container.get("resources"))
+    return {**_map(res.get("limits")), **_map(res.get("requests"))}
 
 
 def _requests_gpu(container: Mapping[str, Any]) -> bool:
@@ -151,11 +163,11 @@ def _requests_gpu(container: Mapping[str, Any]) -> bool:
 
 
 def _argv(container: Mapping[str, Any]) -> list[str]:
-    return [str(a) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+    return [str(a) for a in [*_seq(container.get("command")), *_seq(container.get("args"))]]
 
 
 def _env(container: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    return {e.get("name", ""): e for e in container.get("env") or []}
+    return {e.get("name", ""): e for e in _seq(container.get("env"))}
 
 
 # libyaml's safe loader when PyYAML was built with it (the wheels are): the same documents, ~10× faster — the
@@ -195,16 +207,16 @@ GPU_UTIL_METRIC = re.compile(r"dcgm|gpu_?util|gpu_utili[sz]ation|duty_cycle", re
 
 def check_no_gpu_util_autoscaling(r: Resource, ctx: StackContext) -> list[str]:
     kind = k8s_kind(r)
-    spec = r.props.get("spec") or {}
+    spec = _map(r.props.get("spec"))
     texts: list[tuple[str, str]] = []
     if kind in ("ScaledObject", "ScaledJob"):
-        for t in spec.get("triggers") or []:
-            for k, v in {**(t.get("metadata") or {}), "type": t.get("type", "")}.items():
+        for t in _seq(spec.get("triggers")):
+            for k, v in {**_map(t.get("metadata")), "type": t.get("type", "")}.items():
                 texts.append((f"trigger {t.get('name') or t.get('type')} {k}", str(v)))
     elif kind == "HorizontalPodAutoscaler":
-        for m in spec.get("metrics") or []:
+        for m in _seq(spec.get("metrics")):
             for source in ("pods", "object", "external", "resource", "containerResource"):
-                metric = (m.get(source) or {}).get("metric") or {}
+                metric = _map(_map(m.get(source)).get("metric"))
                 if metric.get("name"):
                     texts.append((f"{source} metric", str(metric["name"])))
     else:
@@ -251,13 +263,13 @@ def _probe_script(spec: Mapping[str, Any], container: Mapping[str, Any], argv: l
     """The text an exec probe runs: its own arguments plus any mounted ConfigMap file they name (None when
     the ConfigMap's name is not known yet)."""
     text = " ".join(argv)
-    volumes = {v.get("name"): v for v in spec.get("volumes") or []}
+    volumes = {v.get("name"): v for v in _seq(spec.get("volumes"))}
     for arg in argv:
-        for m in container.get("volumeMounts") or []:
+        for m in _seq(container.get("volumeMounts")):
             mount = str(m.get("mountPath", "")).rstrip("/")
             if not mount or not arg.startswith(mount + "/"):
                 continue
-            cm = (volumes.get(m.get("name")) or {}).get("configMap") or {}
+            cm = _map(_map(volumes.get(m.get("name"))).get("configMap"))
             if cm.get("name") == UNKNOWN:
                 return None  # a preview before the ConfigMap's name is known: nothing to judge yet
             data = configmaps.get((namespace, str(cm.get("name"))))
@@ -270,15 +282,15 @@ def check_vllm_containers(resources: Sequence[Resource], ctx: StackContext) -> l
     configmaps: dict[tuple[str, str], Mapping[str, Any]] = {}
     for r in resources:
         if k8s_kind(r) == "ConfigMap":
-            meta = r.props.get("metadata") or {}
-            configmaps[(str(meta.get("namespace", "")), str(meta.get("name", r.name)))] = r.props.get("data") or {}
+            meta = _map(r.props.get("metadata"))
+            configmaps[(str(meta.get("namespace", "")), str(meta.get("name", r.name)))] = _map(r.props.get("data"))
     found: list[tuple[str, str]] = []
     for r in resources:
         spec = pod_spec(r)
         if spec is None:
             continue
-        ns = str((r.props.get("metadata") or {}).get("namespace", ""))
-        for c in spec.get("containers") or []:
+        ns = str(_map(r.props.get("metadata")).get("namespace", ""))
+        for c in _seq(spec.get("containers")):
             if not is_vllm(c):
                 continue
             argv, env, where = _argv(c), _env(c), f"{k8s_ref(r)} container {c.get('name')}"
@@ -297,13 +309,13 @@ def check_vllm_containers(resources: Sequence[Resource], ctx: StackContext) -> l
                                      "can generate. Use an exec probe that sends one /v1/completions request and "
                                      "succeeds only when a token came back."))
             else:
-                probe_argv = [str(a) for a in (probe["exec"] or {}).get("command") or []]
+                probe_argv = [str(a) for a in _seq(_map(probe["exec"]).get("command"))]
                 script = _probe_script(spec, c, probe_argv, configmaps, ns)
                 if script is not None and not GENERATION_PATH.search(script):
                     found.append((r.urn, f"{where} readiness probe ({' '.join(probe_argv)[:100]}) sends no "
                                          "generation request. Make it call /v1/completions (or "
                                          "/v1/chat/completions) and succeed only when a token came back."))
-            offline = all(str((env.get(k) or {}).get("value", "")) == "1" for k in HUB_ENV_OFFLINE)
+            offline = all(str(_map(env.get(k)).get("value", "")) == "1" for k in HUB_ENV_OFFLINE)
             model = _served_model(argv)
             hub_token = [k for k in HUB_TOKENS if k in env]
             if not offline or hub_token or (model is not None and not model.startswith("/")):
@@ -322,7 +334,7 @@ def check_vllm_containers(resources: Sequence[Resource], ctx: StackContext) -> l
         spec = burst_spec(r)
         if spec is None:
             continue
-        engine, burst = spec.get("engine") or {}, spec.get("burst") or {}
+        engine, burst = _map(spec.get("engine")), _map(spec.get("burst"))
         where = f"Modal burst app {burst.get('app_name', r.name)}"
         if not isinstance(engine.get("max_model_len"), int) or engine["max_model_len"] <= 0:
             found.append((r.urn, f"{where} runs vLLM with max_model_len={engine.get('max_model_len')!r}: set it to "
@@ -359,7 +371,7 @@ def check_prefix_cache_tenancy(resources: Sequence[Resource], ctx: StackContext)
     for r in resources:
         if k8s_kind(r) != "ConfigMap":
             continue
-        for key, cfg in (r.props.get("data") or {}).items():
+        for key, cfg in _map(r.props.get("data")).items():
             if not str(key).endswith(".cfg") or "frontend" not in str(cfg):
                 continue
             for fe, body in haproxy_frontends(str(cfg)).items():
@@ -376,8 +388,8 @@ def check_prefix_cache_tenancy(resources: Sequence[Resource], ctx: StackContext)
                                          "per-tenant cache_salt at the gateway (cache_isolation: cache_salt) or "
                                          "give each tenant its own pool."))
     for r in resources:
-        meta = r.props.get("metadata") or {}
-        if (meta.get("annotations") or {}).get("serving.llm/cache-isolation") == "shared":
+        meta = _map(r.props.get("metadata"))
+        if _map(meta.get("annotations")).get("serving.llm/cache-isolation") == "shared":
             found.append((r.urn, f"{k8s_ref(r)} is annotated cache-isolation 'shared'. Use cache_salt or "
                                  "separate pools for an endpoint with more than one tenant."))
     return found
@@ -393,8 +405,8 @@ def _serves_an_endpoint(r: Resource) -> bool:
     spec = pod_spec(r)
     if spec is None:
         return False
-    tmpl_labels = (((r.props.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
-    labels = {**((r.props.get("metadata") or {}).get("labels") or {}), **tmpl_labels}
+    tmpl_labels = _map(_map(_map(_map(r.props.get("spec")).get("template")).get("metadata")).get("labels"))
+    labels = {**(_map(_map(r.props.get("metadata")).get("labels"))), **tmpl_labels}
     return "serving.llm/endpoint" in labels and any(_requests_gpu(c) for c in _containers(spec))
 
 
@@ -423,7 +435,7 @@ def check_gpu_sharing(resources: Sequence[Resource], ctx: StackContext) -> list[
     for r in resources:
         if k8s_kind(r) != "ConfigMap":
             continue
-        for text in (r.props.get("data") or {}).values():
+        for text in _map(r.props.get("data")).values():
             doc = _parse_embedded(text)
             if isinstance(doc, Mapping) and isinstance(doc.get("mig-configs"), Mapping):
                 for name, entries in doc["mig-configs"].items():
@@ -432,11 +444,11 @@ def check_gpu_sharing(resources: Sequence[Resource], ctx: StackContext) -> list[
     for r in resources:
         if r.type != "aws:eks/nodeGroup:NodeGroup":
             continue
-        layout = (r.props.get("labels") or {}).get("nvidia.com/mig.config")
+        layout = _map(r.props.get("labels")).get("nvidia.com/mig.config")
         if layout is None:
             continue
-        gpu = (r.props.get("labels") or {}).get("serving.llm/gpu") or next(
-            (kinds[t] for t in r.props.get("instanceTypes") or [] if t in kinds), None)
+        gpu = _map(r.props.get("labels")).get("serving.llm/gpu") or next(
+            (kinds[t] for t in _seq(r.props.get("instanceTypes")) if t in kinds), None)
         if layout not in layouts:
             found.append((r.urn, f"node group {r.name} asks for MIG layout {layout!r}, which no mig-parted config "
                                  f"in the stack defines (defined: {sorted(layouts)}). Add it to the GPU operator's "
@@ -445,7 +457,7 @@ def check_gpu_sharing(resources: Sequence[Resource], ctx: StackContext) -> list[
         for entry in layouts[layout]:
             if not entry.get("mig-enabled"):
                 continue
-            devices = {str(k): v for k, v in (entry.get("mig-devices") or {}).items()}
+            devices = {str(k): v for k, v in _map(entry.get("mig-devices")).items()}
             try:
                 if gpu is None:
                     raise MigLayoutError(f"the GPU of instance types {r.props.get('instanceTypes')} is not in the catalog")
@@ -461,8 +473,8 @@ def check_gpu_sharing(resources: Sequence[Resource], ctx: StackContext) -> list[
 
 def _denies_insecure_transport(policy: Any) -> bool:
     doc = json.loads(policy) if isinstance(policy, str) else policy
-    for st in (doc or {}).get("Statement") or []:
-        cond = ((st.get("Condition") or {}).get("Bool") or {}).get("aws:SecureTransport")
+    for st in _seq(_map(doc).get("Statement")):
+        cond = (_map(_map(st.get("Condition")).get("Bool"))).get("aws:SecureTransport")
         if st.get("Effect") == "Deny" and str(cond).lower() == "false":
             return True
     return False
@@ -487,11 +499,11 @@ def check_weight_buckets(resources: Sequence[Resource], ctx: StackContext) -> li
         name = str(b.props.get("bucket") or b.name)
         parts = by_bucket.get(name, {})
         missing: list[str] = []
-        if not any(((v.props.get("versioningConfiguration") or {}).get("status") == "Enabled")
+        if not any((_map(v.props.get("versioningConfiguration")).get("status") == "Enabled")
                    for v in parts.get("BucketVersioning", [])):
             missing.append("versioning is not Enabled (add aws.s3.BucketVersioning status Enabled)")
-        if not any(((rule.get("applyServerSideEncryptionByDefault") or {}).get("sseAlgorithm") in ("AES256", "aws:kms", "aws:kms:dsse"))
-                   for e in parts.get("BucketServerSideEncryptionConfiguration", []) for rule in e.props.get("rules") or []):
+        if not any((_map(rule.get("applyServerSideEncryptionByDefault")).get("sseAlgorithm") in ("AES256", "aws:kms", "aws:kms:dsse"))
+                   for e in parts.get("BucketServerSideEncryptionConfiguration", []) for rule in _seq(e.props.get("rules"))):
             missing.append("no default encryption (add aws.s3.BucketServerSideEncryptionConfiguration, AES256 or aws:kms)")
         flags = ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
         if not any(all(p.props.get(f) is True for f in flags) for p in parts.get("BucketPublicAccessBlock", [])):
@@ -514,7 +526,7 @@ def burst_spec(r: Resource) -> Mapping[str, Any] | None:
     carries the same spec but deploys nothing."""
     if r.type != "command:local:Command" or "modal_apps.deploy" not in str(r.props.get("create", "")):
         return None
-    raw = (r.props.get("environment") or {}).get(BURST_SPEC_ENV)
+    raw = _map(r.props.get("environment")).get(BURST_SPEC_ENV)
     if not isinstance(raw, str) or raw == SECRET_MARKER:
         return None
     try:
@@ -528,7 +540,7 @@ def check_modal_proxy_auth(r: Resource, ctx: StackContext) -> list[str]:
     spec = burst_spec(r)
     if spec is None:
         return []
-    burst = spec.get("burst") or {}
+    burst = _map(spec.get("burst"))
     if burst.get("requires_proxy_auth") is True:
         return []
     return [f"Modal burst app {burst.get('app_name', r.name)} is deployed with requires_proxy_auth="
@@ -570,7 +582,7 @@ def check_credentials_from_secrets(resources: Sequence[Resource], ctx: StackCont
                                              "value in the manifest. Put it in a Kubernetes Secret filled from "
                                              "secret config and use valueFrom.secretKeyRef."))
         if r.type == "command:local:Command":
-            env = r.props.get("environment") or {}
+            env = _map(r.props.get("environment"))
             if r.secrets_marked:
                 for name, value in env.items():
                     if is_credential_name(name) and value != SECRET_MARKER:
@@ -596,8 +608,8 @@ def check_gpu_pod_requests(r: Resource, ctx: StackContext) -> list[str]:
     if spec is None or not any(_requests_gpu(c) for c in _containers(spec)):
         return []
     found = []
-    for c in spec.get("containers") or []:
-        requests = (c.get("resources") or {}).get("requests") or {}
+    for c in _seq(spec.get("containers")):
+        requests = _map(_map(c.get("resources")).get("requests"))
         missing = [k for k in ("cpu", "memory") if k not in requests]
         if missing:
             found.append(f"{k8s_ref(r)} is a GPU pod whose container {c.get('name')} requests no "
@@ -612,10 +624,10 @@ def check_non_root_numeric_user(r: Resource, ctx: StackContext) -> list[str]:
     spec = pod_spec(r)
     if spec is None:
         return []
-    pod_sc = spec.get("securityContext") or {}
+    pod_sc = _map(spec.get("securityContext"))
     found = []
     for c in _containers(spec):
-        sc = c.get("securityContext") or {}
+        sc = _map(c.get("securityContext"))
         non_root = sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot"))
         user = sc.get("runAsUser", pod_sc.get("runAsUser"))
         if non_root is True and (not isinstance(user, (int, float)) or isinstance(user, bool) or user <= 0):
@@ -652,14 +664,14 @@ def provided_groups(resources: Sequence[Resource], ctx: StackContext) -> dict[st
     out = {g: "the platform (stack setting llm-serving:platformProvides)" for g in ctx.platform_provides}
     for r in resources:
         if k8s_kind(r) == "CustomResourceDefinition":
-            g = (r.props.get("spec") or {}).get("group")
+            g = _map(r.props.get("spec")).get("group")
             if g:
                 out[str(g)] = f"CRD {r.name}"
         elif r.type in ("kubernetes:helm.sh/v3:Release", "kubernetes:helm.sh/v4:Chart"):
             chart = str(r.props.get("chart", "")).rsplit("/", 1)[-1]
             if chart in CHART_CRD_GROUPS:
                 groups, switch = CHART_CRD_GROUPS[chart]
-                value: Any = r.props.get("values") or {}
+                value: Any = _map(r.props.get("values"))
                 for k in switch:
                     value = value.get(k, True) if isinstance(value, Mapping) else True
                 if value is not False:
@@ -753,11 +765,11 @@ def floor_schedules(resources: Sequence[Resource]) -> list[FloorSchedule]:
     out: list[FloorSchedule] = []
     for r in resources:
         if k8s_kind(r) == "ScaledObject":
-            spec = r.props.get("spec") or {}
-            labels = (r.props.get("metadata") or {}).get("labels") or {}
+            spec = _map(r.props.get("spec"))
+            labels = _map(_map(r.props.get("metadata")).get("labels"))
             windows = []
-            for t in spec.get("triggers") or []:
-                m = t.get("metadata") or {}
+            for t in _seq(spec.get("triggers")):
+                m = _map(t.get("metadata"))
                 if t.get("type") != "cron":
                     continue
                 s, e = cron_minute_of_week(str(m.get("start", ""))), cron_minute_of_week(str(m.get("end", "")))
@@ -767,9 +779,9 @@ def floor_schedules(resources: Sequence[Resource]) -> list[FloorSchedule]:
                                      int(spec.get("minReplicaCount", 0) or 0), tuple(windows)))
         spec = burst_spec(r)
         if spec is not None:
-            b = spec.get("burst") or {}
+            b = _map(spec.get("burst"))
             windows = [(int(w["start_minute_of_week"]), int(w["end_minute_of_week"]), int(w["min_containers"]))
-                       for w in b.get("min_containers_schedule") or []]
+                       for w in _seq(b.get("min_containers_schedule"))]
             out.append(FloorSchedule(str(spec.get("endpoint", r.name)),
                                      f"Modal burst app {b.get('app_name', r.name)} warm minimum", r.urn,
                                      int(b.get("min_containers", 0) or 0), tuple(windows)))
@@ -813,7 +825,7 @@ RATE_ANNOTATION = "serving.llm/mean-requests-per-s"
 def check_right_size_before_platform(r: Resource, ctx: StackContext) -> list[str]:
     if pod_spec(r) is None:
         return []
-    raw = ((r.props.get("metadata") or {}).get("annotations") or {}).get(RATE_ANNOTATION)
+    raw = (_map(_map(r.props.get("metadata")).get("annotations"))).get(RATE_ANNOTATION)
     try:
         rate = float(raw) if raw is not None else None
     except ValueError:

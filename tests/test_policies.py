@@ -525,3 +525,27 @@ def test_the_live_packs_credential_rule_judges_the_stack_file_not_the_decrypted_
     assert plain_credential_keys(set_now.__contains__, {}) == ()
     # the bundled stacks keep no token at all
     assert plain_credential_keys(lambda k: True, stack_file_config("prod")) == ()
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_no_policy_raises_on_objects_wholly_unknown_in_a_preview(stack):
+    """In a preview where a Modal deploy runs, the gateway's ConfigMap `data` (rendered from the burst URL, the
+    deploy command's output) is unknown as a whole: the engine sends it as one sentinel (pulumi
+    sdk/go/common/resource/plugin/rpc.go marshalUnknownProperty), and a rule reading it as a mapping raised,
+    which stops the engine's analysis and fails the preview (pulumi-policy 1.21 catches only UnknownValueError).
+    Every policy runs on a stack whose ConfigMaps' data, every object's spec and every container's env are
+    wholly unknown, without raising."""
+    res = resources(stack)
+    for r in res:
+        if r.type == "kubernetes:core/v1:ConfigMap":
+            edit(res, lambda x, r=r: x is r, lambda i: i.update(data=UNKNOWN_STRING_VALUE))
+    for name in POLICY:
+        run_policy(name, res, stack_config(stack))  # raises on a bad read
+    res = resources(stack)
+    for r in res:
+        if isinstance(r.inputs.get("spec"), dict):
+            edit(res, lambda x, r=r: x is r, lambda i: i.update(spec=UNKNOWN_STRING_VALUE))
+        if isinstance(r.inputs.get("environment"), dict):
+            edit(res, lambda x, r=r: x is r, lambda i: i.update(environment=UNKNOWN_STRING_VALUE))
+    for name in POLICY:
+        run_policy(name, res, stack_config(stack))
