@@ -69,8 +69,13 @@ def test_main_deploys_dev_then_prod_behind_an_approval():
     by_stack = {pulumi_steps(j)[0]["with"]["stack-name"]: name for name, j in ups.items()}
     assert set(by_stack) == STACKS
     for name, job in ups.items():
-        (step,) = pulumi_steps(job)
-        assert step["with"]["command"] == "up" and step["with"]["policyPacks"] == "policies"
+        # `up` runs with --skip-preview (its stack policies judge outputs after the changes are applied): a preview
+        # with the pack gates the merged commit first, on the same stack and config
+        preview, up = pulumi_steps(job)
+        assert preview["with"]["command"] == "preview" and up["with"]["command"] == "up"
+        assert preview["with"]["policyPacks"] == up["with"]["policyPacks"] == "policies"
+        assert {k: v for k, v in preview["with"].items() if k != "command"} == \
+            {k: v for k, v in up["with"].items() if k != "command"}
     dev, prod = jobs[by_stack["dev"]], jobs[by_stack["prod"]]
     assert dev["needs"] == "tests" and prod["needs"] == by_stack["dev"]  # dev only after the tests, prod only after dev
     assert prod["environment"] == "prod"  # required reviewers are set on this GitHub environment
@@ -135,8 +140,8 @@ def test_aws_access_is_a_short_lived_role_session_never_a_stored_key(name):
         # AWS accepts 900 s to 12 h; an `up` that outlives its session fails half way
         assert 900 <= int(w["role-duration-seconds"]) <= 43200
         (region,) = [s for s in steps if s.get("id") == "region"]
-        (up,) = pulumi_steps(job)
-        assert steps.index(region) < steps.index(creds) < steps.index(up)
+        first = pulumi_steps(job)[0]
+        assert steps.index(region) < steps.index(creds) < steps.index(first)
 
 
 @pytest.mark.parametrize("name", ["preview.yml", "deploy.yml"])
