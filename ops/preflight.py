@@ -398,11 +398,25 @@ def check_secrets(st: StackUnderCheck, c: Clients) -> list[Check]:
     return out
 
 
+def _refused(name: str, check: Callable[[StackUnderCheck, Clients], list[Check]], st: StackUnderCheck,
+             clients: Clients) -> list[Check]:
+    """The check's own results, or — when AWS refuses one of its calls for a reason the check does not model (a
+    role without eks:DescribeCluster, s3:GetObject on part of a bucket, kms:Decrypt) — a failed check naming the
+    error, so the report still comes out with every other check in it."""
+    from botocore.exceptions import ClientError  # the AWS clients' own package (preflight's AWS calls need it)
+
+    try:
+        return check(st, clients)
+    except ClientError as e:
+        return [Check(name, False, f"AWS refused a call this check makes: {_aws_error(e)}",
+                      "give the role running preflight (and `pulumi up`) that permission, then run preflight again")]
+
+
 def run_checks(st: StackUnderCheck, clients: Clients) -> list[Check]:
     checks = check_aws(st, clients)
     if not checks[-1].ok:  # no credentials: the AWS checks below would all say the same
         return checks
-    checks += check_cluster(st, clients)
+    checks += _refused("cluster", check_cluster, st, clients)
     cluster_usable = st.settings.cluster.mode == "existing" and all(
         ch.ok for ch in checks if ch.name == "cluster")
     if cluster_usable:
@@ -414,8 +428,8 @@ def run_checks(st: StackUnderCheck, clients: Clients) -> list[Check]:
                             f"the gateway waits for {sorted(required_secrets(st.spec))} in {ns}",
                             f"kubectl -n {ns} create secret generic <name> --from-literal=<key>=… (README, Deploying for real)",
                             blocking=False))
-    checks += check_weights(st, clients)
-    checks += check_quality_sink(st, clients)
+    checks += _refused('weights', check_weights, st, clients)
+    checks += _refused('quality sink', check_quality_sink, st, clients)
     checks += check_modal(st, clients)
     return checks
 

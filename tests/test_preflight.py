@@ -301,3 +301,33 @@ def test_the_principal_that_creates_the_cluster_is_not_listed_as_an_admin_too(wo
     assert "remove arn:aws:iam::123456789012:user/moto" in checks["cluster admins"].fix
     assert P._principal("arn:aws:sts::123456789012:assumed-role/ci-deploy/gh-run-42") == ("123456789012", "role", "ci-deploy")
     assert P._principal("arn:aws:iam::123456789012:role/team/ci-deploy") == ("123456789012", "role", "ci-deploy")
+
+
+def test_an_aws_refusal_a_check_does_not_model_is_reported_not_raised(world):
+    """A role without eks:DescribeCluster (EKS answers AccessDeniedException, a botocore ClientError no check
+    catches by name) made preflight die with a traceback and no report; now that check fails naming the error
+    and every other check is still reported. (moto grants every call, so the refusal is EKS's own error shape,
+    raised by a wrapper.)"""
+    from botocore.exceptions import ClientError
+
+    stack_file, clients, *_ = world
+
+    class Refusing:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            if name == "describe_cluster":
+                def refuse(**kw):
+                    raise ClientError({"Error": {"Code": "AccessDeniedException", "Message": "not authorized: "
+                                                 "eks:DescribeCluster"}}, "DescribeCluster")
+                return refuse
+            return getattr(self.inner, name)
+
+    aws = clients.aws
+    refusing = P.Clients(aws=lambda s, r: Refusing(aws(s, r)) if s == "eks" else aws(s, r),
+                         kube=clients.kube, modal=clients.modal)
+    checks, text, status = run(stack_file, refusing)
+    assert status != 0
+    assert not checks["cluster"].ok and "AccessDeniedException" in checks["cluster"].detail
+    assert "weights assist" in checks and checks["weights assist"].ok  # the rest of the report is there
