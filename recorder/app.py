@@ -139,6 +139,8 @@ class Recorder:
                 await self._writer
             except asyncio.CancelledError:
                 pass
+            except Exception:  # noqa: BLE001 — a writer that died must not cost what is still queued and batched
+                log.exception("the writer had stopped on an error")
         while not self.queue.empty():  # what was accepted gets one last chance, bounded by the upload timeout
             self._add(self.queue.get_nowait())
         for key in list(self.batches):
@@ -148,13 +150,29 @@ class Recorder:
         entry = self.cfg.versions[ex.endpoint][ex.version]
         try:
             record = build_record(ex, entry.get("identity", {}))
+            try:
+                line = json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode()
+            except UnicodeEncodeError:
+                # a lone surrogate ("\ud800", valid JSON that a client slicing an emoji in half sends) has no
+                # UTF-8 form: the record keeps it escaped, exactly as sent
+                line = json.dumps(record, ensure_ascii=True, separators=(",", ":")).encode()
         except BadExchange as e:
             self.dropped.labels(ex.endpoint, ex.version, e.reason).inc()
             return None
+        except Exception:  # noqa: BLE001 — one exchange the builder cannot read is dropped, counted, never fatal
+            log.exception("exchange for %s/%s not recorded", ex.endpoint, ex.version)
+            self.dropped.labels(ex.endpoint, ex.version, "malformed").inc()
+            return None
         key = (ex.endpoint, ex.version)
         batch = self.batches.setdefault(key, _Batch(opened=time.monotonic()))
-        batch.lines.append(json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode())
+        batch.lines.append(line)
         return key
+
+    @property
+    def writing(self) -> bool:
+        """The writer is running (a liveness probe's question: a dead writer would accept until the queue fills
+        and then refuse everything, while the other replica hides it from the namespace-wide alert)."""
+        return self._writer is not None and not self._writer.done()
 
     async def _write_loop(self) -> None:
         while True:
@@ -204,6 +222,8 @@ def make_app(rec: Recorder) -> web.Application:
         return web.Response(body=generate_latest(rec.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_: web.Request) -> web.Response:
+        if not rec.writing:
+            return web.Response(text="writer stopped", status=503)
         return web.Response(text="ok")
 
     async def on_startup(_: web.Application) -> None:

@@ -122,3 +122,42 @@ def test_the_recorder_imports_only_what_its_image_installs():
                      [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
             for name in names:
                 assert name.split(".")[0] in allowed, f"{path.name} imports {name}, which the image does not install"
+
+
+def test_a_lone_surrogate_in_a_sampled_prompt_is_recorded_and_the_writer_keeps_writing(moto_endpoint, aws_env):
+    """`"\\ud800"` is valid JSON (a client slicing an emoji in half sends it) with no UTF-8 form: encoding its
+    record raised inside the writer, which ended silently — the pod then accepted posts until its queue filled,
+    refused everything after, and lost what was batched, its /healthz still ok. Now the record keeps the
+    surrogate escaped, the next exchange is written too, to a real S3 API (moto), and the liveness answer follows
+    the writer."""
+    import asyncio
+
+    from recorder.app import Recorder
+    from tests.moto_support import client
+
+    s3 = client("s3", moto_endpoint)
+    s3.create_bucket(Bucket="quality-surrogate")
+    cfg = RecorderConfig(region="us-east-1", batch_max_records=2, batch_max_age_s=60.0,
+                         versions={"ep": {"v1": {"bucket": "quality-surrogate", "prefix": "ep/v1/", "identity": {}}}})
+
+    async def run():
+        rec = Recorder(cfg, s3)
+        rec.start()
+        bad = _exchange(b'{"prompt":"caf\\ud800e","max_tokens":4}')
+        good = _exchange(b'{"prompt":"cafe","max_tokens":4}')
+        for ex in (bad, good):
+            rec.queue.put_nowait(ex)
+        for _ in range(200):  # two records make a batch: flushed by the writer
+            await asyncio.sleep(0.02)
+            if rec.written.labels("ep", "v1")._value.get() == 2:
+                break
+        alive = rec.writing
+        await rec.stop()
+        return alive, rec.written.labels("ep", "v1")._value.get()
+
+    alive, written = asyncio.run(run())
+    assert alive and written == 2
+    (obj,) = s3.list_objects_v2(Bucket="quality-surrogate")["Contents"]
+    lines = s3.get_object(Bucket="quality-surrogate", Key=obj["Key"])["Body"].read().decode("utf-8").splitlines()
+    prompts = [json.loads(line)["prompt"] for line in lines]
+    assert prompts == ["caf\ud800e", "cafe"]
