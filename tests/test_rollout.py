@@ -116,7 +116,7 @@ def test_a_record_for_another_identity_names_the_field_that_differs():
 
 
 def test_a_failing_record_names_metric_value_threshold_and_dataset():
-    with pytest.raises(PlanningError, match=r"failed its offline evaluation of 2026-11-20: win_rate = 0.47 on chat-golden@v3, needs ≥ 0.5"):
+    with pytest.raises(PlanningError, match=r"failed its offline evaluation: win_rate = 0.47 on chat-golden@v3 \(2026-11-20\), needs ≥ 0.5"):
         planned(rollout(records=[record(value=0.47)]))
     lower = record(metric="edit_distance", value=0.31, threshold=0.25, higher_is_better=False)
     with pytest.raises(PlanningError, match="needs ≤ 0.25"):
@@ -131,6 +131,23 @@ def test_the_latest_evaluation_of_the_exact_identity_decides():
     ev = e.rollout.eval
     assert (ev.metric, ev.value, ev.threshold, ev.dataset, ev.evaluated_on) == ("win_rate", 0.58, 0.5, "chat-golden@v3",
                                                                                dt.date(2026, 11, 25))
+
+
+def test_every_metric_of_the_exact_identity_must_pass_not_only_the_latest_record():
+    """Records of several metrics (or datasets) for one candidate: each is judged by its own latest evaluation,
+    and one failing is a failed gate, whichever record is newest or first in the file (before, the newest record
+    alone decided, so a passing win rate dated the same day hid a failing false-positive rate)."""
+    fpr_fail = record(metric="false_positive_rate", value=0.30, threshold=0.05, higher_is_better=False,
+                      dataset="guard-negatives@v2")
+    for records in ([record(), fpr_fail], [fpr_fail, record()],
+                    [dict(fpr_fail, evaluated_on="2026-11-19"), record(evaluated_on="2026-11-21")]):
+        with pytest.raises(PlanningError, match=r"failed its offline evaluation: false_positive_rate = 0\.3 on "
+                                                r"guard-negatives@v2 \(2026-11-(19|20)\), needs ≤ 0\.05"):
+            planned(rollout(records=records))
+    # a later passing evaluation of that metric clears it; both metrics now pass
+    fpr_pass = dict(fpr_fail, value=0.03, evaluated_on="2026-11-22")
+    e = planned(rollout(records=[record(), fpr_fail, fpr_pass]))
+    assert (e.rollout.eval.metric, e.rollout.eval.evaluated_on) == ("false_positive_rate", dt.date(2026, 11, 22))
 
 
 def test_rollback_needs_no_evaluation():

@@ -115,13 +115,21 @@ def eval_gate(ep_name: str, r: RolloutInputs, cand: ModelVersionSpec) -> EvalEvi
             f"{where}: the evaluation records for {cand.version!r} in {r.eval_records_path} are for another identity "
             f"({'; '.join(mismatches(named[-1]))}); evaluate exactly the candidate ({_describe(cand)})"
         )
-    rec = max(exact, key=lambda x: x.evaluated_on)  # the latest evaluation of this exact identity decides
-    if not rec.passed:
-        op = "≥" if rec.higher_is_better else "≤"
+    # each metric on each dataset is judged by its latest evaluation of this exact identity (a later line of the
+    # same date wins), and every one must pass: a failing metric is not hidden by a passing one of another kind
+    latest: dict[tuple[str, str], EvalRecord] = {}
+    for x in exact:
+        k = (x.metric, x.dataset)
+        if k not in latest or x.evaluated_on >= latest[k].evaluated_on:
+            latest[k] = x
+    failed = [x for x in latest.values() if not x.passed]
+    if failed:
         raise PlanningError(
-            f"{where}: candidate {cand.version!r} failed its offline evaluation of {rec.evaluated_on}: {rec.metric} = "
-            f"{rec.value:g} on {rec.dataset}, needs {op} {rec.threshold:g}"
+            f"{where}: candidate {cand.version!r} failed its offline evaluation: "
+            + "; ".join(f"{x.metric} = {x.value:g} on {x.dataset} ({x.evaluated_on}), needs "
+                        f"{'≥' if x.higher_is_better else '≤'} {x.threshold:g}" for x in failed)
         )
+    rec = max(latest.values(), key=lambda x: x.evaluated_on)  # the evidence shown: the latest of the passing ones
     return EvalEvidenceSpec(
         source=r.eval_records_path, metric=rec.metric, value=rec.value, threshold=rec.threshold,
         higher_is_better=rec.higher_is_better, dataset=rec.dataset, evaluated_on=rec.evaluated_on,
