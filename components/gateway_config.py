@@ -47,7 +47,7 @@ from components.gateway_lua import GATEWAY_LUA
 from components.names import burst_backend_name, config_name, floor_backend_name
 from topology.names import env_name  # noqa: F401  (components.gateway and tests import it from here)
 from topology.gateway_timing import GATEWAY_CLIENT_IDLE_S
-from topology.spec import EndpointSpec, TopologySpec
+from topology.spec import CanarySpec, EndpointSpec, TopologySpec
 
 @dataclass(frozen=True)
 class HaproxyImage:
@@ -309,9 +309,12 @@ def _slot_count(servers: Servers) -> int:
     return len(servers.addresses) if isinstance(servers, StaticServers) else servers.slots
 
 
-def _canary_seed(revision: str) -> int:
-    # a new revision reshuffles who is in the canary; the same revision never does
-    return int.from_bytes(hashlib.sha256(revision.encode()).digest()[:4], "big")
+def _canary_seed(canary: CanarySpec) -> int:
+    # a new candidate reshuffles who is in the canary; the same candidate never does. Seeded by the candidate's
+    # model-version name (a new identity must take a new name: topology/plan/rollout.py), not its weights revision:
+    # an engine-only candidate (KV dtype, quantization, image) on the incumbent's weights would otherwise canary the
+    # very users every earlier candidate on those weights did, so the same users carried every risk
+    return int.from_bytes(hashlib.sha256((canary.version or canary.revision).encode()).digest()[:4], "big")
 
 
 def _ns_cap_lines(ns_cap: int) -> list[str]:
@@ -659,7 +662,7 @@ def _endpoint_sections(
         hdr = g.sticky_hash_header if g.canary.hash_key == "session" else g.canary.user_header
         basis_points = int(round(g.canary.percent * 100))
         fl.append(f"    acl canary_key req.fhdr({hdr}) -m found")
-        fl.append(f"    acl canary_side req.fhdr({hdr}),xxh32({_canary_seed(g.canary.revision)}),mod(10000) "
+        fl.append(f"    acl canary_side req.fhdr({hdr}),xxh32({_canary_seed(g.canary)}),mod(10000) "
                   f"-m int lt {basis_points}")
         if g.canary.overflow_to_incumbent:
             # the candidate replica is picked like a floor replica (session-sticky, below its full mark);

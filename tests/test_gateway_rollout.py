@@ -245,3 +245,28 @@ def test_a_floor_replica_marked_down_leaves_its_share_to_burst(planned_stacks, t
         for u in upstreams.values():
             u.release()
         gw.stop()
+
+
+def test_each_candidate_on_the_same_weights_canaries_its_own_users(planned_stacks, tmp_path_factory, upstreams):
+    """Two engine-only candidates (same weights revision, new version names) at 20%: each picks its own users —
+    the hash is seeded by the candidate's version — instead of the same cohort carrying every candidate built on
+    those weights (it was seeded by the revision). Asked of the real proxy, 100 users each."""
+    cand = upstreams["candidate"].address
+    cohorts = []
+    for version in ("assist-2026-12-kvfp8", "assist-2026-12-img2"):
+        canary = CanarySpec(percent=20.0, revision="rev-shared", version=version, weights_uri_suffix="w/", replicas=1,
+                            full_at_inflight_per_replica=0)
+        gw = _gateway(planned_stacks, tmp_path_factory, upstreams, cand, canary=canary)
+        try:
+            on = set()
+            for u in range(100):
+                status, headers, _, _ = post(gw.port, body(), headers={"X-User-Id": f"u{u}"})
+                assert status == 200
+                if headers["x-served-by"] == "canary":
+                    on.add(u)
+            cohorts.append(on)
+        finally:
+            gw.stop()
+    a, b = cohorts
+    assert 8 <= len(a) <= 35 and 8 <= len(b) <= 35  # about a fifth each
+    assert len(a & b) < min(len(a), len(b))  # not the same users (independent 20% draws share about a fifth)

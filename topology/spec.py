@@ -369,12 +369,12 @@ class CanarySpec(_Spec):
     """Canary by user or session (never per request): a stable hash of the id picks the candidate's users."""
 
     percent: float = Field(description="Share of users (hash buckets) sent to the candidate.")
-    revision: str = Field(description="Candidate weights revision; a new revision reshuffles who is in the canary.")
+    revision: str = Field(description="Candidate weights revision.")
     hash_key: Literal["user", "session"] = "user"
     user_header: str = Field(default="X-User-Id", description="Header carrying the user id the canary hash reads.")
     weights_uri_suffix: str = Field(description="Path of the candidate revision's weights under each weight cache.")
     replicas: int = Field(description="Candidate replicas: its share of users at peak, at the planning rate (≥ 1).")
-    version: str | None = Field(default=None, description="Candidate model-version name (None: a bare revision canary).")
+    version: str | None = Field(default=None, description="Candidate model-version name (None: a bare revision canary); a new candidate reshuffles who is in the canary (the hash is seeded by this name, else the revision).")
     full_at_inflight_per_replica: int = Field(
         default=0, ge=0, description="The candidate is full when every candidate replica has this many requests in flight "
         "(the floor's overflow threshold); 0 = no limit given.",
