@@ -175,6 +175,21 @@ def query_fill(namespace: str, e, window: str) -> dict[str, str]:
     return {**{k: promql_escape(v) for k, v in fill.items()}, "w": window}
 
 
+def hour_aligned_range(start_s: float, end_s: float, timezone: str) -> tuple[float, float]:
+    """(first, last) sample instants of an hourly range over [start_s, end_s] that fall on the profile's local
+    hour boundaries. Prometheus evaluates a range at start + k·step; each sample counts the hour before it and is
+    filed under the local hour that hour began in (topology.calibrate.hourly_profile), so unaligned steps filed
+    nearly every sample of a run started at HH:59 under the hour before, and split each hour at HH:30. The
+    zone's offset at the start (a half-hour zone's too) sets the boundaries."""
+    from zoneinfo import ZoneInfo
+
+    off = dt.datetime.fromtimestamp(start_s, tz=dt.timezone.utc).astimezone(ZoneInfo(timezone)).utcoffset()
+    off_s = off.total_seconds() if off is not None else 0.0
+    first = math.ceil((start_s + 3600 + off_s) / 3600) * 3600 - off_s
+    last = math.floor((end_s + off_s) / 3600) * 3600 - off_s
+    return first, last
+
+
 def query_results(prom: Prometheus, spec, namespace: str, start_s: float, end_s: float) -> dict:
     """The results document for every endpoint with floor replicas, over [start_s, end_s]."""
     window = f"{int(end_s - start_s)}s"
@@ -184,7 +199,8 @@ def query_results(prom: Prometheus, spec, namespace: str, start_s: float, end_s:
             continue
         fill = query_fill(namespace, e, window)
         res: dict[str, Any] = {"queries": {k: q.format(**fill) for k, q in QUERIES.items()}}
-        series = prom.range(QUERIES["requests_by_hour"].format(**fill), start_s + 3600, end_s, 3600)
+        first_h, last_h = hour_aligned_range(start_s, end_s, e.floor.timezone if e.floor is not None else "UTC")
+        series = prom.range(QUERIES["requests_by_hour"].format(**fill), first_h, last_h, 3600) if first_h <= last_h else []
         res["requests_by_hour"] = [[float(t), float(v)] for s in series for t, v in s["values"]]
         started = {s["metric"].get("pod", ""): float(s["value"][1])
                    for s in prom.instant(QUERIES["gateway_started"].format(**fill), end_s)}
@@ -203,8 +219,8 @@ def query_results(prom: Prometheus, spec, namespace: str, start_s: float, end_s:
                                "queries": _scalar(prom.instant(QUERIES["prefix_queries"].format(**fill), end_s))}
         res["prefill"] = {"tokens": res.get("prompt_tokens", {}).get("sum", 0.0),
                           "seconds": _scalar(prom.instant(QUERIES["prefill_seconds"].format(**fill), end_s))}
-        gen = prom.range(QUERIES["generation_per_replica"].format(**fill), start_s + 3600, end_s, 3600)
-        run = prom.range(QUERIES["running_per_replica"].format(**fill), start_s + 3600, end_s, 3600)
+        gen = prom.range(QUERIES["generation_per_replica"].format(**fill), first_h, last_h, 3600) if first_h <= last_h else []
+        run = prom.range(QUERIES["running_per_replica"].format(**fill), first_h, last_h, 3600) if first_h <= last_h else []
         gen_at = {float(t): float(v) for s in gen for t, v in s["values"] if math.isfinite(float(v))}
         run_at = {float(t): float(v) for s in run for t, v in s["values"]}
         if gen_at:

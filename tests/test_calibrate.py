@@ -510,3 +510,42 @@ def test_the_pod_regex_takes_an_endpoints_own_pods_only():
         assert matches(long, pod), pod
         assert not matches("e" * 34, pod) and not matches(long + "-vllm-x", pod)
     assert matches("a.b", "a.b-vllm-5c6d7f8b9-fghij") and not matches("a.b", "axb-vllm-5c6d7f8b9-fghij")
+
+
+@pytest.mark.parametrize("timezone, offset_h", [("America/New_York", -5), ("Asia/Kolkata", 5.5)])
+def test_the_hourly_profile_lands_on_the_profiles_own_hours_whenever_calibrate_runs(tmp_path, timezone, offset_h):
+    """Requests at 1 req/s only in one local hour (Monday 11:00–12:00 in the profile's zone), counted by a real
+    Prometheus from a counter scraped every 15 s, and the hourly range calibrate asks for run at 12:59:30 local
+    (and at 12:30:00): all of that hour's requests land in hour 11 of the profile, none in 10 or 12. Before, the
+    range stepped from the run's own instant, so a run at 12:59:30 filed 99% of the hour under hour 10, and one at
+    12:30 split it half and half; a zone half an hour off UTC split every hour."""
+    import offline.calibrate_prometheus as cp
+
+    require_binary("promtool")
+    require_binary("prometheus")
+    monday = dt.datetime(2026, 1, 5, tzinfo=dt.timezone.utc).timestamp() - offset_h * 3600  # Monday 00:00 local
+    t0, t1 = monday + 11 * 3600, monday + 12 * 3600
+    lines = ["# TYPE haproxy_frontend_http_requests counter"]
+    value = 0.0
+    for k in range(int(monday + 8 * 3600), int(monday + 14 * 3600) + 1, 15):
+        if t0 < k <= t1:
+            value += 15.0
+        lines.append(f'haproxy_frontend_http_requests_total{{namespace="{NS}",pod="gw-a",proxy="fe_assist"}} {value:g} {k}')
+    (tmp_path / "m.om").write_text("\n".join(lines) + "\n# EOF\n")
+    out = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "m.om", str(tmp_path / "data")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (tmp_path / "prom").mkdir()
+    server = PrometheusServer(tmp_path / "prom", storage=tmp_path / "data", retention="100y")
+    query = cp.QUERIES["requests_by_hour"].format(ns=NS, frontend="fe_assist", endpoint="assist", model="m", pod_re="x",
+                                                  w="1h")
+    try:
+        prom = cp.Prometheus(server.url)
+        for end_s in (monday + 12 * 3600 + 59 * 60 + 30, monday + 12 * 3600 + 30 * 60):
+            first, last = cp.hour_aligned_range(end_s - 4 * 3600, end_s, timezone)
+            rows = [[float(t), float(v)] for s in prom.range(query, first, last, 3600) for t, v in s["values"]]
+            profile = hourly_profile(rows, timezone)
+            assert profile[11] == pytest.approx(1.0, abs=0.01), (end_s, rows)
+            assert (profile[10] or 0.0) < 0.01 and (profile[12] or 0.0) < 0.01, (end_s, rows)
+    finally:
+        server.stop()
