@@ -549,3 +549,42 @@ def test_the_hourly_profile_lands_on_the_profiles_own_hours_whenever_calibrate_r
             assert (profile[10] or 0.0) < 0.01 and (profile[12] or 0.0) < 0.01, (end_s, rows)
     finally:
         server.stop()
+
+
+def test_decode_rate_per_replica_holds_when_the_floor_scales_within_the_hour(tmp_path):
+    """Two stable replicas each decode 100 tokens/s; one is gone from half past the hour (the floor scaled 2 → 1).
+    Against a real Prometheus, the hour's figures calibrate reads give 100 tokens/s per replica and the running
+    requests per replica weighted by each replica's time (a: 6 all hour, b: 2 for half), where dividing by the replicas alive at the hour's end read
+    about 150 and averaging per pod counted the half-hour pod like a whole one."""
+    import offline.calibrate_prometheus as cp
+    from topology.calibrate import QUERIES
+    from topology.names import ENDPOINT_METRIC_LABEL, TRACK_METRIC_LABEL, TRACK_STABLE
+
+    require_binary("promtool")
+    require_binary("prometheus")
+    t0 = WEEK_START_S + 10 * 3600
+    labels = f'namespace="{NS}",{ENDPOINT_METRIC_LABEL}="assist",model_name="m",{TRACK_METRIC_LABEL}="{TRACK_STABLE}"'
+    lines = ["# TYPE vllm:generation_tokens counter", "# TYPE vllm:num_requests_running gauge"]
+    gen, run = [], []
+    for pod, until in (("a", 3600), ("b", 1800)):
+        for k in range(0, until + 1, 15):
+            gen.append(f'vllm:generation_tokens_total{{{labels},pod="{pod}"}} {100.0 * k:g} {t0 + k}')
+            run.append(f'vllm:num_requests_running{{{labels},pod="{pod}"}} {6 if pod == "a" else 2} {t0 + k}')
+    (tmp_path / "m.om").write_text("\n".join(lines[:1] + gen + lines[1:] + run) + "\n# EOF\n")
+    out = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "m.om", str(tmp_path / "data")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (tmp_path / "prom").mkdir()
+    server = PrometheusServer(tmp_path / "prom", storage=tmp_path / "data", retention="100y")
+    fill = {"ns": NS, "endpoint": "assist", "model": "m"}
+    try:
+        prom = cp.Prometheus(server.url)
+        gen_q = prom.instant(QUERIES["generation_per_replica"].format(**fill), t0 + 3600)
+        run_q = prom.instant(QUERIES["running_per_replica"].format(**fill), t0 + 3600)
+    finally:
+        server.stop()
+    # 94–95 here: blocks written by promtool carry no staleness marker, so the gone replica still counts for the
+    # 5-minute lookback after its last sample (a live Prometheus marks a vanished target's series stale at once)
+    assert float(gen_q[0]["value"][1]) == pytest.approx(100.0, rel=0.07)
+    # a: 6 running for the hour, b: 2 for its half: (6 × 60 + 2 × 30) / 90 replica-minutes (per pod averaged: 4)
+    assert float(run_q[0]["value"][1]) == pytest.approx(420 / 90, rel=0.01)

@@ -67,9 +67,13 @@ QUERIES: dict[str, str] = {
     "prefix_hits": 'sum(increase(vllm:prefix_cache_hits_total' + _ENGINE + '[{w}]))',
     "prefix_queries": 'sum(increase(vllm:prefix_cache_queries_total' + _ENGINE + '[{w}]))',
     "prefill_seconds": 'sum(increase(vllm:request_prefill_time_seconds_sum' + _ENGINE + '[{w}]))',
+    # per replica over the hour: the tokens of every replica that ran in it over the replicas averaged across it
+    # (minute by minute), not over those alive at its end — a floor scaled 2 → 1 in the hour read 1.5× its rate
     "generation_per_replica": 'sum(rate(vllm:generation_tokens_total' + _ENGINE + '[1h])) '
-                              '/ count(vllm:num_requests_running' + _ENGINE + ')',
-    "running_per_replica": 'avg(avg_over_time(vllm:num_requests_running' + _ENGINE + '[1h]))',
+                              '/ avg_over_time(count(vllm:num_requests_running' + _ENGINE + ')[1h:1m])',
+    # requests running per replica, weighted by each replica's time in the hour (every sample of every replica)
+    "running_per_replica": 'sum(sum_over_time(vllm:num_requests_running' + _ENGINE + '[1h])) '
+                           '/ sum(count_over_time(vllm:num_requests_running' + _ENGINE + '[1h]))',
     "pod_created": 'last_over_time(kube_pod_created{{namespace="{ns}",pod=~"{pod_re}"}}[{w}])',
     "pod_started": 'last_over_time(kube_pod_start_time{{namespace="{ns}",pod=~"{pod_re}"}}[{w}])',
     "pod_ready": 'last_over_time(kube_pod_status_ready_time{{namespace="{ns}",pod=~"{pod_re}"}}[{w}])',
