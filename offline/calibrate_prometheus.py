@@ -217,12 +217,16 @@ def query_results(prom: Prometheus, spec, namespace: str, start_s: float, end_s:
                 res[key] = h
         res["prefix_cache"] = {"hits": _scalar(prom.instant(QUERIES["prefix_hits"].format(**fill), end_s)),
                                "queries": _scalar(prom.instant(QUERIES["prefix_queries"].format(**fill), end_s))}
-        res["prefill"] = {"tokens": res.get("prompt_tokens", {}).get("sum", 0.0),
-                          "seconds": _scalar(prom.instant(QUERIES["prefill_seconds"].format(**fill), end_s))}
-        gen = prom.range(QUERIES["generation_per_replica"].format(**fill), first_h, last_h, 3600) if first_h <= last_h else []
-        run = prom.range(QUERIES["running_per_replica"].format(**fill), first_h, last_h, 3600) if first_h <= last_h else []
-        gen_at = {float(t): float(v) for s in gen for t, v in s["values"] if math.isfinite(float(v))}
-        run_at = {float(t): float(v) for s in run for t, v in s["values"]}
+        def hourly(key: str) -> dict[float, float]:
+            if first_h > last_h:
+                return {}
+            return {float(t): float(v) for s in prom.range(QUERIES[key].format(**fill), first_h, last_h, 3600)
+                    for t, v in s["values"] if math.isfinite(float(v))}
+
+        gen_at, run_at = hourly("generation_per_replica"), hourly("running_per_replica")
+        tok_at, hit_at, pre_at = hourly("prompt_tokens_by_hour"), hourly("prefix_hits_by_hour"), hourly("prefill_seconds_by_hour")
+        res["prefill_hours"] = [[t, tok_at[t], hit_at.get(t, 0.0), pre_at[t], run_at[t]]
+                                for t in sorted(tok_at) if t in pre_at and t in run_at]
         if gen_at:
             busiest = max(gen_at, key=gen_at.get)
             res["busiest_hour"] = {"at_s": busiest, "generation_tokens_per_s_per_replica": gen_at[busiest],

@@ -100,7 +100,8 @@ def synthetic_week(max_model_len: int, max_sequences: int):
             psum.append(psum[-1] + float(p.sum()))
             osum.append(osum[-1] + float(o.sum()))
             gen.append(gen[-1] + float(o.sum()))
-            prefill.append(prefill[-1] + float(p.sum()) / PREFILL_TOKENS_PER_S)
+            # vLLM computes the prompt tokens the prefix cache does not hold
+            prefill.append(prefill[-1] + float(p.sum()) * (1 - PREFIX_HIT) / PREFILL_TOKENS_PER_S)
             hourly_gen[i, (k // 12) % 168] += float(o.sum())
         for family, cum, total in (("vllm:request_prompt_tokens", prompt_cum, psum),
                                    ("vllm:request_generation_tokens", out_cum, osum)):
@@ -118,7 +119,10 @@ def synthetic_week(max_model_len: int, max_sequences: int):
         add("vllm:prefix_cache_hits", "counter", f"vllm:prefix_cache_hits_total{{{lab}}}",
             [PREFIX_HIT * x for x in psum])
         add("vllm:generation_tokens", "counter", f"vllm:generation_tokens_total{{{lab}}}", gen)
-        running = [0.95 * max_sequences * rate_of_hour((max(k - 1, 0) // 12) % 168) / peak_rate for k in range(STEPS + 1)]
+        # near full at the peak; in the quietest hours (≤ 1.2 req/s: nights, weekend mornings) about one request at
+        # a time, the hours calibrate reads the prefill rate in (requests running together share prefill seconds)
+        running = [1.0 if rate_of_hour((max(k - 1, 0) // 12) % 168) <= 1.2 else
+                   0.95 * max_sequences * rate_of_hour((max(k - 1, 0) // 12) % 168) / peak_rate for k in range(STEPS + 1)]
         add("vllm:num_requests_running", "gauge", f"vllm:num_requests_running{{{lab}}}", running)
     # another endpoint of the stack serving the same model name in the same namespace (a batch twin of assist):
     # one-token prompts and outputs, no prefix hits, an absurd prefill time and output rate, nothing running. Every
@@ -588,3 +592,24 @@ def test_decode_rate_per_replica_holds_when_the_floor_scales_within_the_hour(tmp
     assert float(gen_q[0]["value"][1]) == pytest.approx(100.0, rel=0.07)
     # a: 6 running for the hour, b: 2 for its half: (6 × 60 + 2 × 30) / 90 replica-minutes (per pod averaged: 4)
     assert float(run_q[0]["value"][1]) == pytest.approx(420 / 90, rel=0.01)
+
+
+def test_prefill_rate_comes_from_quiet_hours_and_the_tokens_the_cache_did_not_hold():
+    """Hand-worked: a replica computes 10,000 uncached prompt tokens a second. Two quiet hours (one request running
+    at a time): 1.0 M and 0.5 M prompt tokens of which 40% were prefix-cache hits, so 60 and 30 prefill seconds;
+    two busy hours (eight running): per-request prefill times overlap, 8 × what the replica spent. Calibrate reads
+    (1.5 M − 0.6 M) / 90 s = 10,000 — not 1.5 M / 90 (the cache counted twice: the plan takes the hit share off
+    again) and not the busy hours' 1,250. With no quiet hour it keeps the input and says why."""
+    inputs = load_inputs(STACK)
+    placement = {"assist": ("H100-80GB", None)}
+    t = WEEK_START_S + 3600
+    rows = [[t, 1.0e6, 0.4e6, 60.0, 1.0], [t + 3600, 0.5e6, 0.2e6, 30.0, 1.2],
+            [t + 7200, 2.0e6, 0.8e6, 8 * 120.0, 8.0], [t + 10800, 2.0e6, 0.8e6, 8 * 120.0, 7.5]]
+    doc = {"window": {"start_s": t - 3600, "end_s": t + 10800}, "endpoints": {"assist": {"prefill_hours": rows}}}
+    cal = calibrate(inputs, doc, placement, PRICES_DAY)
+    engine = next(e for e in next(e for e in cal.inputs.endpoints if e.name == "assist").engine
+                  if e.gpu_kind == "H100-80GB")
+    assert engine.prefill_tokens_per_s == pytest.approx(10_000.0)
+    busy_only = {"window": doc["window"], "endpoints": {"assist": {"prefill_hours": rows[2:]}}}
+    cal = calibrate(inputs, busy_only, placement, PRICES_DAY)
+    assert any("prefill throughput (0 s of prefill in hours with ≤ 1.5 running" in k for k in cal.kept), cal.kept

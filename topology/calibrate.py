@@ -10,7 +10,8 @@ The results document (JSON), per endpoint:
                      window within a minute (w a divisor of 60: the scrape interval; optional)
   prompt_tokens / generation_tokens  {"sum", "count", "buckets": {le: cumulative count}}   vLLM histograms
   prefix_cache       {"hits", "queries"}                                  vLLM counters (prompt tokens)
-  prefill            {"tokens", "seconds"}                                prompt tokens ÷ prefill time
+  prefill_hours      [[unix_s, prompt tokens, prefix-cache hits, prefill seconds, running per replica], ...]
+                     the hour ending then (vLLM counters; running weighted by each replica's time)
   busiest_hour       {"generation_tokens_per_s_per_replica", "running_per_replica"}
   pods               [{"pod", "created_s", "started_s", "ready_s"}]       kube-state-metrics
   queries            {name: the query text as run}  (optional; provenance)
@@ -41,6 +42,12 @@ SATURATED_RUNNING_SHARE = 0.8
 # A pod that waited this long between creation and start waited for a node: its created → ready is a new-node start.
 NODE_WAIT_S = 60
 MIN_REQUESTS_FOR_SHAPE = 100  # fewer finished requests than this say nothing about a p99
+# vLLM's per-request prefill time runs from scheduling to the first token (0.11.0 v1/metrics/stats.py), so
+# requests running together share those seconds (chunked prefill packs prompts with the others' decode steps):
+# their sum is replica time only where a replica seldom runs more than one request. The prefill rate is measured
+# in the hours whose mean running requests per replica stay at or below this, from this much prefill time.
+QUIET_RUNNING_PER_REPLICA = 1.5
+MIN_QUIET_PREFILL_S = 60.0
 # Whole clock hours of per-minute counts (every minute sampled, requests in the hour) before the within-hour
 # traffic figures move: a day's hours, so one odd hour does not set an endpoint's burstiness
 MIN_HOURS_FOR_BURSTINESS = 24
@@ -66,7 +73,9 @@ QUERIES: dict[str, str] = {
     "generation_tokens_sum": 'sum(increase(vllm:request_generation_tokens_sum' + _ENGINE + '[{w}]))',
     "prefix_hits": 'sum(increase(vllm:prefix_cache_hits_total' + _ENGINE + '[{w}]))',
     "prefix_queries": 'sum(increase(vllm:prefix_cache_queries_total' + _ENGINE + '[{w}]))',
-    "prefill_seconds": 'sum(increase(vllm:request_prefill_time_seconds_sum' + _ENGINE + '[{w}]))',
+    "prefill_seconds_by_hour": 'sum(increase(vllm:request_prefill_time_seconds_sum' + _ENGINE + '[1h]))',
+    "prompt_tokens_by_hour": 'sum(increase(vllm:request_prompt_tokens_sum' + _ENGINE + '[1h]))',
+    "prefix_hits_by_hour": 'sum(increase(vllm:prefix_cache_hits_total' + _ENGINE + '[1h]))',
     # per replica over the hour: the tokens of every replica that ran in it over the replicas averaged across it
     # (minute by minute), not over those alive at its end — a floor scaled 2 → 1 in the hour read 1.5× its rate
     "generation_per_replica": 'sum(rate(vllm:generation_tokens_total' + _ENGINE + '[1h])) '
@@ -299,14 +308,23 @@ def calibrate_endpoint(ep: EndpointInputs, res: Mapping[str, Any], gpu_kind: str
             kept.append(f"{name}: engine throughput (no MIG entry for {mig_profile})")
         else:
             upd: dict[str, float] = {}
-            pf = res.get("prefill") or {}
-            seconds = _num(pf.get("seconds", 0), "prefill.seconds")
-            if seconds > 0:
-                upd["prefill_tokens_per_s"] = fig(f"{where}.prefill_tokens_per_s", target.prefill_tokens_per_s,
-                                                  _round(_num(pf["tokens"], "prefill.tokens") / seconds),
-                                                  "vllm:request_prompt_tokens_sum / vllm:request_prefill_time_seconds_sum")
+            # the prompt tokens a replica computed (prefix-cache hits are not: the plan takes them off with the hit
+            # share) over the prefill time, in the quiet hours only (QUIET_RUNNING_PER_REPLICA)
+            quiet = [(_num(tok, "prefill_hours tokens") - _num(hits, "prefill_hours hits"), _num(s, "prefill_hours seconds"))
+                     for _, tok, hits, s, run in (res.get("prefill_hours") or [])
+                     if _num(run, "prefill_hours running") <= QUIET_RUNNING_PER_REPLICA and _num(s, "prefill_hours seconds") > 0]
+            seconds = sum(s for _, s in quiet)
+            if seconds >= MIN_QUIET_PREFILL_S:
+                upd["prefill_tokens_per_s"] = fig(
+                    f"{where}.prefill_tokens_per_s", target.prefill_tokens_per_s,
+                    _round(sum(tok for tok, _ in quiet) / seconds),
+                    f"(vllm:request_prompt_tokens_sum − vllm:prefix_cache_hits_total) / "
+                    f"vllm:request_prefill_time_seconds_sum over the {len(quiet)} hours whose mean running requests per "
+                    f"replica were ≤ {QUIET_RUNNING_PER_REPLICA:g} (busier, requests share their prefill seconds)")
             else:
-                kept.append(f"{name}: prefill throughput (no prefill time recorded)")
+                kept.append(f"{name}: prefill throughput ({seconds:.0f} s of prefill in hours with ≤ "
+                            f"{QUIET_RUNNING_PER_REPLICA:g} running requests per replica, under {MIN_QUIET_PREFILL_S:g} s: "
+                            "in busier hours requests share their prefill seconds, so their sum is not replica time)")
             busy = res.get("busiest_hour") or {}
             running = _num(busy.get("running_per_replica", 0), "busiest_hour.running_per_replica")
             holds = target.max_concurrent_sequences
