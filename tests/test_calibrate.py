@@ -40,6 +40,8 @@ FLOOR_SHARE = 0.3  # of the gateway's requests, served (and measured) by the flo
 COLD = {  # pod (named as a Deployment names them: <deployment>-<template hash>-<5>): (created, started, ready) s
     "assist-vllm-7d9b5c4f6-a2b4c": (1000, 1005, 1185), "assist-vllm-7d9b5c4f6-b2b4c": (2000, 2005, 2205),
     "assist-vllm-7d9b5c4f6-c2b4c": (3000, 3005, 3215), "assist-vllm-7d9b5c4f6-d2b4c": (4000, 4005, 4235),
+    # ready after 200 s, then its readiness flapped two days later (FLAPS): its Ready condition's last transition is then
+    "assist-vllm-7d9b5c4f6-k2b4c": (10000, 10005, 10205),
     "assist-vllm-canary-5f6d8-e2b4c": (5000, 5300, 5490), "assist-vllm-7d9b5c4f6-f2b4c": (6000, 6300, 6550),
     # pods of another endpoint whose name starts `assist-vllm-`: never assist's (its old regex took them, and their
     # day-long starts would have moved every median)
@@ -48,6 +50,9 @@ COLD = {  # pod (named as a Deployment names them: <deployment>-<template hash>-
     "assist-vllm-x-vllm-7d9b5c4f6-i2b4c": (9000, 9000 + 86_400, 9000 + 2 * 86_400),
     "assist-vllm-x-vllm-7d9b5c4f6-j2b4c": (9500, 9500 + 86_400, 9500 + 2 * 86_400),
 }
+
+
+FLAPS = {"assist-vllm-7d9b5c4f6-k2b4c": (10205 + 2 * 86_400, 10205 + 2 * 86_400 + 120)}  # pod: (NotReady, Ready again)
 
 
 def rate_of_hour(h: int) -> float:
@@ -151,9 +156,16 @@ def synthetic_week(max_model_len: int, max_sequences: int):
         add("vllm:num_requests_running", "gauge", f"vllm:num_requests_running{{{lab}}}", 0 * steps)
     for pod, (created, started, ready) in COLD.items():
         lab = f'namespace="{NS}",pod="{pod}",uid="uid-{pod}"'
-        for family, at in (("kube_pod_created", created), ("kube_pod_start_time", started),
-                           ("kube_pod_status_ready_time", ready)):
+        for family, at in (("kube_pod_created", created), ("kube_pod_start_time", started)):
             add(family, "gauge", f"{family}{{{lab}}}", [WEEK_START_S + at] * (STEPS + 1))
+        # as kube-state-metrics reports them: the Ready condition's last transition (False since the start, then
+        # True; a flap moves it twice), and whether the pod is Ready now
+        down, up = FLAPS.get(pod, (math.inf, math.inf))
+        rel = [k * STEP_S for k in range(STEPS + 1)]
+        add("kube_pod_status_ready_time", "gauge", f"kube_pod_status_ready_time{{{lab}}}",
+            [WEEK_START_S + (started if s < ready else ready if s < down else down if s < up else up) for s in rel])
+        add("kube_pod_status_ready", "gauge", f'kube_pod_status_ready{{{lab},condition="true"}}',
+            [1 if ready <= s < down or s >= up else 0 for s in rel])
     text = "".join(head + "\n" + "\n".join(body) + "\n" for head, body in lines.items()) + "# EOF\n"
     prompts, outputs = np.concatenate(all_in), np.concatenate(all_out)
     per_replica_hour = hourly_gen.sum(axis=0) / len(PODS) / 3600
@@ -217,7 +229,8 @@ def test_calibrate_recovers_the_known_week(backfilled, capsys):
     engine = next(e for e in a.engine if e.gpu_kind == "H100-80GB")
     assert engine.prefill_tokens_per_s == pytest.approx(PREFILL_TOKENS_PER_S, rel=5e-4)
     assert engine.decode_tokens_per_s == pytest.approx(truth["decode"], rel=5e-4)  # busiest hour ran 95 % full
-    assert a.cold_starts.pod_on_warm_node_s == pytest.approx(205)  # median of 180 200 210 230 190 250
+    # median of 180 200 210 230 190 250 and the flapping pod's 200 (its last Ready transition, 2 days on, is not it)
+    assert a.cold_starts.pod_on_warm_node_s == pytest.approx(200)
     assert a.cold_starts.new_node_and_pod_s == pytest.approx(520)  # median of 490 and 550 (waited 300 s for a node)
     # endpoints with no measurements keep their inputs
     for name in ("autocomplete", "guard"):

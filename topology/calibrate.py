@@ -85,7 +85,11 @@ QUERIES: dict[str, str] = {
                            '/ sum(count_over_time(vllm:num_requests_running' + _ENGINE + '[1h]))',
     "pod_created": 'last_over_time(kube_pod_created{{namespace="{ns}",pod=~"{pod_re}"}}[{w}])',
     "pod_started": 'last_over_time(kube_pod_start_time{{namespace="{ns}",pod=~"{pod_re}"}}[{w}])',
-    "pod_ready": 'last_over_time(kube_pod_status_ready_time{{namespace="{ns}",pod=~"{pod_re}"}}[{w}])',
+    # kube-state-metrics' ready time is the Ready condition's last transition, whatever its status: a pod that
+    # flapped or restarted later reads that later time. The first value seen while the pod is Ready is its
+    # first Ready transition (checked minute by minute over the window)
+    "pod_ready": ('min_over_time((kube_pod_status_ready_time{{namespace="{ns}",pod=~"{pod_re}"}} and on(namespace, pod) '
+                  '(kube_pod_status_ready{{namespace="{ns}",pod=~"{pod_re}",condition="true"}} == 1))[{w}:1m])'),
 }
 
 
