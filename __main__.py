@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from pathlib import Path
 
 import pulumi
@@ -30,11 +31,12 @@ from components.weight_seed import WeightSeed, WeightSeedArgs
 from components.weight_replication import WeightReplication, WeightReplicationArgs
 from topology.catalog import MigLayoutError
 from topology.cli import planning_hint
-from topology.loading import InputError, check_kubeconfig_config, inputs_from_document
+from topology.loading import InputError, check_kubeconfig_config, check_project_config_keys, inputs_from_document
 from topology.plan import PlanningError, plan
 from topology.node_schedule import pool_minimums
 
 PROJECT_ROOT = Path(__file__).resolve().parent
+AWS_REGION_RE = re.compile(r"[a-z]{2}(-[a-z]+)+-\d{1,2}")  # us-east-1, ap-southeast-5, us-gov-west-1, eu-isoe-west-1
 
 
 class StackConfigError(pulumi.RunError, InputError):
@@ -42,6 +44,20 @@ class StackConfigError(pulumi.RunError, InputError):
 
 config = pulumi.Config()
 source = f"stack {pulumi.get_stack()} config"
+try:  # a mistyped setting would otherwise deploy its default silently
+    # the engine passes config to the program as PULUMI_CONFIG (pulumi-language-python), mocks and inline programs
+    # through set_all_config: both, as pulumi.Config reads them
+    from pulumi.runtime.config import CONFIG as _ALL_CONFIG
+
+    check_project_config_keys({**pulumi.runtime.get_config_env(), **_ALL_CONFIG.get()}, config.name, source)
+    # the AWS provider's region: refused by the provider only when `up` configures it, so a render or a preview
+    # under mocks passed `aws:region: abc`
+    _aws_region = pulumi.Config("aws").get("region")
+    if _aws_region is not None and not AWS_REGION_RE.fullmatch(_aws_region):
+        raise InputError(f"{source} aws:region={_aws_region!r}: not an AWS region name (e.g. us-east-1, eu-central-1, "
+                         "us-gov-west-1)")
+except InputError as e:
+    raise StackConfigError(str(e)) from None
 
 # ── inputs → spec ──────────────────────────────────────────────────────────────────────────────
 # the planning date decides whether a promoted rollout still keeps its previous version warm: the clock is read

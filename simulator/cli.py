@@ -6,6 +6,7 @@ topology/cli.py parses the command line, loads and plans the stack, then calls `
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from topology.inputs import CostInputs
@@ -49,6 +50,27 @@ def parse_hours(text: str) -> tuple[float, float]:
     return a, b
 
 
+MAX_SIMULATED_REQUESTS = 1_000_000_000  # about 2-3 CPU-minutes at the simulator's 5-10 M requests per CPU-second
+
+
+def expected_requests(inputs: CostInputs, endpoints: list[str] | None, start_h: float, end_h: float) -> dict[str, float]:
+    """Requests each simulated endpoint's hourly profile brings in [start_h, end_h) (hours of the week, wrapping)."""
+    out = {}
+    for ep in inputs.endpoints:
+        if endpoints and ep.name not in endpoints:
+            continue
+        rates = ep.traffic.hourly_mean_requests_per_s or []
+        if not rates:
+            continue
+        total, h = 0.0, start_h
+        while h < end_h:
+            nxt = min(end_h, math.floor(h) + 1)
+            total += rates[int(math.floor(h)) % len(rates)] * 3600.0 * (nxt - h)
+            h = nxt
+        out[ep.name] = total
+    return out
+
+
 def cli_main(args: argparse.Namespace, inputs: CostInputs, spec: TopologySpec) -> int:
     """Run what the parsed options ask for on a planned stack (the caller plans it: the simulator imports
     nothing of the planner)."""
@@ -60,6 +82,16 @@ def cli_main(args: argparse.Namespace, inputs: CostInputs, spec: TopologySpec) -
         if n not in names:
             raise InputError(f"--endpoint {n!r}: no such endpoint; {Path(args.stack).name} has {', '.join(names)}")
     start_h, end_h = parse_hours(args.hours)
+    if args.drill is None:
+        # before minutes of work: a profile at 10^6 req/s would replay billions of requests an hour
+        counts = expected_requests(inputs, args.endpoint, start_h, end_h)
+        if sum(counts.values()) > MAX_SIMULATED_REQUESTS:
+            top = max(counts, key=counts.get)
+            raise InputError(
+                f"--hours {args.hours}: this run would replay about {sum(counts.values()):,.0f} requests (endpoint {top!r} "
+                f"{counts[top]:,.0f}, from its traffic.hourly_mean_requests_per_s); the limit is "
+                f"{MAX_SIMULATED_REQUESTS:,} (the simulator replays 5-10 M requests per CPU-second): simulate fewer "
+                f"hours (--hours) or endpoints (--endpoint), or check the traffic input")
     trace = load_trace(args.trace) if args.trace else None
     if args.drill is not None:
         if args.drill not in DRILLS:

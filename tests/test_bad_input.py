@@ -422,3 +422,72 @@ def test_a_rollout_candidate_revision_is_checked_like_the_incumbents():
         CandidateVersion(version="assist-2026-12", weights_revision="a" * 64)
     with pytest.raises(ValidationError, match=r"'\.\.'"):
         CandidateVersion(version="assist-2026-12", weights_revision="rev..x")
+
+
+def test_a_mistyped_project_setting_is_refused_not_ignored(tmp_path):
+    """Pulumi accepts any config key, so `llm-serving:monitorin: platform` (or `llm-serving:Inputs` beside the
+    real one) was ignored and the setting's default deployed. plan, render and the program under Pulumi refuse an
+    unknown `llm-serving:` key, naming the closest setting; other projects' keys (aws:region) are the providers'."""
+    import shutil
+
+    from offline.mockrun import read_stack_config, run_program
+    from topology.loading import load_inputs
+
+    stack_file = ROOT / "stacks" / "Pulumi.dev.yaml"
+    text = stack_file.read_text()
+    assert "  llm-serving:monitoring: install" in text
+    typo = tmp_path / "stacks" / "Pulumi.dev.yaml"
+    typo.parent.mkdir()
+    typo.write_text(text.replace("  llm-serving:monitoring: install", "  llm-serving:monitorin: install"))
+    for f in ("traces", "evals"):
+        if (ROOT / f).exists():
+            shutil.copytree(ROOT / f, tmp_path / f)
+    with pytest.raises(InputError, match=r"config llm-serving:monitorin \(did you mean llm-serving:monitoring\?\): "
+                                         r"not a setting of this project"):
+        load_inputs(typo)
+    stack, config = read_stack_config(stack_file)
+    with pytest.raises(InputError, match=r"llm-serving:Inputs \(did you mean llm-serving:inputs\?\)"):
+        run_program(stack, {**config, "llm-serving:Inputs": {"a": 1}})
+    load_inputs(stack_file)  # the bundled stack's own keys, aws:region among them, pass
+
+
+@pytest.mark.parametrize("region", ["abc", "2026-02-30", "US-EAST-1", "us-east"])
+def test_an_aws_region_that_is_not_one_is_refused_before_anything_is_declared(region):
+    """The AWS provider refuses a bad region only when `up` configures it: a render or a preview under mocks
+    accepted `aws:region: abc` (found by fuzzing the stack files)."""
+    from offline.mockrun import read_stack_config, run_program
+
+    stack, config = read_stack_config(ROOT / "stacks" / "Pulumi.dev.yaml")
+    with pytest.raises(InputError, match=rf"aws:region='{region}': not an AWS region name"):
+        run_program(stack, {**config, "aws:region": region})
+
+
+def test_a_simulation_of_billions_of_requests_is_refused_before_it_starts(tmp_path, capsys):
+    """A profile at the validator's 10^6 req/s every hour (found by fuzzing the stack files) made `simulate
+    --hours 0:1` replay 3.6 billion requests, silent for minutes; the CLI promises its checks come before any
+    long work. The request count the window would replay is checked first, naming the endpoint and the input;
+    the bundled prod week (49 M requests) stays well under the limit."""
+    import shutil
+
+    import yaml
+
+    from simulator.cli import MAX_SIMULATED_REQUESTS, expected_requests
+    from topology.cli import main as cli
+    from topology.loading import load_inputs
+
+    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.dev.yaml").read_text())
+    ep = doc["config"]["llm-serving:inputs"]["endpoints"][1]
+    ep["traffic"]["hourly_mean_requests_per_s"] = [1e6] * 168
+    ep["traffic"].pop("rate_trace", None)
+    (tmp_path / "stacks").mkdir()
+    stack = tmp_path / "stacks" / "Pulumi.dev.yaml"
+    stack.write_text(yaml.safe_dump(doc, sort_keys=False))
+    for f in ("traces", "evals"):
+        if (ROOT / f).exists():
+            shutil.copytree(ROOT / f, tmp_path / f)
+    assert cli(["simulate", str(stack), "--hours", "0:1", "--no-progress"]) != 0
+    err = capsys.readouterr().err
+    assert f"would replay about 3,6" in err and f"endpoint {ep['name']!r} 3,600,000,000" in err
+    assert "traffic.hourly_mean_requests_per_s" in err
+    prod = load_inputs(ROOT / "stacks" / "Pulumi.prod.yaml")
+    assert 40e6 < sum(expected_requests(prod, None, 0, 168).values()) < MAX_SIMULATED_REQUESTS / 10

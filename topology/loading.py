@@ -25,6 +25,28 @@ from .reading import find_non_finite, open_text_lines, read_document
 from .spec import TopologySpec, saved_spec_problems
 
 CONFIG_KEY_SUFFIX = ":inputs"
+# Every `<project>:<key>` the program, the policy pack and the workflows read. Pulumi accepts any key, so a typo
+# (`llm-serving:Inputs`, `monitorLabel`) was silently ignored and the setting's default deployed instead.
+PROJECT_CONFIG_KEYS = frozenset({
+    "inputs", "cluster", "gateway", "namespace", "prometheusUrl", "monitorLabels", "weightReplication",
+    "s3GatewayEndpoint", "monitoring", "qualityRecorderImage", "planningDate", "kubeconfig", "modalTokenId",
+    "modalTokenSecret", "platformProvides",
+})
+
+
+def check_project_config_keys(keys: Any, project: str, source: str) -> None:
+    """Refuse a `<project>:<key>` of the stack's config that nothing reads (another project's keys, `aws:region`
+    say, are the providers' business)."""
+    unknown = sorted(str(k) for k in keys if str(k).startswith(f"{project}:")
+                     and str(k).split(":", 1)[1] not in PROJECT_CONFIG_KEYS)
+    if unknown:
+        hints = []
+        for k in unknown:
+            close = difflib.get_close_matches(k.split(":", 1)[1], sorted(PROJECT_CONFIG_KEYS), n=1, cutoff=0.6)
+            close = close or [c for c in sorted(PROJECT_CONFIG_KEYS) if c.lower() == k.split(":", 1)[1].lower()]
+            hints.append(f"{k}" + (f" (did you mean {project}:{close[0]}?)" if close else ""))
+        raise InputError(f"{source}: config {', '.join(hints)}: not a setting of this project, which reads "
+                         f"{', '.join(f'{project}:{k}' for k in sorted(PROJECT_CONFIG_KEYS))}")
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 __all__ = ["InputError", "InputNotice", "format_validation_error", "load_inputs", "load_spec_or_inputs", "inputs_from_document"]
@@ -134,6 +156,7 @@ def stack_inputs_document(doc: Any, source: str) -> dict[str, Any]:
             raise InputError(
                 f"{source}: a stack file needs exactly one '<project>{CONFIG_KEY_SUFFIX}' key under config; found {keys}"
             )
+        check_project_config_keys(config, str(keys[0])[: -len(CONFIG_KEY_SUFFIX)], source)
         inner = _unwrap_value(config[keys[0]])
         if not isinstance(inner, dict):
             raise InputError(f"{source}: config.{keys[0]} must be a mapping, got {type(inner).__name__}")
