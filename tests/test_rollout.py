@@ -377,3 +377,28 @@ def test_rollout_pods_cost_the_nodes_they_add_and_fit_under_the_pools_cap():
     # 8 → 9: +1; 12 → 13: +1 — 3 node-hours over 6 hours = 12 node-hours a day × 8 GPUs × $2 = $192
     assert extra_pods_usd_per_day(Pl, 2.0, [0, 3, 4, 5, 8, 12], 1, 1) == pytest.approx(192.0)
     assert extra_pods_usd_per_day(Pl, 2.0, [0, 3, 4, 5, 8, 12], 1, 0) == 0.0
+
+
+def test_a_rollback_that_the_warm_previous_replicas_cannot_carry_is_flagged():
+    """After a promotion, a rollback points the floor at the incumbent's pods at once: the warm previous ones, then
+    each stable pod as it rolls back one at a time. Prod guard keeps 1 warm replica for a floor of up to 14 on a
+    dedicated-only plan (no burst), so a rollback would answer most of its traffic with 429 for the minutes the
+    stable Deployment takes: the plan says so, with what a dip-free rollback would cost; with enough warm
+    replicas it says nothing."""
+    from tests.conftest import ROOT
+    from topology.loading import load_inputs
+
+    inputs = load_inputs(ROOT / "stacks" / "Pulumi.prod.yaml")
+    spec = plan(inputs, planning_date=dt.date(2026, 12, 3))
+    guard = spec.endpoint("guard")
+    most = max(guard.floor.replicas_by_hour)
+    assert guard.rollout.stage == "promoted" and guard.rollout.previous_warm_replicas < most
+    (w,) = [w for w in guard.warnings if "a rollback before" in w]
+    assert f"floor runs up to {most} replicas" in w and f"rollout.previous_warm_replicas {most} would roll back" in w
+    eps = [e if e.name != "guard" else e.model_copy(update={"rollout": e.rollout.model_copy(
+        update={"previous_warm_replicas": most})}) for e in inputs.endpoints]
+    enough = plan(inputs.model_copy(update={"endpoints": eps}), planning_date=dt.date(2026, 12, 3))
+    assert not any("a rollback before" in w for w in enough.endpoint("guard").warnings)
+    # past the warm window nothing is kept warm, and nothing is said
+    later = plan(inputs, planning_date=dt.date(2026, 12, 8))
+    assert not any("a rollback before" in w for w in later.endpoint("guard").warnings)

@@ -227,6 +227,16 @@ def rollout_section(
             formula=f"{priced(r.previous_warm_replicas)} × {r.previous_warm_days} days (until {until})",
             inputs=("rollout.previous_warm_replicas", "rollout.previous_warm_days", "prices.dedicated_on_demand_usd_per_gpu_hour"),
         ))
+        most = max(floor_by_hour) if floor_by_hour is not None else 0
+        if previous.active and r.previous_warm_replicas < most:
+            # a rollback points the floor's Service at the incumbent's pods at once (floor_backend_version): the warm
+            # ones, then each stable pod as the Deployment rolls back one at a time (maxSurge 1, maxUnavailable 0)
+            warnings.append(
+                f"a rollback before {until} serves the floor from the {r.previous_warm_replicas} warm previous "
+                f"replica(s) at once, then from each stable replica as it rolls back, one pod start at a time; the floor "
+                f"runs up to {most} replicas, so until then the rest of its traffic overflows to burst where the plan "
+                f"has one, else waits and gets 429. rollout.previous_warm_replicas {most} would roll back without that "
+                f"dip (${usd_day(most):,.2f}/day against ${usd_day(r.previous_warm_replicas):,.2f})")
 
     served = cand if r.stage == "promoted" else inc
     served_engine = cand_engine if r.stage == "promoted" else incumbent_engine
