@@ -25,7 +25,7 @@ from components.monitoring import PROMETHEUS_URL, Monitoring, MonitoringArgs
 from components.node_autoscaler import NodeAutoscaler, NodeAutoscalerArgs
 from components.observability import Observability, ObservabilityArgs
 from components.quality_recorder import QualityRecorder, QualityRecorderArgs, sampled_endpoints
-from components.stack_settings import replication_destinations, stack_settings
+from components.stack_settings import check_replication_owner, replication_destinations, stack_settings
 from components.weight_cache import WeightCache, WeightCacheArgs, WeightReader
 from components.weight_seed import WeightSeed, WeightSeedArgs
 from components.weight_replication import WeightReplication, WeightReplicationArgs
@@ -171,6 +171,11 @@ weight_seeds = {
     for region, wc in weight_caches.items()
 }
 # One stack owns the source bucket's replication configuration, with every sharing stack's caches in it.
+if spec.weight_caches:
+    try:
+        check_replication_owner(settings, pulumi.get_stack(), PROJECT_ROOT)
+    except InputError as e:
+        raise StackConfigError(str(e)) from None
 if spec.weight_caches and settings.owns_replication(pulumi.get_stack()):
     replicated = replication_destinations(settings, pulumi.get_stack(), spec, PROJECT_ROOT)
     WeightReplication(

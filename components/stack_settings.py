@@ -215,6 +215,29 @@ def stack_settings(config: Mapping[str, Any], source: str) -> StackSettings:
         raise InputError(format_validation_error(e, source)) from None
 
 
+def check_replication_owner(settings: StackSettings, stack: str, project_root: Path) -> None:
+    """A stack that does not own the replication configuration must be one of its owner's destinations: else no
+    stack declares a rule for its caches, and new revisions never reach them (the stacks' `up`s all pass)."""
+    wr = settings.weight_replication
+    if wr is None or wr.owner_stack == stack:
+        return
+    path = project_root / "stacks" / f"Pulumi.{wr.owner_stack}.yaml"
+    if not path.exists():
+        raise InputError(f"llm-serving:weightReplication.ownerStack names {wr.owner_stack!r}, but {path} does not "
+                         "exist: name the stack that declares the source bucket's replication configuration")
+    from topology.reading import read_document
+
+    loaded = read_document(path)
+    doc = loaded.get("config") if isinstance(loaded, dict) else None
+    doc = doc if isinstance(doc, dict) else {}
+    owner = next((v for k, v in doc.items() if str(k).endswith(":weightReplication")), None)
+    dests = owner.get("destinationStacks") if isinstance(owner, dict) else None
+    if not isinstance(dests, list) or stack not in dests:
+        raise InputError(f"llm-serving:weightReplication.ownerStack is {wr.owner_stack!r}, whose destinationStacks "
+                         f"({dests!r} in {path}) do not list {stack!r}: no stack would replicate new weight revisions "
+                         f"to this stack's caches; add {stack!r} there")
+
+
 def replication_destinations(settings: StackSettings, stack: str, spec: TopologySpec, project_root: Path) -> tuple[WeightCacheSpec, ...]:
     """The weight caches the owner's replication configuration serves: its own, and those of every stack in
     `destinationStacks`, planned from their stack files (same source bucket only; each bucket once)."""

@@ -491,3 +491,36 @@ def test_a_simulation_of_billions_of_requests_is_refused_before_it_starts(tmp_pa
     assert "traffic.hourly_mean_requests_per_s" in err
     prod = load_inputs(ROOT / "stacks" / "Pulumi.prod.yaml")
     assert 40e6 < sum(expected_requests(prod, None, 0, 168).values()) < MAX_SIMULATED_REQUESTS / 10
+
+
+def test_a_stack_its_replication_owner_does_not_serve_is_refused(tmp_path):
+    """dev names prod as the owner of the source bucket's replication configuration; if prod's destinationStacks
+    leave dev out (or the owner names no stack file), no stack declares a rule for dev's caches and new weight
+    revisions never reach them, while every `up` passes (found by fuzzing the stack files)."""
+    from offline.mockrun import read_stack_config, run_program
+
+    stack, config = read_stack_config(ROOT / "stacks" / "Pulumi.dev.yaml")
+    assert config["llm-serving:weightReplication"]["ownerStack"] == "prod"
+    run_program(stack, config)  # as bundled: prod lists dev
+    with pytest.raises(InputError, match=r"ownerStack names 'qa', but .*Pulumi\.qa\.yaml does not exist"):
+        run_program(stack, {**config, "llm-serving:weightReplication": {"ownerStack": "qa"}})
+    # the owner's file without dev among its destinations
+    import components.stack_settings as ss
+
+    real = ss.check_replication_owner
+
+    def with_owner_file(settings, name, root):
+        fake = tmp_path / "stacks"
+        fake.mkdir(exist_ok=True)
+        text = (ROOT / "stacks" / "Pulumi.prod.yaml").read_text()
+        assert "destinationStacks: [dev, prod]" in text
+        (fake / "Pulumi.prod.yaml").write_text(text.replace("destinationStacks: [dev, prod]", "destinationStacks: [prod]"))
+        return real(settings, name, tmp_path)
+
+    ss_check = ss.check_replication_owner  # the program imports it by name when it runs
+    ss.check_replication_owner = with_owner_file
+    try:
+        with pytest.raises(InputError, match=r"whose destinationStacks \(\['prod'\] .*\) do not list 'dev'"):
+            run_program(stack, config)
+    finally:
+        ss.check_replication_owner = ss_check
