@@ -524,3 +524,16 @@ def test_a_stack_its_replication_owner_does_not_serve_is_refused(tmp_path):
             run_program(stack, config)
     finally:
         ss.check_replication_owner = ss_check
+
+
+@pytest.mark.parametrize("path, value, bound", [
+    ("endpoints.0.weight_path.shared_path_gb_per_s", 1e-300, "greater than or equal to 0.001"),
+    ("endpoints.0.engine.0.decode_tokens_per_s", 1e-6, "greater than or equal to 1"),
+    ("endpoints.0.shape.output_tokens_mean", 0.5, "greater than or equal to 1"),
+    ("endpoints.0.model.kv_cache_mib_per_token", 1e-9, "greater than or equal to 0.0001"),
+])
+def test_physically_impossible_tiny_figures_are_refused(path, value, bound):
+    """Fields bounded only by > 0 let 1e-300 GB/s through (found by fuzzing): the plan then printed a weight load of
+    3e300 s as a 300-digit integer. Each now has a floor no real deployment goes under, named in the error."""
+    msg = refused(set_path(INPUTS, path, value))
+    assert path in msg and bound in msg, msg

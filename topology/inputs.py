@@ -78,7 +78,7 @@ class ModelInputs(_Inputs):
         gt=0, le=10_000_000, description="The model's own maximum context (tokens); the product limit is usually lower."
     )
     kv_cache_mib_per_token: float = Field(
-        gt=0,
+        ge=0.0001,  # a 1B model's KV at 8 bits is about 0.015 MiB a token
         le=64,
         description="KV-cache memory per token in MiB at the served KV precision "
         "(2 × layers × kv_heads × head_dim × bytes / 2^20; Llama-3 70B bf16 KV: 0.3125).",
@@ -109,9 +109,9 @@ class ApiOffer(_Inputs):
 class RequestShape(_Inputs):
     """The token shape of the traffic, as measured in production or load tests."""
 
-    input_tokens_mean: float = Field(gt=0, le=10_000_000, description="Mean prompt length, tokens.")
+    input_tokens_mean: float = Field(ge=1, le=10_000_000, description="Mean prompt length, tokens.")
     input_tokens_p99: float = Field(gt=0, le=10_000_000, description="p99 prompt length, tokens.")
-    output_tokens_mean: float = Field(gt=0, le=1_000_000, description="Mean generated length, tokens.")
+    output_tokens_mean: float = Field(ge=1, le=1_000_000, description="Mean generated length, tokens (a request generates at least one).")
     output_tokens_p99: float = Field(gt=0, le=1_000_000, description="p99 generated length, tokens.")
     product_max_context_tokens: int = Field(
         gt=0,
@@ -287,8 +287,8 @@ class MigCapacity(_Inputs):
     """Measured engine capacity on one MIG slice (optional: defaults to the slice's share of the GPU)."""
 
     profile: str = Field(min_length=1, description="MIG profile, e.g. '3g.40gb'.")
-    decode_tokens_per_s: float = Field(gt=0, le=1e7, description="Saturated aggregate output tokens/s on the slice.")
-    prefill_tokens_per_s: float = Field(gt=0, le=1e8, description="Prefill tokens/s on the slice.")
+    decode_tokens_per_s: float = Field(ge=1, le=1e7, description="Saturated aggregate output tokens/s on the slice.")
+    prefill_tokens_per_s: float = Field(ge=1, le=1e8, description="Prefill tokens/s on the slice.")
     max_concurrent_sequences: int = Field(gt=0, le=4096, description="Concurrent sequences the slice holds.")
 
 
@@ -298,9 +298,9 @@ class EngineCapacity(_Inputs):
     gpu_kind: GpuKindName = Field(description="GPU kind the figures were measured on.")
     gpus_per_replica: int = Field(default=1, ge=1, le=16, description="GPUs per replica (tensor parallel size).")
     decode_tokens_per_s: float = Field(
-        gt=0, le=1e7, description="Saturated aggregate output tokens/s of one replica (all sequences together)."
+        ge=1, le=1e7, description="Saturated aggregate output tokens/s of one replica (all sequences together)."
     )
-    prefill_tokens_per_s: float = Field(gt=0, le=1e8, description="Prefill (prompt) tokens/s of one replica.")
+    prefill_tokens_per_s: float = Field(ge=1, le=1e8, description="Prefill (prompt) tokens/s of one replica.")
     max_concurrent_sequences: int = Field(gt=0, le=4096, description="Concurrent sequences one replica holds at the shape.")
     mig: list[MigCapacity] = Field(default_factory=list, description="Measured figures per MIG profile, if any.")
 
@@ -340,9 +340,9 @@ class WeightPath(_Inputs):
     """The path weights travel from the region-local cache to serving nodes (the thundering-herd path)."""
 
     shared_path_gb_per_s: float = Field(
-        gt=0, le=1000, description="Aggregate GB/s the region-local cache delivers to all nodes together."
+        ge=0.001, le=1000, description="Aggregate GB/s the region-local cache delivers to all nodes together."
     )
-    per_node_gb_per_s: float = Field(gt=0, le=1000, description="GB/s one node can pull (NIC / disk bound).")
+    per_node_gb_per_s: float = Field(ge=0.001, le=1000, description="GB/s one node can pull (NIC / disk bound).")
     acceptable_load_s: float = Field(
         default=180, gt=0, le=3600, description="Longest acceptable weight load during a scale-up step, s."
     )
