@@ -40,15 +40,19 @@ require_credentials() {
   fi
 }
 
-s3_sync() {  # aws s3 sync SRC DEST, interruptible by TERM
-  aws s3 sync --only-show-errors --no-progress "$1" "$2" &
+s3_sync() {  # aws s3 sync SRC DEST [options], interruptible by TERM
+  aws s3 sync --only-show-errors --no-progress "$@" &
   wait $!
 }
 
+# Adapters are re-published under their names (retrained at the same rank: the same size). A download sets the
+# local file's time to the object's, and by default sync skips a same-size file whose local time is not newer
+# than the object's — so a re-published adapter never replaced the old copy on a node that had one (aws-cli
+# 2.27.50 syncstrategy/base.py compare_time). --exact-timestamps skips it only when the times match exactly.
 refresh_adapters() {
   if [ -n "${ADAPTERS_URI:-}" ] && [ -n "${LORA_SRC:-}" ]; then
     mkdir -p "$LORA_SRC"
-    s3_sync "$ADAPTERS_URI" "$LORA_SRC"
+    s3_sync "$ADAPTERS_URI" "$LORA_SRC" --exact-timestamps
   fi
 }
 
@@ -218,7 +222,11 @@ if [ -z "$(ls -A "$LOCAL_DIR" 2>/dev/null)" ]; then
   exit 1
 fi
 check_complete
+# the copy on disk before the marker says so: aws-cli renames each file into place but never fsyncs, so after a
+# hard reboot (instance store survives one) files could come back empty under a marker every pod trusts
+sync -f "$LOCAL_DIR/SHA256SUMS"
 touch "$done_marker"
+sync -f "$done_marker"
 echo "weights copied: $WEIGHTS_URI -> $LOCAL_DIR"
 release_lock
 adapters_phase

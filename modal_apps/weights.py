@@ -311,6 +311,8 @@ def sync_weights(
         "prefix": target.prefix,
         "files": len(manifest),
         "manifest_sha256": manifest_sha256(manifest),
+        # each file's digest as verified here: the next upload sends a file whose content changed at the same size
+        "sha256": {target.prefix + rel: digest for rel, digest in sorted(manifest.items())},
     })
     return report
 
@@ -392,11 +394,17 @@ def volume_is_current(volume, source: Source, target: WeightsTarget) -> bool:
     return all(remote.get(target.prefix + rel) == source.size(rel) for rel in manifest)
 
 
-def upload_to_volume(volume, staging: Path, target: WeightsTarget) -> int:
-    """Upload the staged files the volume lacks (or holds at another size), then the revision marker.
+def upload_to_volume(volume, staging: Path, target: WeightsTarget, previous: dict | None = None,
+                     changed: frozenset[str] = frozenset(), everything: bool = False) -> int:
+    """Upload the staged files the volume lacks or holds in another version, then the revision marker.
 
-    The staged files were verified against the manifest; afterwards every one must be listed in the
-    volume at its size, or the upload is reported as incomplete (and the next run uploads the rest).
+    Another version: at another size; or at the same size with another content — a retrained adapter, an edited
+    config — told by the digests the volume's previous marker (`previous`) recorded for what it holds, or, where
+    that marker records none (written before it did), by the staging copy having been fetched again in this run
+    (`changed`: the copies the manifest no longer matched). Sizes alone kept a same-size adapter's old bytes in the
+    volume for good, under a marker that called it current. `everything`: send every file (--verify-all: repair).
+    The staged files were verified against the manifest; afterwards every one must be listed in the volume at its
+    size, or the upload is reported as incomplete (and the next run uploads the rest).
     """
     remote = _remote_sizes(volume, target.prefix)
     staged = {
@@ -404,7 +412,19 @@ def upload_to_volume(volume, staging: Path, target: WeightsTarget) -> int:
         for path in sorted((staging / target.prefix).rglob("*"))
         if path.is_file() and not path.name.endswith(".partial")
     }
-    todo = {rel: path for rel, path in staged.items() if remote.get(rel) != path.stat().st_size}
+    new_digests = (read_marker(staging) or {}).get("sha256") or {}
+    old_digests = (previous or {}).get("sha256") if isinstance((previous or {}).get("sha256"), dict) else None
+    same_revision = previous is not None and (previous.get("model"), previous.get("revision"), previous.get("prefix")) == (
+        target.model, target.revision, target.prefix)
+
+    def stale(rel: str, path: Path) -> bool:
+        if everything or remote.get(rel) != path.stat().st_size:
+            return True
+        if old_digests is not None and same_revision:
+            return old_digests.get(rel) != new_digests.get(rel)
+        return rel.removeprefix(target.prefix) in changed
+
+    todo = {rel: path for rel, path in staged.items() if stale(rel, path)}
     if todo:
         with volume.batch_upload(force=True) as batch:
             for rel, path in todo.items():
@@ -444,7 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--endpoint", help="endpoint with burst capacity (e.g. assist)")
     p.add_argument("--environment", help="Modal environment of the volume (default: the spec's burst.environment)")
     p.add_argument("--force-revision", action="store_true", help="switch a volume that serves another revision")
-    p.add_argument("--verify-all", action="store_true", help="re-hash every file, ignoring remembered verifications")
+    p.add_argument("--verify-all", action="store_true",
+                   help="re-hash every staged file, ignoring remembered verifications, and upload every file to the "
+                        "volume again (a repair)")
     p.add_argument("--staging-dir", type=Path, help="local staging directory (default: ~/.cache/llm-serving/<volume>)")
     p.add_argument("--source-dir", type=Path, help="read a local copy of the prefix instead of the bucket")
     p.add_argument("--dest-dir", type=Path, help="write to a local directory instead of the Modal Volume")
@@ -476,10 +498,12 @@ def main(argv: list[str] | None = None) -> int:
                                   "current": True, "uploaded_to_volume": 0}))
                 return 0
             staging = args.staging_dir or Path.home() / ".cache" / "llm-serving" / burst.volume_name
+            in_volume = read_volume_marker(volume)
             report = sync_weights(source, staging, target, force_revision=args.force_revision,
                                   verify_all=args.verify_all, progress=not args.no_progress,
-                                  marker=read_volume_marker(volume) or read_marker(staging))
-            uploaded = upload_to_volume(volume, staging, target)
+                                  marker=in_volume or read_marker(staging))
+            uploaded = upload_to_volume(volume, staging, target, previous=in_volume,
+                                        changed=frozenset(report.repaired), everything=args.verify_all)
     except ManifestError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -332,3 +332,45 @@ def test_the_cli_fills_a_volume_once_and_then_finds_it_current_without_staging(p
     assert W.main(args) == 0
     second = json.loads(capsys.readouterr().out)
     assert second["current"] is True and second["uploaded_to_volume"] == 0 and not staging.exists()
+
+
+def test_a_file_republished_at_the_same_size_reaches_the_volume(bucket, tmp_path):
+    """A retrained adapter or an edited config republished at the same size: the staging copy is fetched again
+    (its hash no longer matches), and the volume gets it too — told by the digests the volume's marker records,
+    or, under a marker from before it recorded them, by the staging copy having changed. Compared by size alone
+    it kept the old bytes under a marker that called the volume current. A fresh runner (empty staging) still
+    sends only what changed."""
+    staging = tmp_path / "staging"
+    vol = FakeVolume(tmp_path / "modal-volume")
+    source = W.LocalDirSource(bucket)
+    W.sync_weights(source, staging, TARGET, progress=False)
+    W.upload_to_volume(vol, staging, TARGET, previous=W.read_volume_marker(vol))
+    assert_complete(vol.root)
+    # the tokenizer republished: same size, other bytes
+    files = {**FILES, "tokenizer/tokenizer.json": bytes(b ^ 0xFF for b in FILES["tokenizer/tokenizer.json"])}
+    publish(bucket, files)
+    assert not W.volume_is_current(vol, source, TARGET)  # the manifest changed
+    previous = W.read_volume_marker(vol)
+    report = W.sync_weights(source, staging, TARGET, progress=False, marker=previous)
+    assert report.repaired == ["tokenizer/tokenizer.json"]
+    assert W.upload_to_volume(vol, staging, TARGET, previous=previous, changed=frozenset(report.repaired)) == 1
+    assert (vol.root / TARGET.prefix / "tokenizer/tokenizer.json").read_bytes() == files["tokenizer/tokenizer.json"]
+    assert W.volume_is_current(vol, source, TARGET)
+    # a fresh runner (no staging) and another same-size change: the marker's digests pick the one file
+    files2 = {**files, "config.json": FILES["config.json"].replace(b"Llama", b"Qwen2")[: len(FILES["config.json"])]
+              .ljust(len(FILES["config.json"]), b" ")}
+    publish(bucket, files2)
+    fresh = tmp_path / "fresh-staging"
+    previous = W.read_volume_marker(vol)
+    report = W.sync_weights(source, fresh, TARGET, progress=False, marker=previous)
+    assert report.repaired == [] and len(report.copied) == len(files2)  # all fetched, none "changed" locally
+    assert W.upload_to_volume(vol, fresh, TARGET, previous=previous, changed=frozenset(report.repaired)) == 1
+    assert (vol.root / TARGET.prefix / "config.json").read_bytes() == files2["config.json"]
+    # a marker written before digests were recorded: the staging copy fetched again says what changed
+    old_style = {k: v for k, v in W.read_volume_marker(vol).items() if k != "sha256"}
+    publish(bucket, {**files2, "tokenizer/tokenizer.json": FILES["tokenizer/tokenizer.json"]})
+    report = W.sync_weights(source, fresh, TARGET, progress=False, marker=old_style)
+    assert W.upload_to_volume(vol, fresh, TARGET, previous=old_style, changed=frozenset(report.repaired)) == 1
+    assert (vol.root / TARGET.prefix / "tokenizer/tokenizer.json").read_bytes() == FILES["tokenizer/tokenizer.json"]
+    # --verify-all repairs the volume: every file sent
+    assert W.upload_to_volume(vol, fresh, TARGET, previous=W.read_volume_marker(vol), everything=True) == len(FILES)
