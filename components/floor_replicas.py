@@ -29,6 +29,7 @@ import pulumi_kubernetes as k8s
 
 from topology.spec import ENGINE_OFFLINE_ENV, EndpointSpec, EngineSpec, FloorSchedule, NodePoolSpec, WeightCacheSpec
 from topology.timebase import MINUTES_PER_DAY, MINUTES_PER_WEEK
+from topology.windows import clear_of_clock_gaps
 
 from ._common import CAPACITY_LABEL, ENDPOINT_LABEL, GPU_TAINT_EFFECT_K8S, MIG_CONFIG_LABEL, TYPE_PREFIX, child
 from .gpu_node_pool import NVME_MOUNT, node_labels
@@ -68,8 +69,9 @@ def cron_triggers(floor: FloorSchedule) -> list[dict]:
             "name": f"floor-{w.start_minute_of_week}-{w.end_minute_of_week}",
             "metadata": {  # KEDA rejects non-string metadata values
                 "timezone": floor.timezone,
-                "start": minute_of_week_cron(w.start_minute_of_week),
-                "end": minute_of_week_cron(w.end_minute_of_week),
+                # an edge in an hour a clock change skips would not fire that week: moved out of it
+                "start": minute_of_week_cron(clear_of_clock_gaps(w.start_minute_of_week, floor.timezone, earlier=True)),
+                "end": minute_of_week_cron(clear_of_clock_gaps(w.end_minute_of_week, floor.timezone, earlier=False)),
                 "desiredReplicas": str(w.replicas),
             },
         })

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from .spec import EndpointSpec, NodePoolSpec, TopologySpec
+from .windows import clear_of_clock_gaps
 
 MINUTES_PER_WEEK = 7 * 24 * 60
 
@@ -70,9 +71,13 @@ def pool_minimums(spec: TopologySpec) -> dict[str, tuple[NodeMinimum, ...]]:
             # minutes against the minute before (m - 1 wraps to Sunday 23:59), not at all 10,080
             edges = sorted({(w.start_minute_of_week - lead) % MINUTES_PER_WEEK for w in e.floor.windows}
                            | {w.end_minute_of_week for w in e.floor.windows})
+            # a change in an hour a clock change skips is moved out of it, a rise earlier and a fall later (as the
+            # floor's KEDA windows: components/floor_replicas.py cron_triggers)
             changes = tuple(
-                NodeMinimum(pool.name, m, level, e.floor.timezone)
-                for m in edges if (level := nodes_at(m)) != nodes_at((m - 1) % MINUTES_PER_WEEK)
+                NodeMinimum(pool.name, clear_of_clock_gaps(m, e.floor.timezone, earlier=level > before), level,
+                            e.floor.timezone)
+                for m in edges
+                if (level := nodes_at(m)) != (before := nodes_at((m - 1) % MINUTES_PER_WEEK))
             )
             if changes:
                 out[pool.name] = changes

@@ -6,12 +6,52 @@ when a drill overrides the floor): a reading of the spec's schedule, not a plann
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
 import math
 from collections.abc import Sequence
 
 from .costs import cyclic_runs
 from .spec import FloorWindow, MinContainersWindow
 from .timebase import HOURS_PER_WEEK, MINUTES_PER_HOUR, MINUTES_PER_WEEK
+
+
+# Years whose clock changes a weekly edge is checked against (fixed, so a render does not depend on the day it runs)
+CLOCK_CHANGE_YEARS = range(2025, 2041)
+
+
+@functools.lru_cache(maxsize=4096)
+def clear_of_clock_gaps(minute_of_week: int, timezone: str, earlier: bool) -> int:
+    """The minute itself, or — where that local time is skipped by a clock change on its weekday (spring forward:
+    Sunday 02:00–02:59 in New York and Berlin) in some year — the last minute before the gap (earlier: a window's
+    start, a minimum that rises) or the first after it (a window's end, a minimum that falls).
+
+    A weekly cron at a skipped time does not fire that week (robfig/cron v3.0.1 spec.go steps hours by the clock,
+    which KEDA v2.20.2's cron scaler uses), and KEDA judges a window active when its next end comes before its next
+    start: a start in the gap kept the window active for the whole week before, an end in the gap dropped the
+    window that day. Moved out of the gap, both edges exist every week; the window is at most an hour longer."""
+    from zoneinfo import ZoneInfo
+
+    zone = ZoneInfo(timezone)
+    day, rest = divmod(minute_of_week, 24 * 60)
+    hour, minute = divmod(rest, 60)
+
+    def exists(local: dt.datetime) -> bool:
+        back = local.replace(tzinfo=zone).astimezone(dt.timezone.utc).astimezone(zone).replace(tzinfo=None)
+        return back == local
+
+    for year in CLOCK_CHANGE_YEARS:
+        first = dt.date(year, 1, 1)
+        d = first + dt.timedelta(days=(day - first.weekday()) % 7)
+        while d.year == year:
+            local = dt.datetime(d.year, d.month, d.day, hour, minute)
+            if not exists(local):
+                step = dt.timedelta(minutes=-1 if earlier else 1)
+                while not exists(local):
+                    local += step
+                return (local.weekday() * 24 * 60 + local.hour * 60 + local.minute) % MINUTES_PER_WEEK
+            d += dt.timedelta(days=7)
+    return minute_of_week
 
 
 def floor_windows(floor: Sequence[int], base: int, lead_s: float) -> tuple[FloorWindow, ...]:
