@@ -26,7 +26,7 @@ def load(d):
     "path, value, expect",
     [
         ("endpoints.0.slo.ttft_p99_ms", -5, "greater than 0"),
-        ("endpoints.0.shape.input_tokens_mean", 0, "greater than 0"),
+        ("endpoints.0.shape.input_tokens_mean", 0, "greater than or equal to 1"),
         ("endpoints.0.prefix_cache_hit_fraction", 1.2, "less than 1"),
         ("endpoints.0.headroom_fraction", 0.5, "less than or equal to 0.3"),
         ("endpoints.0.engine.0.gpu_kind", "H100-PCIe", "'H100-80GB'"),
