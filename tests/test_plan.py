@@ -230,3 +230,26 @@ def test_bundled_stacks_plan_with_only_expected_warnings(stack):
         assert tiers["assist"] == "floor_plus_burst"
         guard = spec.endpoint("guard")
         assert guard.capacity.mig_profile is not None and guard.floor.windows
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_endpoints_bills_add_up_to_the_stacks_and_every_served_endpoint_shares_the_platform(stack):
+    """The platform (cluster, gateway, monitoring) runs for every endpoint behind the gateway, serverless-only ones
+    included: dev deploys it for assist and guard, whose plan left its $1,200 a month out (the share went only to
+    options with a floor). The serverless plan's fixed cost was charged whole to each endpoint using it and once
+    in the total, so the endpoints' bills did not add up to the stack's. Hand-worked for dev: $1,200 between its
+    two gated endpoints ($600 each), the Modal plan's $250 between the same two ($125 each)."""
+    from tests.conftest import ROOT
+    from topology.loading import load_inputs
+
+    spec = plan(load_inputs(ROOT / "stacks" / f"Pulumi.{stack}.yaml"))
+    assert sum(e.monthly_usd for e in spec.endpoints) == pytest.approx(spec.monthly_usd_total, abs=0.05)
+    gated = [e for e in spec.endpoints if e.gated]
+    assert (spec.monthly_usd_by_tier["platform_fixed"] > 0) == bool(gated)
+    if stack == "dev":
+        assert [e.tier for e in spec.endpoints] == ["serverless_only", "managed_api", "serverless_only"]
+        assert spec.monthly_usd_by_tier["platform_fixed"] == 1200.0
+        for e in gated:
+            won = next(a for a in e.alternatives if a.option == e.tier)
+            assert won.breakdown_usd["platform_fixed"] == pytest.approx(600.0, abs=0.01)
+            assert won.breakdown_usd["serverless_fixed"] == pytest.approx(125.0, abs=0.01)

@@ -19,22 +19,28 @@ from .weights import weight_caches
 def plan(
     inputs: CostInputs, catalog: Mapping[str, GpuKind] = GPU_KINDS, planning_date: dt.date | None = None
 ) -> TopologySpec:
-    """Plan every endpoint; the fixed platform cost is shared by the endpoints that use the cluster. `planning_date`
+    """Plan every endpoint; the fixed platform cost is shared by the endpoints served on it (all but managed API). `planning_date`
     (passed by the caller, never read from the clock) decides whether a promoted rollout still keeps N−1 warm."""
     weekly_fixed = inputs.prices.platform_fixed_usd_per_month / costs.WEEKS_PER_MONTH
+    weekly_sls_fixed = inputs.prices.serverless_fixed_usd_per_month / costs.WEEKS_PER_MONTH
     n = len(inputs.endpoints)
     prepared = prepare_endpoints(inputs, catalog)  # the schedule DP runs once for every endpoint
-    sharing = n  # start by assuming every endpoint shares the cluster, then settle the real count
-    for _ in range(n + 1):
-        share = weekly_fixed / max(1, sharing)
-        decided = [decide(ep, with_platform_share(p.options, share)) for ep, p in zip(inputs.endpoints, prepared)]
-        users = sum(1 for win, _, _ in decided if win.uses_cluster)
-        if users == 0 or users == sharing:
+    # both fixed costs are shared by the endpoints that use them: start by assuming every endpoint does, then
+    # settle the real counts (each endpoint's bill then adds up to the stack's, and a second user of a fixed
+    # cost pays its share, not the whole again)
+    sharing = sls_sharing = n
+    for _ in range(2 * n + 2):
+        share, sls_share = weekly_fixed / max(1, sharing), weekly_sls_fixed / max(1, sls_sharing)
+        decided = [decide(ep, with_platform_share(p.options, share, sls_share))
+                   for ep, p in zip(inputs.endpoints, prepared)]
+        users = sum(1 for win, _, _ in decided if win.uses_platform)
+        sls_users = sum(1 for win, _, _ in decided if win.uses_burst)
+        if (users == 0 or users == sharing) and (sls_users == 0 or sls_users == sls_sharing):
             break
-        sharing = users
+        sharing, sls_sharing = users or sharing, sls_users or sls_sharing
     plans: list[EndpointPlan] = []
     for ep, p, (win, runner, why) in zip(inputs.endpoints, prepared, decided):
-        options = with_platform_share(p.options, share)
+        options = with_platform_share(p.options, share, sls_share)
         plans.append(build_endpoint_spec(inputs, ep, p.demand, p.ok, p.sls, p.herd, options, win, runner, why, catalog,
                                          planning_date))
     warnings: list[str] = []
@@ -46,7 +52,7 @@ def plan(
                 continue
             by_tier[k] = by_tier.get(k, 0.0) + v
         warnings += list(p.spec.warnings)
-    if any(p.uses_dedicated for p in plans):
+    if any(p.spec.gated for p in plans):  # the cluster, the gateway and monitoring run for any gated endpoint
         by_tier["platform_fixed"] = weekly_fixed
     if any(p.uses_serverless for p in plans):
         by_tier["serverless_fixed"] = inputs.prices.serverless_fixed_usd_per_month / costs.WEEKS_PER_MONTH

@@ -69,8 +69,15 @@ class OptionEval:
 
     @property
     def uses_cluster(self) -> bool:
-        """Dedicated replicas on the cluster (and so a share of its fixed cost)."""
+        """Dedicated replicas on the cluster."""
         return self.tier in ("dedicated_only", "floor_plus_burst")
+
+    @property
+    def uses_platform(self) -> bool:
+        """Served behind the gateway, on the cluster the stack runs (and so a share of its fixed cost): every tier
+        but the managed API. A serverless-only endpoint needs the gateway (auth, tenancy, limits) as much as a
+        floor does; the program deploys the cluster, the gateway and monitoring for it."""
+        return self.tier != "managed_api"
 
     @property
     def uses_burst(self) -> bool:
@@ -546,13 +553,21 @@ def _options_of(inp: CostInputs, ep: EndpointInputs, st: _Staged) -> Prepared:
                     options_for(inp, ep, st.demand, st.ok, st.sls, st.sls_bad, st.herd, st.floors))
 
 
-def with_platform_share(options: list[OptionEval], share_weekly: float) -> list[OptionEval]:
-    """Dedicated options carry their share of the cluster's fixed cost (the same for every placement)."""
+def with_platform_share(options: list[OptionEval], share_weekly: float,
+                        serverless_share_weekly: float | None = None) -> list[OptionEval]:
+    """Options served on the platform carry their share of its fixed cost (the same for every placement); with
+    `serverless_share_weekly`, options with a serverless tier carry that share of the serverless plan's fixed cost
+    in place of the whole of it (options_for prices each endpoint's alone), so the endpoints' bills add up to
+    the stack's."""
     out = []
     for o in options:
-        if o.feasible and o.uses_cluster:
+        if o.feasible and o.uses_platform:
             o = dataclasses.replace(o, weekly_usd=o.weekly_usd + share_weekly,
                                     breakdown_weekly={**o.breakdown_weekly, "platform_fixed": share_weekly})
+        if serverless_share_weekly is not None and o.feasible and "serverless_fixed" in o.breakdown_weekly:
+            whole = o.breakdown_weekly["serverless_fixed"]
+            o = dataclasses.replace(o, weekly_usd=o.weekly_usd - whole + serverless_share_weekly,
+                                    breakdown_weekly={**o.breakdown_weekly, "serverless_fixed": serverless_share_weekly})
         out.append(o)
     return out
 
