@@ -133,9 +133,12 @@ def burst_section(
                      "launch misses the TTFT SLO; or set serverless.gpu_snapshots: false",)
     derivs = (Derivation(
         figure="burst_max_containers", value=burst.max_containers, unit="containers",
-        formula=f"⌈max over hours (peak − floor × {pl.planning_rps:.3f}) / {sls.planning_rps:.3f}⌉, cap "
-        f"{ep.serverless.max_containers_cap}",
-        inputs=("traffic.hourly_mean_requests_per_s", "traffic.within_hour_peak_factor", "serverless.max_containers_cap"),
+        formula=f"min(cap {ep.serverless.max_containers_cap}, max(⌈max over hours (peak − floor × "
+        f"{pl.planning_rps:.3f}) / {sls.planning_rps:.3f}⌉ = {win.burst_max_containers}, the "
+        f"{ep.traffic.spike_factor:g}× spike's {spike.containers})), at least the spike's warm minimum "
+        f"{int(_spike_warm(win).containers.max(initial=0))}",
+        inputs=("traffic.hourly_mean_requests_per_s", "traffic.within_hour_peak_factor", "traffic.spike_factor",
+                "serverless.max_containers_cap"),
     ), _container_price_derivation(inp, ep, container_price(inp, ep, sls.gpus_per_replica)), spike.derivation,
         ns.derivation)
     sw = _spike_warm(win)
