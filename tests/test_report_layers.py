@@ -36,3 +36,26 @@ def test_a_layer_run_part_time_is_priced_for_what_it_runs(root):
     rows = layer_rows(e)
     assert rows[-1].split()[-1] == f"${e.monthly_usd:,.0f}"
     assert "node  1" in terminal(spec)
+
+
+def test_a_scheduled_nodes_row_says_what_it_pays_running_and_what_burst_carries():
+    """Prod assist's third node is needed 89% of the week's hours but runs on the clock only in the floor's windows
+    (5 h and three 710 s leads a week): its row's $15,320 was read as on-demand spend. Hand-worked from the inputs
+    (an independent audit): 5.5917 h × $55.04 (p5.48xlarge, 8 × $6.88) × 730/168 = $1,337.31 running; the rest is
+    its share of the serverless bill. The report now says both."""
+    from tests.conftest import ROOT
+    from topology import plan
+    from topology.loading import load_inputs
+    from topology.report import terminal
+
+    spec = plan(load_inputs(ROOT / "stacks" / "Pulumi.prod.yaml"))
+    assist = spec.endpoint("assist")
+    node3 = assist.layers[2]
+    assert node3.tier == "scheduled_on_demand" and node3.duty_fraction > 0.85 and node3.runs_fraction < 0.05
+    running = node3.monthly_usd - node3.serverless_usd_per_month
+    assert running == pytest.approx((5 + 3 * 710 / 3600) * 55.04 * 730 / 168, abs=0.05)
+    assert f"runs {node3.runs_fraction:.0%} of hours: $1,337" in terminal(spec)
+    for e in spec.endpoints:
+        for layer in e.layers:
+            assert 0 <= layer.serverless_usd_per_month <= layer.monthly_usd + 0.01
+            assert (layer.runs_fraction == 1.0) == (layer.tier == "reserved")

@@ -219,6 +219,16 @@ def _spike_warm_label(e: EndpointSpec) -> str:
     return f"burst warm for the spike ({len(e.burst.spike_warm_hours_of_week)} h/week)"
 
 
+def _layer_split(layer) -> str:
+    """For a node that runs part of the hours it is needed: what it pays running, and the burst that carries it
+    in the others (a scheduled node needed 89% of hours may run 3% of them, the rest of its row burst)."""
+    if layer.tier == "serverless_burst" or layer.serverless_usd_per_month <= 0:
+        return ""
+    running = layer.monthly_usd - layer.serverless_usd_per_month
+    return (f"  (runs {layer.runs_fraction:.0%} of hours: {usd(running)}; burst the rest of its hours: "
+            f"{usd(layer.serverless_usd_per_month)})")
+
+
 def layer_rows(e: EndpointSpec) -> list[str]:
     """The layer table: each node of the load-duration curve with what the plan pays for it (the hours it
     runs, its share of the serverless bill), the burst kept warm for the spike, then the fixed shares; the rows
@@ -226,7 +236,7 @@ def layer_rows(e: EndpointSpec) -> list[str]:
     rows = []
     for layer in e.layers:
         label = f"node {layer.index:>2}  needed {layer.duty_fraction:>4.0%} of hours  {layer.tier.replace('_', ' ')}"
-        rows.append(f"{label:<50} {usd(layer.monthly_usd):>10}")
+        rows.append(f"{label:<50} {usd(layer.monthly_usd):>10}" + _layer_split(layer))
     spike = e.burst.spike_warm_usd_per_month if e.burst else 0.0
     if spike:  # no node's: the burst kept warm for the spike in its hours
         rows.append(f"{_spike_warm_label(e):<50} {usd(spike):>10}")
@@ -281,7 +291,7 @@ def markdown(spec: TopologySpec) -> str:
                   "|---:|---:|---|---:|---|"]
             for layer in e.layers:
                 c = layer.costs_usd_per_month
-                L.append(f"| {layer.index} | {layer.duty_fraction:.0%} | {layer.tier} | {usd(layer.monthly_usd)} | "
+                L.append(f"| {layer.index} | {layer.duty_fraction:.0%} | {layer.tier}{_layer_split(layer)} | {usd(layer.monthly_usd)} | "
                          f"{usd(c.get('reserved'))} / {usd(c.get('scheduled_on_demand'))} / {usd(c.get('serverless_burst'))} |")
             if e.burst and e.burst.spike_warm_usd_per_month:
                 L.append(f"| | | {_spike_warm_label(e)} | {usd(e.burst.spike_warm_usd_per_month)} | |")

@@ -100,6 +100,9 @@ class CapacityLayer(_Spec):
     tier: LayerTier
     monthly_usd: float
     costs_usd_per_month: dict[str, float] = Field(description="What each tier would cost for this layer.")
+    runs_fraction: float = Field(default=0.0, description="Share of the week's hours this node runs (reserved: 1).")
+    serverless_usd_per_month: float = Field(
+        default=0.0, description="Of monthly_usd, the serverless bill for the hours it is needed but not running.")
 
 
 class FloorWindow(_Spec):

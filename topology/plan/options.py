@@ -228,15 +228,18 @@ def layers_of(
         }
         tier = "reserved" if g < reserved_nodes else ("scheduled_on_demand" if running[g].any() else "serverless_burst")
         if g < reserved_nodes:
-            paid = ng.reserved_usd_week
+            paid, runs = ng.reserved_usd_week, HOURS_PER_WEEK
         else:
-            starts = int((on[g] & ~_previous_hour(on[g])).sum()) if on[g].sum() < HOURS_PER_WEEK else 0
-            paid = (on[g].sum() + starts * lead_s / 3600.0) * ng.on_demand_node_hour
-        paid += serverless_usd * share[g]
+            runs = int(on[g].sum())
+            starts = int((on[g] & ~_previous_hour(on[g])).sum()) if runs < HOURS_PER_WEEK else 0
+            paid = (runs + starts * lead_s / 3600.0) * ng.on_demand_node_hour
+        burst = serverless_usd * share[g]
         out.append(CapacityLayer(
             index=g + 1, duty_fraction=round(hours / HOURS_PER_WEEK, 4), tier=tier,
-            monthly_usd=round(costs.monthly_from_weekly(paid), 2),
+            monthly_usd=round(costs.monthly_from_weekly(paid + burst), 2),
             costs_usd_per_month={k: round(costs.monthly_from_weekly(v), 2) for k, v in c.items()},
+            runs_fraction=round(runs / HOURS_PER_WEEK, 4),
+            serverless_usd_per_month=round(costs.monthly_from_weekly(burst), 2),
         ))
     return out
 
