@@ -66,7 +66,8 @@ def _endpoint_lines(e: EndpointSpec) -> list[str]:
     api = "" if ec.api_usd_per_request is None else (
         f" vs API {per_request(ec.api_usd_per_request)}; break-even duty cycle {ec.break_even_duty_cycle_on_demand:.0%} "
         f"on-demand, {ec.break_even_duty_cycle_reserved:.0%} reserved")
-    L.append(f"  economics: {ec.gpu_s_per_request:.3g} GPU-s/request → {per_request(ec.dedicated_usd_per_request_at_saturation)} "
+    # the doctrine's GPU-time method on a whole GPU of the replica's kind (economics.py), also for a MIG replica
+    L.append(f"  economics (whole GPU): {ec.gpu_s_per_request:.3g} GPU-s/request → {per_request(ec.dedicated_usd_per_request_at_saturation)} "
              f"on-demand at saturation ({per_request(ec.reserved_usd_per_request_at_saturation)} reserved){api}")
     be = ec.serverless_break_even_busy_hours_per_day
     be_text = f"{be:.1f} busy h/day" if be < 24 else "never (serverless is cheaper per GPU-hour)"
