@@ -331,3 +331,18 @@ def test_an_aws_refusal_a_check_does_not_model_is_reported_not_raised(world):
     assert status != 0
     assert not checks["cluster"].ok and "AccessDeniedException" in checks["cluster"].detail
     assert "weights assist" in checks and checks["weights assist"].ok  # the rest of the report is there
+
+
+def test_a_kms_encrypted_source_bucket_is_refused_before_replication_silently_skips_it(world):
+    """S3 replicates SSE-KMS objects only when the rule selects them and names a replica key; the weight caches'
+    rules do neither, so a registry bucket encrypted with KMS by default got its first copy by the seed and then
+    never another revision or adapter. Preflight reads the source bucket's default encryption (moto's S3 API)."""
+    stack_file, clients, kube, modal, addons, s3 = world
+    checks, text, status = run(stack_file, clients)
+    assert checks["source encryption"].ok
+    source = P.load_stack(stack_file).spec.weight_caches[0].source_bucket
+    s3.put_bucket_encryption(Bucket=source, ServerSideEncryptionConfiguration={"Rules": [
+        {"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": "alias/registry"}}]})
+    checks, text, status = run(stack_file, clients)
+    assert status != 0 and not checks["source encryption"].ok
+    assert "aws:kms" in checks["source encryption"].detail and "replication skips" in checks["source encryption"].detail
