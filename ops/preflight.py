@@ -444,9 +444,12 @@ def run_checks(st: StackUnderCheck, clients: Clients) -> list[Check]:
         checks += check_secrets(st, clients)
     elif st.settings.cluster.mode == "create" and required_secrets(st.spec):
         ns = st.settings.namespace
+        needed = sorted(required_secrets(st.spec).items())
         checks.append(Check("gateway secrets", False, f"the cluster does not exist yet: once `pulumi up` has created it, "
-                            f"the gateway waits for {sorted(required_secrets(st.spec))} in {ns}",
-                            f"kubectl -n {ns} create secret generic <name> --from-literal=<key>=… (README, Deploying for real)",
+                            f"the gateway waits for {[n for n, _ in needed]} in {ns}",
+                            "; ".join(f"kubectl -n {ns} create secret generic {name} "
+                                      + " ".join(f"--from-literal={k}=…" for k in sorted(keys)) for name, keys in needed)
+                            + " (values: README, Before your first up)",
                             blocking=False))
     checks += _refused('weights', check_weights, st, clients)
     checks += _refused('quality sink', check_quality_sink, st, clients)

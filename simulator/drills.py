@@ -281,8 +281,9 @@ def spike(inputs: CostInputs, spec: TopologySpec, name: str, factor: float = 3.0
                + f"; burst headroom {ep.burst.max_containers if ep.burst else 0} "
                f"containers, the spike needs {ep.burst.spike_containers if ep.burst else 0}); goodput of all requests "
                f"{vals['goodput (window)'][1]:.2%} (baseline {vals['goodput (window)'][0]:.2%}), "
-               f"{int(vals['container cold starts'][1] - vals['container cold starts'][0])} extra burst containers, "
-               f"{int(vals['pod / node cold starts'][1] - vals['pod / node cold starts'][0])} extra replicas"
+               f"burst container launches {int(vals['container cold starts'][1] - vals['container cold starts'][0]):+d} "
+               f"and replicas {int(vals['pod / node cold starts'][1] - vals['pod / node cold starts'][0]):+d} against "
+               "the baseline"
                f"{by_backlog}; "
                f"goodput back to the baseline's {rec:.1f} min after the spike ended")
     if ep.burst is not None:

@@ -432,7 +432,8 @@ def options_for(
                 continue
             seen.add(key)
             if burst and not choice.floor.any():
-                by_placement[pl.label] = (top, top_c, why or "the cheapest mix runs no floor (that is serverless_only)")
+                by_placement[pl.label] = (top, top_c, why or "the cheapest mix runs no floor (that is serverless_only; "
+                                          f"max_dedicated_replicas {ep.max_dedicated_replicas})")
                 continue
             if bound < math.inf:
                 # a schedule whose dedicated bill alone is past the cheapest option costed so far by more than
@@ -479,7 +480,7 @@ def options_for(
             best.reason = (
                 f"{best.placement.label}, {rpn} replica(s)/node: {reserved_nodes} reserved node(s)"
                 + (f" + up to {scheduled_nodes} on the clock" if scheduled_nodes else "")
-                + (f", burst up to {best.burst_max_containers} containers" if burst else "")
+                + (f", burst up to {best.burst_max_containers} containers at the planned peak" if burst else "")
             )
             out.append(best)
     return out
