@@ -22,6 +22,8 @@ VENV = ROOT / ".venv"
 PY = VENV / "bin" / "python"
 STAMP = VENV / ".installed-pyproject-sha256"
 STACK = "stacks/Pulumi.prod.yaml"
+# a fresh CI machine's mirror may drop a connection: apt retries each download (pip retries by itself)
+APT_RETRIES = ("-o", "Acquire::Retries=3")
 
 
 def run(cmd: list[str], **kw) -> None:
@@ -56,8 +58,8 @@ def ensure_debian_package(present: bool, packages: tuple[str, ...], services: tu
         return
     if os.geteuid() == 0 and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        run(["apt-get", "update", "-qq"], env=env)
-        run(["apt-get", "install", "-y", "-qq", *packages], env=env)
+        run(["apt-get", *APT_RETRIES, "update", "-qq"], env=env)
+        run(["apt-get", *APT_RETRIES, "install", "-y", "-qq", *packages], env=env)
         for service in services:
             subprocess.run(["service", service, "stop"], cwd=ROOT, check=False, capture_output=True)
     else:
@@ -94,7 +96,7 @@ def ensure_haproxy() -> None:
     (lists / "partial").mkdir(parents=True, exist_ok=True)
     sources = work / "sources.list"
     sources.write_text("deb-src http://deb.debian.org/debian trixie main\n")
-    apt = ["-o", f"Dir::Etc::SourceList={sources}", "-o", "Dir::Etc::SourceParts=/dev/null",
+    apt = [*APT_RETRIES, "-o", f"Dir::Etc::SourceList={sources}", "-o", "Dir::Etc::SourceParts=/dev/null",
            "-o", f"Dir::State::Lists={lists}"]
     tarball = work / HAPROXY_TARBALL
     if not tarball.exists():
