@@ -98,7 +98,11 @@ class Cluster(pulumi.ComponentResource):
             cluster_identifier=self.name,
             opts=child(self),
         )
-        ns = k8s.core.v1.Namespace(
+        # a NamespacePatch (server-side apply: creates the namespace when absent, takes only its own fields when
+        # present): on a platform's cluster the operator creates the namespace first for the gateway's Secrets, and
+        # pulumi-kubernetes >= 4.29 refuses to create an object that exists (AlreadyExists; CHANGELOG 4.29.0
+        # "use Patch resources ... without owning their lifecycle"); a destroy then leaves the namespace and its Secrets
+        ns = k8s.core.v1.NamespacePatch(
             f"{name}-serving-namespace",
             metadata={"name": args.serving_namespace, "labels": {"app.kubernetes.io/part-of": "llm-serving"}},
             opts=child(self, provider=self.provider),

@@ -102,12 +102,17 @@ class WeightCache(pulumi.ComponentResource):
             tags=tags,
             opts=child(self, protect=c.protect),
         )
+        # the bucket's settings outlive a destroy with it: `pulumi destroy --exclude-protected` keeps the protected
+        # bucket (and what it depends on) but deletes what depends on it, and deleting BucketVersioning suspends
+        # versioning, the others drop the public access block, the TLS-only policy and default encryption of the
+        # bucket that stays (pulumi destroy.go getProtectedExcludes; pulumi_aws s3/bucket_versioning.py)
+        keep = {"retain_on_delete": True} if c.protect else {}
         self.versioning = s3.BucketVersioning(
             f"{name}-versioning",
             bucket=bucket.bucket,
             region=c.region,
             versioning_configuration={"status": "Enabled"},  # replication requires it; keeps overwritten revisions
-            opts=child(self),
+            opts=child(self, **keep),
         )
         encryption = s3.BucketServerSideEncryptionConfiguration(
             f"{name}-encryption",
@@ -115,7 +120,7 @@ class WeightCache(pulumi.ComponentResource):
             region=c.region,
             # SSE-S3: replicas need no KMS grants and readers no kms:Decrypt
             rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}, "bucket_key_enabled": True}],
-            opts=child(self),
+            opts=child(self, **keep),
         )
         block = s3.BucketPublicAccessBlock(
             f"{name}-public-access-block",
@@ -125,14 +130,14 @@ class WeightCache(pulumi.ComponentResource):
             block_public_policy=True,
             ignore_public_acls=True,
             restrict_public_buckets=True,
-            opts=child(self),
+            opts=child(self, **keep),
         )
         tls_only = s3.BucketPolicy(
             f"{name}-tls-only",
             bucket=bucket.bucket,
             region=c.region,
             policy=tls_only_policy(c.bucket_name),
-            opts=child(self, depends_on=[block]),
+            opts=child(self, depends_on=[block], **keep),
         )
         self.s3_endpoint_id: pulumi.Output[str] | None = (
             pulumi.Output.from_input(args.s3_endpoint_id) if args.s3_endpoint_id else None

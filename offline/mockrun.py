@@ -60,6 +60,7 @@ class RecordedResource:
     inputs: dict[str, Any]
     replace_on_changes: tuple[str, ...] = ()
     custom_timeouts: dict[str, str] = field(default_factory=dict)  # create / update / delete, as given
+    retain_on_delete: bool = False
 
     @property
     def is_kubernetes_object(self) -> bool:
@@ -201,7 +202,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             self._runtime_thread.shutdown()
 
     def _record(self, request: Any, urn: str, inputs: dict[str, Any], *, custom: bool, protect: bool,
-                ignore_changes: tuple[str, ...], replace_on_changes: tuple[str, ...] = ()) -> None:
+                ignore_changes: tuple[str, ...], replace_on_changes: tuple[str, ...] = (),
+                retain_on_delete: bool = False) -> None:
         t = getattr(request, "customTimeouts", None)
         timeouts = {k: getattr(t, k) for k in ("create", "update", "delete") if t is not None and getattr(t, k)}
         self.recorded.append(RecordedResource(
@@ -217,6 +219,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             inputs=inputs,
             replace_on_changes=replace_on_changes,
             custom_timeouts=timeouts,
+            retain_on_delete=retain_on_delete,
         ))
 
     def _answer(self, values: Mapping[str, Any]) -> struct_pb2.Struct:
@@ -255,7 +258,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             response = resource_pb2.RegisterResourceResponse(urn=urn, id=id_, object=self._answer(changed))
             self.resources[urn] = pulumi_mocks.MockMonitor.ResourceRegistration(urn, id_, state)
         self._record(request, response.urn, inputs, custom=bool(request.custom), protect=bool(request.protect),
-                     ignore_changes=tuple(request.ignoreChanges), replace_on_changes=tuple(request.replaceOnChanges))
+                     ignore_changes=tuple(request.ignoreChanges), replace_on_changes=tuple(request.replaceOnChanges),
+                     retain_on_delete=bool(getattr(request, "retainOnDelete", False)))
         return response
 
     def ReadResource(self, request):  # noqa: N802 (gRPC method name)

@@ -500,3 +500,31 @@ def test_pulumi_up_waits_for_floor_replicas_as_long_as_new_gpu_nodes_take(stack)
     if name == "prod":
         assist = next(r for r in deployments if r.inputs["metadata"]["name"] == "assist-vllm")
         assert int(assist.custom_timeouts["create"].removesuffix("m")) > 10  # the provider's default would fail
+
+
+@pytest.mark.parametrize("stack_name", ["dev", "prod"])
+def test_namespaces_are_patched_so_an_existing_one_is_adopted_not_refused(stack_name):
+    """pulumi-kubernetes >= 4.29 creates a new object with a plain create, refused with AlreadyExists when it is
+    there (CHANGELOG 4.29.0, provider/pkg/await/await.go; the SDK here is 4.34): prod's operator creates the serving
+    namespace before the first `up`, for the gateway's Secrets, so a Namespace resource failed that `up`, as it
+    would for a platform's own keda or gpu-operator namespace. Every namespace the program touches is a
+    NamespacePatch (server-side apply: created when absent, only its own fields when present; a destroy leaves it)."""
+    rec = recording(stack_name)
+    assert rec.of_type("kubernetes:core/v1:Namespace") == []
+    patched = {r.inputs["metadata"]["name"] for r in rec.of_type("kubernetes:core/v1:NamespacePatch")}
+    assert "llm-serving" in patched
+    assert ("keda" in patched) == (stack_name == "prod")  # dev runs no floor: no KEDA
+
+
+def test_a_protected_weight_caches_settings_survive_a_destroy_that_keeps_it():
+    """`pulumi destroy --exclude-protected` keeps a protected resource and what it depends on, but deletes what
+    depends on it (pulumi destroy.go getProtectedExcludes): the cache bucket stayed while its versioning was
+    suspended (deleting BucketVersioning does that: pulumi_aws s3/bucket_versioning.py) and its public access
+    block, TLS-only policy and default encryption went. Those four are retained on delete with the bucket."""
+    rec = recording("prod")
+    buckets = [r for r in rec.of_type("aws:s3/bucket:Bucket") if r.protect]
+    assert buckets
+    for kind in ("bucketVersioning:BucketVersioning", "bucketPublicAccessBlock:BucketPublicAccessBlock",
+                 "bucketPolicy:BucketPolicy", "bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"):
+        settings = [r for r in rec.of_type(f"aws:s3/{kind}") if r.name.startswith("weights-")]
+        assert settings and all(r.retain_on_delete for r in settings), kind
