@@ -159,7 +159,11 @@ class ModalBurst(pulumi.ComponentResource):
             # a replacement (pulumi-command tags the property replaceOnChanges), stopping the live app once
             opts=child(self, delete_before_replace=True, depends_on=[self.weights], ignore_changes=["triggers"]),
         )
-        record = self.deployment.stdout.apply(parse_record)
+        # the deploy's stdout may come back secret (the Command takes the Modal token, a secret input, and its
+        # outputs may inherit that); the record holds the app's name and web URL, which are not secrets (the URL is
+        # useless without the proxy-auth token), and a secret URL would make the gateway's ConfigMap and every
+        # preview of it read [secret]
+        record = pulumi.Output.unsecret(self.deployment.stdout).apply(parse_record)
         self.url = record.apply(lambda r: (r.web_url or "") if r else "")
         self.app_name = pulumi.Output.from_input(config.burst.app_name)
         self.register_outputs({"url": self.url, "app_name": self.app_name})
