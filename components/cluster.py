@@ -96,13 +96,17 @@ class Cluster(pulumi.ComponentResource):
             # every floor). Without it a rotated CA, a new server address or a kubeconfig unknown at preview
             # (mode: create) would do that (pulumi-kubernetes provider.py: cluster_identifier)
             cluster_identifier=self.name,
+            # On a platform's cluster the operator creates the serving namespace before the first `up` (for the
+            # gateway's Secrets, which preflight requires), and the platform may already have keda or gpu-operator
+            # namespaces: pulumi-kubernetes >= 4.29 refuses to create an object that exists (AlreadyExists;
+            # CHANGELOG 4.29.0), so that `up` failed. Here such objects are adopted, as before 4.29. A cluster this
+            # stack creates has none. (A NamespacePatch instead would change the resources' type: the existing
+            # Namespace resources would be deleted at the end of the next `up`, and the namespace with everything
+            # in it. With cluster_identifier set, this provider setting is an update, not a replacement.)
+            upsert_existing_objects=args.settings.mode == "existing",
             opts=child(self),
         )
-        # a NamespacePatch (server-side apply: creates the namespace when absent, takes only its own fields when
-        # present): on a platform's cluster the operator creates the namespace first for the gateway's Secrets, and
-        # pulumi-kubernetes >= 4.29 refuses to create an object that exists (AlreadyExists; CHANGELOG 4.29.0
-        # "use Patch resources ... without owning their lifecycle"); a destroy then leaves the namespace and its Secrets
-        ns = k8s.core.v1.NamespacePatch(
+        ns = k8s.core.v1.Namespace(
             f"{name}-serving-namespace",
             metadata={"name": args.serving_namespace, "labels": {"app.kubernetes.io/part-of": "llm-serving"}},
             opts=child(self, provider=self.provider),

@@ -68,8 +68,7 @@ class GpuOperator(pulumi.ComponentResource):
         config = mig_parted_config(args.node_pools)  # raises before the component registers anything
         super().__init__(f"{TYPE_PREFIX}:GpuOperator", name, None, opts)
 
-        # created when absent, adopted when the platform has it (components/cluster.py: pulumi-kubernetes >= 4.29)
-        ns = k8s.core.v1.NamespacePatch(f"{name}-namespace", metadata={"name": args.namespace}, opts=child(self))
+        ns = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": args.namespace}, opts=child(self))
         config_map = k8s.core.v1.ConfigMap(
             f"{name}-mig-parted-config",
             metadata={"name": MIG_CONFIG_MAP, "namespace": args.namespace},

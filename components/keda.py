@@ -25,8 +25,7 @@ class Keda(pulumi.ComponentResource):
     def __init__(self, name: str, args: KedaArgs | None = None, opts: pulumi.ResourceOptions | None = None) -> None:
         args = args or KedaArgs()
         super().__init__(f"{TYPE_PREFIX}:Keda", name, None, opts)
-        # created when absent, adopted when the platform has it (components/cluster.py: pulumi-kubernetes >= 4.29)
-        ns = k8s.core.v1.NamespacePatch(f"{name}-namespace", metadata={"name": args.namespace}, opts=child(self))
+        ns = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": args.namespace}, opts=child(self))
         self.release = k8s.helm.v3.Release(
             f"{name}-release",
             name="keda",

@@ -53,8 +53,7 @@ class Monitoring(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: MonitoringArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(f"{TYPE_PREFIX}:Monitoring", name, None, opts)
-        # created when absent, adopted when the platform has it (components/cluster.py: pulumi-kubernetes >= 4.29)
-        ns = k8s.core.v1.NamespacePatch(f"{name}-namespace", metadata={"name": NAMESPACE}, opts=child(self))
+        ns = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": NAMESPACE}, opts=child(self))
         self.release = k8s.helm.v3.Release(
             f"{name}-release",
             name=RELEASE,

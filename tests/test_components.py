@@ -503,17 +503,18 @@ def test_pulumi_up_waits_for_floor_replicas_as_long_as_new_gpu_nodes_take(stack)
 
 
 @pytest.mark.parametrize("stack_name", ["dev", "prod"])
-def test_namespaces_are_patched_so_an_existing_one_is_adopted_not_refused(stack_name):
+def test_on_a_platforms_cluster_an_existing_namespace_is_adopted_not_refused(stack_name):
     """pulumi-kubernetes >= 4.29 creates a new object with a plain create, refused with AlreadyExists when it is
     there (CHANGELOG 4.29.0, provider/pkg/await/await.go; the SDK here is 4.34): prod's operator creates the serving
-    namespace before the first `up`, for the gateway's Secrets, so a Namespace resource failed that `up`, as it
-    would for a platform's own keda or gpu-operator namespace. Every namespace the program touches is a
-    NamespacePatch (server-side apply: created when absent, only its own fields when present; a destroy leaves it)."""
+    namespace before the first `up`, for the gateway's Secrets, so that `up` failed, as it would on a platform's
+    own keda or gpu-operator namespace. The provider of an existing cluster upserts (upsertExistingObjects); one
+    this stack creates does not; the namespaces stay Namespace resources (a type change would delete them)."""
     rec = recording(stack_name)
-    assert rec.of_type("kubernetes:core/v1:Namespace") == []
-    patched = {r.inputs["metadata"]["name"] for r in rec.of_type("kubernetes:core/v1:NamespacePatch")}
-    assert "llm-serving" in patched
-    assert ("keda" in patched) == (stack_name == "prod")  # dev runs no floor: no KEDA
+    (provider,) = rec.of_type("pulumi:providers:kubernetes")
+    existing = stack_name == "prod"  # prod: mode existing; dev: mode create
+    assert (str(provider.inputs.get("upsertExistingObjects")).lower() == "true") == existing
+    assert provider.inputs.get("clusterIdentifier")  # so the setting is an update of the provider, not a replacement
+    assert {r.inputs["metadata"]["name"] for r in rec.of_type("kubernetes:core/v1:Namespace")} >= {"llm-serving"}
 
 
 def test_a_protected_weight_caches_settings_survive_a_destroy_that_keeps_it():
