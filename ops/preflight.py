@@ -434,8 +434,8 @@ def _refused(name: str, check: Callable[[StackUnderCheck, Clients], list[Check]]
 
 def run_checks(st: StackUnderCheck, clients: Clients) -> list[Check]:
     checks = check_aws(st, clients)
-    if not checks[-1].ok:  # no credentials: the AWS checks below would all say the same
-        return checks
+    if not checks[-1].ok:  # no credentials: the AWS checks below would all say the same; Modal's need none of AWS
+        return checks + check_modal(st, clients)
     checks += _refused("cluster", check_cluster, st, clients)
     cluster_usable = st.settings.cluster.mode == "existing" and all(
         ch.ok for ch in checks if ch.name == "cluster")
@@ -514,6 +514,12 @@ def cli_main(args, clients: Clients | None = None) -> int:
     path = Path(args.stack)
     if not path.exists() and (PROJECT_ROOT / "stacks" / f"Pulumi.{args.stack}.yaml").exists():
         path = PROJECT_ROOT / "stacks" / f"Pulumi.{args.stack}.yaml"
+    if not path.exists():
+        from topology.loading import InputError
+
+        known = sorted(f.name.removeprefix("Pulumi.").removesuffix(".yaml") for f in (PROJECT_ROOT / "stacks").glob("Pulumi.*.yaml"))
+        raise InputError(f"{args.stack}: no such stack file, and no stacks/Pulumi.{args.stack}.yaml; the stacks here: "
+                         f"{', '.join(known)} (or give a stack file's path)")
     st = load_stack(path)
     text, status = report(run_checks(st, clients or real_clients()))
     print(f"preflight {st.name} ({path}):\n{text}")

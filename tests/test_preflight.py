@@ -174,7 +174,10 @@ def test_without_credentials_or_token_nothing_else_is_asked(world):
         return clients.aws(service, region)
 
     checks, text, status = run(stack_file, P.Clients(aws=refused, kube=clients.kube, modal=clients.modal))
-    assert status == 1 and list(checks) == ["aws region", "aws credentials"]
+    # the Modal checks need nothing of AWS: they are reported too, so a second problem shows in the same run
+    assert status == 1 and list(checks)[:2] == ["aws region", "aws credentials"]
+    assert set(checks) - {"aws region", "aws credentials"} <= {"modal token", "modal environment", "gpu snapshots"}
+    assert "modal token" in checks
     assert "InvalidClientTokenId" in checks["aws credentials"].detail and "aws sso login" in checks["aws credentials"].fix
 
     modal.token_ok = False
@@ -346,3 +349,12 @@ def test_a_kms_encrypted_source_bucket_is_refused_before_replication_silently_sk
     checks, text, status = run(stack_file, clients)
     assert status != 0 and not checks["source encryption"].ok
     assert "aws:kms" in checks["source encryption"].detail and "replication skips" in checks["source encryption"].detail
+
+
+def test_an_unknown_stack_name_lists_the_stacks_there(capsys):
+    """`preflight staging` said only 'cannot read (no such file)'; it names the stacks it can check."""
+    from topology.cli import main
+
+    assert main(["preflight", "staging"]) == 2
+    err = capsys.readouterr().err
+    assert "staging: no such stack file" in err and "dev, prod" in err
