@@ -626,3 +626,15 @@ def test_prefill_rate_comes_from_quiet_hours_and_the_tokens_the_cache_did_not_ho
     busy_only = {"window": doc["window"], "endpoints": {"assist": {"prefill_hours": rows[2:]}}}
     cal = calibrate(inputs, busy_only, placement, PRICES_DAY)
     assert any("prefill throughput (0 s of prefill in hours with ≤ 1.5 running" in k for k in cal.kept), cal.kept
+
+
+def test_the_bundled_example_results_replay_without_prometheus(tmp_path, capsys):
+    """examples/calibrate-week.json (a saved results document, README) replays with the documented command: the
+    figures it measured replace the inputs and the plan diff is printed."""
+    out = tmp_path / "calibrated.yaml"
+    assert cli(["calibrate", str(STACK), "--from-file", str(ROOT / "examples" / "calibrate-week.json"),
+                "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "plan diff against the current stack" in printed and "endpoints[assist].prefix_cache_hit_fraction" in printed
+    a = next(e for e in load_inputs(out).endpoints if e.name == "assist")
+    assert a.prefix_cache_hit_fraction == pytest.approx(PREFIX_HIT, abs=1e-3)
