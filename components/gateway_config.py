@@ -270,6 +270,23 @@ def _ms(seconds: float) -> int:
 SERVED_POST_PATHS = ("/v1/chat/completions", "/v1/completions")
 SERVED_GET_PATHS = ("/v1/models",)
 
+def adapter_rule(e: EndpointSpec) -> bool:
+    """Several tenants share the endpoint's engine and it serves LoRA adapters: an adapter named `<tenant>-…` is
+    then that tenant's alone (the gateway refuses the name to the others; any other name is shared), and the
+    gateway answers the model list itself (the engine's would name every tenant's adapters it has loaded: vLLM
+    0.11.0 serving_models.py show_available_models). vLLM's filesystem resolver loads any adapter a request names.
+    A tenant name that is another's prefix with its dash (`acme`, `acme-eu`) would blur the rule: refused."""
+    if not (len(e.gateway.tenants) > 1 and e.engine.lora is not None and e.engine.lora.enable_lora):
+        return False
+    names = [t.name for t in e.gateway.tenants]
+    for a in names:
+        for b in names:
+            if a != b and b.startswith(a + "-"):
+                raise ValueError(f"endpoint {e.name!r}: tenant {b!r} starts with tenant {a!r} and a dash, so {a!r}'s "
+                                 f"adapters ({a}-…) would include {b!r}'s; rename one of them")
+    return True
+
+
 def _json_error(status: int, message: str, kind: str) -> str:
     # HAProxy single-quoted string: no escaping needed for these fixed messages
     return (
@@ -586,6 +603,10 @@ def _endpoint_sections(
               + " unless llm_generate || llm_listing")
     fl.append("    " + _json_error(405, "method not allowed here", "invalid_request_error")
               + " unless METH_POST llm_generate || METH_GET llm_listing")
+    if adapter_rule(e):  # the model list from the gateway: the base model only, no tenant's adapters
+        fl.append("    http-request return status 200 content-type application/json string "
+                  f"'{{\"object\":\"list\",\"data\":[{{\"id\":\"{e.engine.served_model_name}\",\"object\":\"model\","
+                  "\"owned_by\":\"llm-serving\"}]}' if METH_GET llm_listing")
     fl.append("    " + _json_error(411, "a Content-Length is required", "invalid_request_error")
               + " if METH_POST !{ req.hdr(content-length) -m found }")
     fl.append("    " + _json_error(413, f"request body larger than {g.max_request_body_bytes} bytes",
@@ -613,8 +634,11 @@ def _endpoint_sections(
         # the claims' table is the endpoint's tenant's: one tenant's keys on two endpoints (prod's `default` on
         # autocomplete and guard, one Lua state) are different requests, each with its own cap
         idem_table = f"{config_name(e.name)}/{config_name(t.name)}"
+        # several tenants on an engine with LoRA adapters: an adapter named <tenant>-… is that tenant's alone, so a
+        # name with another tenant's prefix is refused (vLLM would load any adapter it is asked for: adapter_rule)
+        others = ",".join(f"{o.name}-" for o in g.tenants if o.name != t.name) if adapter_rule(e) else "-"
         fl.append(f"    http-request lua.llm_gate {g.max_tokens} {salt_env} {idem_table} {max_connections} "
-                  f"{claim_ttl_ms} {ns_cap} {pick} if METH_POST "
+                  f"{claim_ttl_ms} {ns_cap} {pick} {others or '-'} if METH_POST "
                   f"{{ var(txn.tenant) -m str {config_name(t.name)} }}")
     # fail closed: a POST the gate did not finish (a Lua runtime error, after which HAProxy goes on with the next
     # rules) would reach the upstream unchecked and unstamped; its claim, if the gate took one, is freed first

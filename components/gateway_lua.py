@@ -111,7 +111,7 @@ end
 local parse_value
 
 -- the top-level members the gate reads; no other member costs a table or a decode
-local GATE_KEYS = { max_tokens = true, max_completion_tokens = true, stream = true, cache_salt = true }
+local GATE_KEYS = { max_tokens = true, max_completion_tokens = true, stream = true, cache_salt = true, model = true }
 
 -- Object at byte(s, i) == '{'. With `keys`, records each member the gate reads (GATE_KEYS): name
 -- (decoded) -> { raw = value text (short values only: numbers, literals, small strings), dup = seen before }.
@@ -132,7 +132,7 @@ local function parse_object(s, i, depth, keys)
     count = count + 1
     local name = keys and (find(raw, "\\", 1, true) and decode_key(raw) or raw)
     if name and GATE_KEYS[name] then
-      keys[name] = { raw = (i - vstart <= 64) and sub(s, vstart, i - 1) or "", dup = keys[name] ~= nil,
+      keys[name] = { raw = (i - vstart <= 64 or name == "model") and sub(s, vstart, i - 1) or "", dup = keys[name] ~= nil,
                      pos = vstart, len = i - vstart }
     end
     i = skip_ws(s, i)
@@ -367,6 +367,7 @@ end)
 -- http-request lua.llm_gate <max_tokens> <salt env var or "-"> <endpoint/tenant: its Idempotency-Key table>
 --   <idempotency cap> <ttl ms>
 --   <non-streamed burst max_tokens, 0 = none> <floor backend> <server prefix> <slots> <threshold> <key header>
+--   <the other tenants' adapter prefixes, comma-separated, or "-">
 -- (the floor pick's arguments, "-" without a floor: an accepted request's pick is made here, saving the
 -- llm_pick_floor call; HAProxy builds a transaction object per Lua call)
 -- Validates the buffered body and prepares the prefix the llm filter inserts. With a non-streamed
@@ -374,10 +375,27 @@ end)
 -- request cap): max_tokens lowered to the cap, by replacing the value in place (txn.gate_*_b); the
 -- burst backend marks such a request and the filter then applies that stamp instead.
 local function gate(txn, max_tokens_arg, salt_env, tenant, cap, ttl, ns_cap_arg,
-                    pick_be, pick_prefix, pick_slots, pick_threshold, pick_header)
+                    pick_be, pick_prefix, pick_slots, pick_threshold, pick_header, others)
   local body = txn.f:req_body() or ""
   local keys, err, _, count = top_level_keys(body)
   if not keys then txn:set_var("txn.gate_error", err) return end
+  -- several tenants on one engine with LoRA: an adapter named <tenant>-… is that tenant's alone. vLLM's filesystem
+  -- resolver loads any adapter a request names (the engine serves every tenant's) and the cache_salt keeps caches
+  -- apart, not adapters: a name with another tenant's prefix is refused (`others`: their prefixes, comma-separated)
+  if others and others ~= "-" then
+    local m = keys["model"]
+    if m and m.raw ~= "null" then
+      if m.dup then txn:set_var("txn.gate_error", "model must appear once") return end
+      local name = byte(m.raw, 1) == 34 and sub(m.raw, 2, -2) or ""
+      if find(name, "\\", 1, true) then name = decode_key(name) end
+      for prefix in string.gmatch(others, "[^,]+") do
+        if sub(name, 1, #prefix) == prefix then
+          txn:set_var("txn.gate_error", "model is not one this API key may use")
+          return
+        end
+      end
+    end
+  end
   local max_tokens = tonumber(max_tokens_arg)
   local stamp_salt = salt_env ~= "-"
   if stamp_salt and keys["cache_salt"] then
@@ -488,7 +506,7 @@ end
 core.register_action("llm_gate", { "http-req" }, function(txn, ...)
   gate(txn, ...)
   txn:set_var("txn.gated", 1)
-end, 11)
+end, 12)
 
 local function now_ms()
   local t = core.now()

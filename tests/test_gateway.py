@@ -961,14 +961,63 @@ def test_only_the_serving_api_reaches_an_engine(gw, method, path, status):
     assert not [r for u in gw["ups"].values() for r in u.log.requests if r.request_id == rid]
 
 
-def test_the_model_list_is_served(gw):
+def _models(gw, endpoint: str, key: str) -> tuple[int, dict, str]:
     rid = str(uuid.uuid4())
-    conn = http.client.HTTPConnection("127.0.0.1", gw["ports"]["assist"], timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", gw["ports"][endpoint], timeout=10)
     try:
-        conn.request("GET", "/v1/models", headers={"Authorization": f"Bearer {KEYS['acme']}", "X-Request-Id": rid})
+        conn.request("GET", "/v1/models", headers={"Authorization": f"Bearer {key}", "X-Request-Id": rid})
         resp = conn.getresponse()
         content = resp.read()
     finally:
         conn.close()
-    assert resp.status == 200 and json.loads(content)["data"][0]["id"] == "m"  # the engine's answer
+    return resp.status, json.loads(content), rid
+
+
+def test_the_model_list_is_served(gw, planned_stacks):
+    """Single-tenant endpoints list what the engine serves; an engine shared by tenants with LoRA (prod assist)
+    would list every tenant's loaded adapters (vLLM 0.11.0 serving_models.py show_available_models), so there the
+    gateway answers with the base model alone, without a call upstream."""
+    status, listing, rid = _models(gw, "guard", KEYS["default"])
+    assert status == 200 and listing["data"][0]["id"] == "m"  # the engine's answer
     assert [r.path for u in gw["ups"].values() for r in u.log.requests if r.request_id == rid] == ["/v1/models"]
+    status, listing, rid = _models(gw, "assist", KEYS["acme"])
+    served = planned_stacks["prod"][1].endpoint("assist").engine.served_model_name
+    assert status == 200 and [m["id"] for m in listing["data"]] == [served]
+    assert not [r for u in gw["ups"].values() for r in u.log.requests if r.request_id == rid]
+
+
+def test_a_tenant_cannot_use_another_tenants_adapter(gw):
+    """prod assist serves per-customer LoRA adapters to three tenants on one engine, and vLLM's filesystem resolver
+    loads any adapter a request names; the cache_salt keeps prefix caches apart, not adapters. An adapter named
+    `<tenant>-…` is that tenant's: acme naming globex's or initech's is refused before the engine (400, nothing
+    upstream), its own and any other name go through unchanged, and an escaped spelling does not get around it."""
+    port = gw["ports"]["assist"]
+    for model in ("globex-support", "initech-legal-v2", "glob\\u0065x-support"):
+        payload = (b'{"model":"' + model.encode() + b'","messages":[{"role":"user","content":"hi"}]}')
+        status, _, content, rid = post(port, payload)
+        assert status == 400 and b"model is not one this API key may use" in content, (model, content)
+        assert records(gw, rid) == []
+    status, _, content, rid = post(port, b'{"model":"a","model":"globex-x","messages":[]}')
+    assert status == 400 and b"model must appear once" in content
+    for model in ("acme-support", "m", "shared-summariser"):
+        status, _, _, rid = post(port, body(model=model))
+        assert status == 200, model
+        (_, rec), = records(gw, rid)
+        assert rec.body["model"] == model
+    # the same name is globex's own
+    status, _, _, rid = post(port, body(model="globex-support"), key=KEYS["globex"])
+    assert status == 200 and records(gw, rid)[0][1].body["model"] == "globex-support"
+
+
+def test_tenant_names_that_would_blur_adapter_ownership_are_refused(planned_stacks):
+    """`acme` and `acme-eu` on one engine with LoRA: acme's adapters (acme-…) would include acme-eu's."""
+    from components.gateway_config import adapter_rule
+
+    spec = planned_stacks["prod"][1]
+    assist = spec.endpoint("assist")
+    assert adapter_rule(assist)
+    tenants = (*assist.gateway.tenants, assist.gateway.tenants[0].model_copy(update={"name": "acme-eu"}))
+    blurred = assist.model_copy(update={"gateway": assist.gateway.model_copy(update={"tenants": tenants})})
+    with pytest.raises(ValueError, match="tenant 'acme-eu' starts with tenant 'acme' and a dash"):
+        adapter_rule(blurred)
+    assert not adapter_rule(spec.endpoint("guard"))  # one tenant: nothing to keep apart
