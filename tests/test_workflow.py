@@ -131,6 +131,9 @@ def test_aws_access_is_a_short_lived_role_session_never_a_stored_key(name):
             assert job.get("permissions", {}).get("id-token") is None, job_name
             continue
         assert job["permissions"]["id-token"] == "write", job_name
+        # the job's secrets and role are its environment's: the PR preview (the branch's own code) never gets the
+        # deploy environments' (dev, prod), whose roles its OIDC subject cannot assume
+        assert job["environment"] in ({"preview"} if name == "preview.yml" else {"dev", "prod"}), job_name
         (creds,) = [s for s in steps if s.get("uses", "").startswith("aws-actions/configure-aws-credentials")]
         assert creds["uses"] == AWS_CREDENTIALS_ACTION
         w = creds["with"]
