@@ -484,6 +484,15 @@ def disconnect(inputs: CostInputs, spec: TopologySpec, name: str, fraction: floa
     finding = (f"{name}: {fraction:.0%} abandon mid-stream over {_how(max(0, p - 1))}–{_how(p + 1)}: without abort "
                f"propagation {ab_b.wasted_gpu_s:,.0f} GPU-s ({vals['share of billed GPU-s'][1]:.1%} of billed GPU-s) "
                f"generate tokens nobody reads; with it, none")
+    if abs(rb.cost_total_usd - ra.cost_total_usd) <= 0.001 * max(ra.cost_total_usd, 1e-9):
+        # the window's bill does not move when what it pays for runs anyway: the floor's replicas, and burst
+        # containers held warm in these hours; the waste then takes capacity instead of money
+        paid = ("the floor and the burst's warm containers are paid regardless" if ep.has_burst
+                else "the floor's replicas are paid regardless")
+        finding += (f"; the window's cost is the same either way ({paid}): the waste takes capacity instead"
+                    + (f" — burst share {ra.burst_share:.1%} → {rb.burst_share:.1%} — which in an hour without a warm "
+                       "minimum would be billed" if ep.has_burst else
+                       ", which the floor then lacks for the requests that are read"))
     return DrillResult("disconnect", name, ("abort propagates", "no abort propagation"), tuple(rows), vals, finding,
                        shows)
 

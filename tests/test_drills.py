@@ -212,6 +212,10 @@ def test_disconnects_without_abort_push_more_traffic_to_burst(planned_stacks):
     inputs, spec = planned_stacks["prod"]
     r = disconnect(inputs, spec, "assist", fraction=0.3)
     assert r.values["burst share"][1] > r.values["burst share"][0]
+    # Fri 19:00–21:00 are hours the plan keeps burst warm for the spike: the window's bill cannot move, and the
+    # drill says why instead of printing two equal costs next to 5% wasted GPU-seconds
+    assert r.values["cost (window)"][0] == pytest.approx(r.values["cost (window)"][1], rel=1e-3)
+    assert "cost is the same either way" in r.finding and "burst share" in r.finding
 
 
 def test_rollback_with_the_previous_revision_warm_recovers_faster(planned_stacks):
