@@ -560,6 +560,7 @@ def _endpoint_sections(
     first_ms, inter_ms = _ms(g.first_byte_timeout_s), _ms(g.inter_chunk_timeout_s)
     whole_ms = _ms(request_limit_s(e))
     stamp = g.cache_isolation == "cache_salt"
+    adapters_per_tenant = adapter_rule(e)
 
     fl = [f"frontend {fe}", f"    bind {bind}" + (" accept-proxy" if limits.source == "proxy_protocol" else ""),
           f"    maxconn {frontend_connections}"]
@@ -603,7 +604,7 @@ def _endpoint_sections(
               + " unless llm_generate || llm_listing")
     fl.append("    " + _json_error(405, "method not allowed here", "invalid_request_error")
               + " unless METH_POST llm_generate || METH_GET llm_listing")
-    if adapter_rule(e):  # the model list from the gateway: the base model only, no tenant's adapters
+    if adapters_per_tenant:  # the model list from the gateway: the base model only, no tenant's adapters
         fl.append("    http-request return status 200 content-type application/json string "
                   f"'{{\"object\":\"list\",\"data\":[{{\"id\":\"{e.engine.served_model_name}\",\"object\":\"model\","
                   "\"owned_by\":\"llm-serving\"}]}' if METH_GET llm_listing")
@@ -636,9 +637,9 @@ def _endpoint_sections(
         idem_table = f"{config_name(e.name)}/{config_name(t.name)}"
         # several tenants on an engine with LoRA adapters: an adapter named <tenant>-… is that tenant's alone, so a
         # name with another tenant's prefix is refused (vLLM would load any adapter it is asked for: adapter_rule)
-        others = ",".join(f"{o.name}-" for o in g.tenants if o.name != t.name) if adapter_rule(e) else "-"
+        others = ",".join(f"{o.name}-" for o in g.tenants if o.name != t.name) if adapters_per_tenant else "-"
         fl.append(f"    http-request lua.llm_gate {g.max_tokens} {salt_env} {idem_table} {max_connections} "
-                  f"{claim_ttl_ms} {ns_cap} {pick} {others or '-'} if METH_POST "
+                  f"{claim_ttl_ms} {ns_cap} {pick} {others} if METH_POST "
                   f"{{ var(txn.tenant) -m str {config_name(t.name)} }}")
     # fail closed: a POST the gate did not finish (a Lua runtime error, after which HAProxy goes on with the next
     # rules) would reach the upstream unchecked and unstamped; its claim, if the gate took one, is freed first

@@ -215,6 +215,17 @@ def stack_settings(config: Mapping[str, Any], source: str) -> StackSettings:
         raise InputError(format_validation_error(e, source)) from None
 
 
+def _stack_config(path: Path) -> dict[str, Any]:
+    """Another stack file's `config` mapping ({} when it has none), through the bounded reader every stack file
+    goes through (size, depth, alias bombs, recursive aliases, huge integers): libyaml's parser read it 28 ms
+    faster but built whatever the file held."""
+    from topology.reading import read_document
+
+    loaded = read_document(path)
+    doc = loaded.get("config") if isinstance(loaded, dict) else None
+    return doc if isinstance(doc, dict) else {}
+
+
 def check_replication_owner(settings: StackSettings, stack: str, project_root: Path) -> None:
     """A stack that does not own the replication configuration must be one of its owner's destinations: else no
     stack declares a rule for its caches, and new revisions never reach them (the stacks' `up`s all pass)."""
@@ -225,11 +236,7 @@ def check_replication_owner(settings: StackSettings, stack: str, project_root: P
     if not path.exists():
         raise InputError(f"llm-serving:weightReplication.ownerStack names {wr.owner_stack!r}, but {path} does not "
                          "exist: name the stack that declares the source bucket's replication configuration")
-    from topology.reading import read_document
-
-    loaded = read_document(path)
-    doc = loaded.get("config") if isinstance(loaded, dict) else None
-    doc = doc if isinstance(doc, dict) else {}
+    doc = _stack_config(path)
     owner = next((v for k, v in doc.items() if str(k).endswith(":weightReplication")), None)
     dests = owner.get("destinationStacks") if isinstance(owner, dict) else None
     if not isinstance(dests, list) or stack not in dests:
@@ -243,7 +250,6 @@ def replication_destinations(settings: StackSettings, stack: str, spec: Topology
     `destinationStacks`, planned from their stack files (same source bucket only; each bucket once)."""
     from topology.loading import inputs_from_document
     from topology.plan import plan
-    from topology.reading import read_document
 
     caches = {c.bucket_name: c for c in spec.weight_caches}
     wr = settings.weight_replication
@@ -253,11 +259,7 @@ def replication_destinations(settings: StackSettings, stack: str, spec: Topology
         path = project_root / "stacks" / f"Pulumi.{other}.yaml"
         if not path.exists():
             raise InputError(f"llm-serving:weightReplication.destinationStacks names {other!r}, but {path} does not exist")
-        # the bounded reader every stack file goes through (size, depth, alias bombs, recursive aliases, huge
-        # integers): libyaml's parser read it 28 ms faster but built whatever the file held
-        loaded = read_document(path)
-        doc = loaded.get("config") if isinstance(loaded, dict) else None
-        doc = doc if isinstance(doc, dict) else {}
+        doc = _stack_config(path)
         key = next((k for k in doc if k.endswith(":inputs")), None)
         if key is None:
             raise InputError(f"{path}: no '<project>:inputs' key to plan the weight caches of stack {other!r}")

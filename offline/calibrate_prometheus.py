@@ -200,8 +200,15 @@ def query_results(prom: Prometheus, spec, namespace: str, start_s: float, end_s:
         fill = query_fill(namespace, e, window)
         res: dict[str, Any] = {"queries": {k: q.format(**fill) for k, q in QUERIES.items()}}
         first_h, last_h = hour_aligned_range(start_s, end_s, e.floor.timezone if e.floor is not None else "UTC")
-        series = prom.range(QUERIES["requests_by_hour"].format(**fill), first_h, last_h, 3600) if first_h <= last_h else []
-        res["requests_by_hour"] = [[float(t), float(v)] for s in series for t, v in s["values"]]
+
+        def hourly_series(key: str) -> list:
+            """The query's hourly range on the profile's hour boundaries (none when the window holds no whole hour)."""
+            return prom.range(QUERIES[key].format(**fill), first_h, last_h, 3600) if first_h <= last_h else []
+
+        def hourly(key: str) -> dict[float, float]:
+            return {float(t): float(v) for s in hourly_series(key) for t, v in s["values"] if math.isfinite(float(v))}
+
+        res["requests_by_hour"] = [[float(t), float(v)] for s in hourly_series("requests_by_hour") for t, v in s["values"]]
         started = {s["metric"].get("pod", ""): float(s["value"][1])
                    for s in prom.instant(QUERIES["gateway_started"].format(**fill), end_s)}
         counter = QUERIES["requests_by_minute"].format(**fill)
@@ -217,12 +224,6 @@ def query_results(prom: Prometheus, spec, namespace: str, start_s: float, end_s:
                 res[key] = h
         res["prefix_cache"] = {"hits": _scalar(prom.instant(QUERIES["prefix_hits"].format(**fill), end_s)),
                                "queries": _scalar(prom.instant(QUERIES["prefix_queries"].format(**fill), end_s))}
-        def hourly(key: str) -> dict[float, float]:
-            if first_h > last_h:
-                return {}
-            return {float(t): float(v) for s in prom.range(QUERIES[key].format(**fill), first_h, last_h, 3600)
-                    for t, v in s["values"] if math.isfinite(float(v))}
-
         gen_at, run_at = hourly("generation_per_replica"), hourly("running_per_replica")
         tok_at, hit_at, pre_at = hourly("prompt_tokens_by_hour"), hourly("prefix_hits_by_hour"), hourly("prefill_seconds_by_hour")
         res["prefill_hours"] = [[t, tok_at[t], hit_at.get(t, 0.0), pre_at[t], run_at[t]]

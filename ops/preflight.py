@@ -105,8 +105,13 @@ def load_stack(stack_file: Path) -> StackUnderCheck:
 # --- the checks --------------------------------------------------------------------------------------
 
 
+def _aws_code(e: Exception) -> str | None:
+    """The AWS error code of a botocore ClientError (None for any other exception)."""
+    return getattr(e, "response", {}).get("Error", {}).get("Code") if hasattr(e, "response") else None
+
+
 def _aws_error(e: Exception) -> str:
-    code = getattr(e, "response", {}).get("Error", {}).get("Code") if hasattr(e, "response") else None
+    code = _aws_code(e)
     return f"{code}: {e}" if code else str(e)
 
 
@@ -251,21 +256,22 @@ def check_weights(st: StackUnderCheck, c: Clients) -> list[Check]:
     # S3 replication copies objects encrypted with SSE-KMS only when the rule selects them (SourceSelectionCriteria
     # SseKmsEncryptedObjects) and names a replica key; the weight caches' rules do neither, so a KMS-encrypted
     # registry's new revisions and adapters would never reach the caches (the seed's first copy hides it)
+    algorithms: list[str] | None = None
     try:
         rules = s3.get_bucket_encryption(Bucket=source)["ServerSideEncryptionConfiguration"]["Rules"]
+        algorithms = [str(r.get("ApplyServerSideEncryptionByDefault", {}).get("SSEAlgorithm", "")) for r in rules]
     except Exception as e:  # noqa: BLE001 — no default encryption configured reads as an error on some APIs
-        code = getattr(e, "response", {}).get("Error", {}).get("Code") if hasattr(e, "response") else None
-        rules = [] if code == "ServerSideEncryptionConfigurationNotFoundError" else None
-        if rules is None:
+        if _aws_code(e) == "ServerSideEncryptionConfigurationNotFoundError":
+            algorithms = []
+        else:
             out.append(Check("source encryption", False, f"s3://{source}: default encryption cannot be read ({_aws_error(e)})",
                              "give the role s3:GetEncryptionConfiguration on the source bucket", blocking=False))
-    if rules is not None:
-        kms = [r["ApplyServerSideEncryptionByDefault"].get("SSEAlgorithm") for r in rules
-               if str(r.get("ApplyServerSideEncryptionByDefault", {}).get("SSEAlgorithm", "")).startswith("aws:kms")]
-        out.append(Check("source encryption", not kms,
-                         f"s3://{source}: default encryption {kms[0]}: replication skips KMS-encrypted objects unless its "
-                         "rules select them, so new revisions would never reach the weight caches" if kms else
-                         f"s3://{source}: default encryption {rules[0]['ApplyServerSideEncryptionByDefault'].get('SSEAlgorithm') if rules else 'none'}",
+    if algorithms is not None:
+        kms = [a for a in algorithms if a.startswith("aws:kms")]
+        detail = (f"s3://{source}: default encryption {kms[0]}: replication skips KMS-encrypted objects unless its rules "
+                  "select them, so new revisions would never reach the weight caches" if kms else
+                  f"s3://{source}: default encryption {algorithms[0] if algorithms else 'none'}")
+        out.append(Check("source encryption", not kms, detail,
                          "store the weights with SSE-S3 (AES256) in the source bucket; KMS-encrypted replication "
                          "(SseKmsEncryptedObjects, a replica key, kms grants) is not declared by this project"))
     for e in st.spec.endpoints:

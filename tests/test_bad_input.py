@@ -424,24 +424,30 @@ def test_a_rollout_candidate_revision_is_checked_like_the_incumbents():
         CandidateVersion(version="assist-2026-12", weights_revision="rev..x")
 
 
+def _stack_copy(tmp_path: Path, text: str) -> Path:
+    """stacks/Pulumi.dev.yaml under tmp_path holding `text`, beside copies of the traces and evals it names."""
+    import shutil
+
+    stack = tmp_path / "stacks" / "Pulumi.dev.yaml"
+    stack.parent.mkdir()
+    stack.write_text(text)
+    for f in ("traces", "evals"):
+        if (ROOT / f).exists():
+            shutil.copytree(ROOT / f, tmp_path / f)
+    return stack
+
+
 def test_a_mistyped_project_setting_is_refused_not_ignored(tmp_path):
     """Pulumi accepts any config key, so `llm-serving:monitorin: platform` (or `llm-serving:Inputs` beside the
     real one) was ignored and the setting's default deployed. plan, render and the program under Pulumi refuse an
     unknown `llm-serving:` key, naming the closest setting; other projects' keys (aws:region) are the providers'."""
-    import shutil
-
     from offline.mockrun import read_stack_config, run_program
     from topology.loading import load_inputs
 
     stack_file = ROOT / "stacks" / "Pulumi.dev.yaml"
     text = stack_file.read_text()
     assert "  llm-serving:monitoring: install" in text
-    typo = tmp_path / "stacks" / "Pulumi.dev.yaml"
-    typo.parent.mkdir()
-    typo.write_text(text.replace("  llm-serving:monitoring: install", "  llm-serving:monitorin: install"))
-    for f in ("traces", "evals"):
-        if (ROOT / f).exists():
-            shutil.copytree(ROOT / f, tmp_path / f)
+    typo = _stack_copy(tmp_path, text.replace("  llm-serving:monitoring: install", "  llm-serving:monitorin: install"))
     with pytest.raises(InputError, match=r"config llm-serving:monitorin \(did you mean llm-serving:monitoring\?\): "
                                          r"not a setting of this project"):
         load_inputs(typo)
@@ -467,8 +473,6 @@ def test_a_simulation_of_billions_of_requests_is_refused_before_it_starts(tmp_pa
     --hours 0:1` replay 3.6 billion requests, silent for minutes; the CLI promises its checks come before any
     long work. The request count the window would replay is checked first, naming the endpoint and the input;
     the bundled prod week (49 M requests) stays well under the limit."""
-    import shutil
-
     import yaml
 
     from simulator.cli import MAX_SIMULATED_REQUESTS, expected_requests
@@ -479,15 +483,10 @@ def test_a_simulation_of_billions_of_requests_is_refused_before_it_starts(tmp_pa
     ep = doc["config"]["llm-serving:inputs"]["endpoints"][1]
     ep["traffic"]["hourly_mean_requests_per_s"] = [1e6] * 168
     ep["traffic"].pop("rate_trace", None)
-    (tmp_path / "stacks").mkdir()
-    stack = tmp_path / "stacks" / "Pulumi.dev.yaml"
-    stack.write_text(yaml.safe_dump(doc, sort_keys=False))
-    for f in ("traces", "evals"):
-        if (ROOT / f).exists():
-            shutil.copytree(ROOT / f, tmp_path / f)
+    stack = _stack_copy(tmp_path, yaml.safe_dump(doc, sort_keys=False))
     assert cli(["simulate", str(stack), "--hours", "0:1", "--no-progress"]) != 0
     err = capsys.readouterr().err
-    assert f"would replay about 3,6" in err and f"endpoint {ep['name']!r} 3,600,000,000" in err
+    assert "would replay about 3,6" in err and f"endpoint {ep['name']!r} 3,600,000,000" in err
     assert "traffic.hourly_mean_requests_per_s" in err
     prod = load_inputs(ROOT / "stacks" / "Pulumi.prod.yaml")
     assert 40e6 < sum(expected_requests(prod, None, 0, 168).values()) < MAX_SIMULATED_REQUESTS / 10

@@ -179,6 +179,16 @@ def synthetic_week(max_model_len: int, max_sequences: int):
     return text, truth
 
 
+def backfill(work, text: str, *promtool_args: str) -> PrometheusServer:
+    """A real Prometheus serving `text` (OpenMetrics, ending with '# EOF'), backfilled into work/data by promtool."""
+    (work / "m.om").write_text(text)
+    out = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", *promtool_args, "m.om",
+                          str(work / "data")], cwd=work, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (work / "prom").mkdir()
+    return PrometheusServer(work / "prom", storage=work / "data", retention="100y")
+
+
 @pytest.fixture(scope="module")
 def backfilled(tmp_path_factory):
     require_binary("promtool")
@@ -188,14 +198,7 @@ def backfilled(tmp_path_factory):
     engine = next(e for e in assist.engine if e.gpu_kind == "H100-80GB")
     work = tmp_path_factory.mktemp("calibrate")
     text, truth = synthetic_week(assist.shape.product_max_context_tokens, engine.max_concurrent_sequences)
-    (work / "week.om").write_text(text)
-    data = work / "data"
-    out = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=168h", "week.om",
-                          str(data)], cwd=work,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
-    (work / "prom").mkdir()
-    prom = PrometheusServer(work / "prom", storage=data, retention="100y")
+    prom = backfill(work, text, "--max-block-duration=168h")
     yield prom, truth, work, inputs
     prom.stop()
 
@@ -417,12 +420,7 @@ def test_minute_counts_come_from_the_raw_counters_of_every_gateway_pod(tmp_path)
             if not coarse:
                 lines.append(f'haproxy_frontend_http_requests_total{{namespace="{NS}",pod="{pod}",proxy="fe_assist"}} '
                              f"{value:.10g} {t0 + k}")
-    (tmp_path / "m.om").write_text("\n".join(lines) + "\n# EOF\n")
-    out = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "m.om", str(tmp_path / "data")],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
-    (tmp_path / "prom").mkdir()
-    server = PrometheusServer(tmp_path / "prom", storage=tmp_path / "data", retention="100y")
+    server = backfill(tmp_path, "\n".join(lines) + "\n# EOF\n")
     started = {"gw-a": t0 - 86400.0, "gw-b": t0 + 90 * 60 + 12.0}  # gw-c: started before the data
     try:
         prom = cp.Prometheus(server.url)
@@ -548,12 +546,7 @@ def test_the_hourly_profile_lands_on_the_profiles_own_hours_whenever_calibrate_r
         if t0 < k <= t1:
             value += 15.0
         lines.append(f'haproxy_frontend_http_requests_total{{namespace="{NS}",pod="gw-a",proxy="fe_assist"}} {value:g} {k}')
-    (tmp_path / "m.om").write_text("\n".join(lines) + "\n# EOF\n")
-    out = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "m.om", str(tmp_path / "data")],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
-    (tmp_path / "prom").mkdir()
-    server = PrometheusServer(tmp_path / "prom", storage=tmp_path / "data", retention="100y")
+    server = backfill(tmp_path, "\n".join(lines) + "\n# EOF\n")
     query = cp.QUERIES["requests_by_hour"].format(ns=NS, frontend="fe_assist", endpoint="assist", model="m", pod_re="x",
                                                   w="1h")
     try:
@@ -587,12 +580,7 @@ def test_decode_rate_per_replica_holds_when_the_floor_scales_within_the_hour(tmp
         for k in range(0, until + 1, 15):
             gen.append(f'vllm:generation_tokens_total{{{labels},pod="{pod}"}} {100.0 * k:g} {t0 + k}')
             run.append(f'vllm:num_requests_running{{{labels},pod="{pod}"}} {6 if pod == "a" else 2} {t0 + k}')
-    (tmp_path / "m.om").write_text("\n".join(lines[:1] + gen + lines[1:] + run) + "\n# EOF\n")
-    out = subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "m.om", str(tmp_path / "data")],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
-    (tmp_path / "prom").mkdir()
-    server = PrometheusServer(tmp_path / "prom", storage=tmp_path / "data", retention="100y")
+    server = backfill(tmp_path, "\n".join(lines[:1] + gen + lines[1:] + run) + "\n# EOF\n")
     fill = {"ns": NS, "endpoint": "assist", "model": "m"}
     try:
         prom = cp.Prometheus(server.url)

@@ -37,16 +37,17 @@ PROJECT_CONFIG_KEYS = frozenset({
 def check_project_config_keys(keys: Any, project: str, source: str) -> None:
     """Refuse a `<project>:<key>` of the stack's config that nothing reads (another project's keys, `aws:region`
     say, are the providers' business)."""
-    unknown = sorted(str(k) for k in keys if str(k).startswith(f"{project}:")
-                     and str(k).split(":", 1)[1] not in PROJECT_CONFIG_KEYS)
+    prefix = f"{project}:"
+    unknown = sorted(str(k).removeprefix(prefix) for k in keys
+                     if str(k).startswith(prefix) and str(k).removeprefix(prefix) not in PROJECT_CONFIG_KEYS)
     if unknown:
+        known = sorted(PROJECT_CONFIG_KEYS)
         hints = []
-        for k in unknown:
-            close = difflib.get_close_matches(k.split(":", 1)[1], sorted(PROJECT_CONFIG_KEYS), n=1, cutoff=0.6)
-            close = close or [c for c in sorted(PROJECT_CONFIG_KEYS) if c.lower() == k.split(":", 1)[1].lower()]
-            hints.append(f"{k}" + (f" (did you mean {project}:{close[0]}?)" if close else ""))
+        for name in unknown:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6) or [c for c in known if c.lower() == name.lower()]
+            hints.append(f"{prefix}{name}" + (f" (did you mean {prefix}{close[0]}?)" if close else ""))
         raise InputError(f"{source}: config {', '.join(hints)}: not a setting of this project, which reads "
-                         f"{', '.join(f'{project}:{k}' for k in sorted(PROJECT_CONFIG_KEYS))}")
+                         f"{', '.join(prefix + k for k in known)}")
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 __all__ = ["InputError", "InputNotice", "format_validation_error", "load_inputs", "load_spec_or_inputs", "inputs_from_document"]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from .costs import cyclic_runs
 from .spec import FloorWindow, MinContainersWindow
-from .timebase import HOURS_PER_WEEK, MINUTES_PER_HOUR, MINUTES_PER_WEEK
+from .timebase import HOURS_PER_WEEK, MINUTES_PER_DAY, MINUTES_PER_HOUR, MINUTES_PER_WEEK
 
 
 # Years whose clock changes a weekly edge is checked against (fixed, so a render does not depend on the day it runs)
@@ -33,8 +33,8 @@ def clear_of_clock_gaps(minute_of_week: int, timezone: str, earlier: bool) -> in
     from zoneinfo import ZoneInfo
 
     zone = ZoneInfo(timezone)
-    day, rest = divmod(minute_of_week, 24 * 60)
-    hour, minute = divmod(rest, 60)
+    day, rest = divmod(minute_of_week, MINUTES_PER_DAY)
+    hour, minute = divmod(rest, MINUTES_PER_HOUR)
 
     def exists(local: dt.datetime) -> bool:
         back = local.replace(tzinfo=zone).astimezone(dt.timezone.utc).astimezone(zone).replace(tzinfo=None)
@@ -49,7 +49,7 @@ def clear_of_clock_gaps(minute_of_week: int, timezone: str, earlier: bool) -> in
                 step = dt.timedelta(minutes=-1 if earlier else 1)
                 while not exists(local):
                     local += step
-                return (local.weekday() * 24 * 60 + local.hour * 60 + local.minute) % MINUTES_PER_WEEK
+                return (local.weekday() * MINUTES_PER_DAY + local.hour * MINUTES_PER_HOUR + local.minute) % MINUTES_PER_WEEK
             d += dt.timedelta(days=7)
     return minute_of_week
 

@@ -55,7 +55,7 @@ def plan(
     if any(p.spec.gated for p in plans):  # the cluster, the gateway and monitoring run for any gated endpoint
         by_tier["platform_fixed"] = weekly_fixed
     if any(p.uses_serverless for p in plans):
-        by_tier["serverless_fixed"] = inputs.prices.serverless_fixed_usd_per_month / costs.WEEKS_PER_MONTH
+        by_tier["serverless_fixed"] = weekly_sls_fixed
     monthly = {k: round(costs.monthly_from_weekly(v), 2) for k, v in by_tier.items()}
     return TopologySpec(
         spec_version=SPEC_VERSION, project=inputs.project, environment=inputs.environment,
