@@ -15,13 +15,14 @@ import pulumi
 
 from components.cluster import Cluster, ClusterArgs
 from components.floor_replicas import FloorReplicas, FloorReplicasArgs, canary_weights_prefix, previous_weights_prefix
-from components.gateway import Gateway, GatewayArgs
+from components.gateway import Gateway, GatewayArgs, gateway_pod_labels
 from components.gateway_config import ClientLimits
 from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
 from components.gpu_operator import GpuOperator, GpuOperatorArgs
 from components.keda import Keda
 from components.modal_burst import ModalBurst, ModalBurstArgs, ModalTokenError, code_sha256, default_python, modal_token_env
 from components.monitoring import PROMETHEUS_URL, Monitoring, MonitoringArgs
+from components.network_policy import Admitted, Scraper
 from components.node_autoscaler import NodeAutoscaler, NodeAutoscalerArgs
 from components.observability import Observability, ObservabilityArgs
 from components.quality_recorder import QualityRecorder, QualityRecorderArgs, sampled_endpoints
@@ -82,6 +83,7 @@ try:
             "s3GatewayEndpoint": config.get_object("s3GatewayEndpoint"),
             "monitoring": config.get("monitoring"),
             "qualityRecorderImage": config.get("qualityRecorderImage"),
+            "networkPolicy": config.get_object("networkPolicy"),
         },
         source,
     )
@@ -188,6 +190,12 @@ if spec.weight_caches and settings.owns_replication(pulumi.get_stack()):
         opts=pulumi.ResourceOptions(depends_on=[c.versioning for c in weight_caches.values()]),
     )
 
+# ── who may reach the engines and the recorder: the gateway and the Prometheus that scrapes them ────
+GATEWAY_NAME = "gateway"
+admitted = (Admitted(gateway_pod_labels=gateway_pod_labels(GATEWAY_NAME),
+                     scrapers=tuple(Scraper(s.namespace, s.pod_labels) for s in settings.metrics_scrapers))
+            if settings.network_policy.enabled else None)
+
 # ── floor replicas (dedicated pools), autoscaled by KEDA ───────────────────────────────────────
 floors: dict[str, FloorReplicas] = {}
 if floor_endpoints:
@@ -206,6 +214,7 @@ if floor_endpoints:
                 namespace=settings.namespace,
                 prometheus_url=settings.prometheus_url,
                 monitor_labels=settings.monitor_labels,
+                admitted=admitted,
             ),
             opts=pulumi.ResourceOptions(
                 providers={"kubernetes": cluster.provider},
@@ -256,14 +265,14 @@ if sampled_endpoints(spec):
         "quality",
         QualityRecorderArgs(spec=spec, namespace=settings.namespace, image=settings.quality_recorder_image,
                             cluster_name=cluster.name, region=spec.cluster_region,
-                            monitor_labels=settings.monitor_labels),
+                            monitor_labels=settings.monitor_labels, admitted=admitted),
         opts=monitored_opts,
     )
 
 gateway = None
 if any(e.gated for e in spec.endpoints):
     gateway = Gateway(
-        "gateway",
+        GATEWAY_NAME,
         GatewayArgs(
             spec=spec,
             namespace=settings.namespace,

@@ -36,6 +36,10 @@ _NODE_POLICIES = (
 )
 # Add-ons a created cluster needs for serving: networking, DNS, and Pod Identity for the weight readers.
 _ADDONS = ("vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent")
+# The VPC CNI enforces NetworkPolicies (the engines' and the recorder's, components/network_policy.py) only with
+# its network policy agent turned on: the add-on's `enableNetworkPolicy`, a string (add-on ≥ v1.14.0-eksbuild.3,
+# EKS ≥ 1.25; amazon-vpc-cni-k8s charts/aws-vpc-cni/values.yaml, EKS user guide "cni-network-policy-configure")
+_ADDON_CONFIGURATION = {"vpc-cni": json.dumps({"enableNetworkPolicy": "true"})}
 
 
 @dataclass(frozen=True)
@@ -208,6 +212,7 @@ class Cluster(pulumi.ComponentResource):
                 # takes them over instead of failing on a field they differ in
                 resolve_conflicts_on_create="OVERWRITE",
                 resolve_conflicts_on_update="OVERWRITE",
+                configuration_values=_ADDON_CONFIGURATION.get(addon),
                 # coredns needs nodes to schedule on before it reports healthy
                 opts=child(self, depends_on=[system] if addon == "coredns" else []),
             )

@@ -33,6 +33,7 @@ from topology.windows import clear_of_clock_gaps
 
 from ._common import CAPACITY_LABEL, ENDPOINT_LABEL, GPU_TAINT_EFFECT_K8S, MIG_CONFIG_LABEL, TYPE_PREFIX, child
 from .gpu_node_pool import NVME_MOUNT, node_labels
+from .network_policy import Admitted, ingress_policy_spec
 from .names import (
     POD_TARGET_LABELS, TRACK_CANARY, TRACK_LABEL, TRACK_METRIC_LABEL, TRACK_PREVIOUS, TRACK_STABLE, VERSION_LABEL,
     burst_backend_name, engine_selector, floor_backend_name,
@@ -257,6 +258,8 @@ class FloorReplicasArgs:
     """Longest the warm-up generation may take before the readiness probe reports not ready."""
     warmup_max_tokens: int = 1
     """Tokens the warm-up generation asks for (at least one must come back)."""
+    admitted: Admitted | None = None
+    """The clients the engines admit (a NetworkPolicy); None: no policy (any pod in the cluster reaches them)."""
     stale_lock_s: int = 120
     """A node-local weight-copy lock whose heartbeat (refreshed every few seconds by the copying pod) is older
     than this was left by a killed pod and is taken over."""
@@ -318,6 +321,11 @@ class FloorReplicas(pulumi.ComponentResource):
                        custom_timeouts=await_timeouts(ep, ep.autoscaling.max_replicas if ep.autoscaling else
                                                       ep.floor.base_replicas)),
         )
+        if args.admitted is not None:
+            # every engine of the endpoint (stable, canary, previous): its port admits the gateway and the scrapers
+            k8s.networking.v1.NetworkPolicy(f"{name}-network-policy", metadata=meta(app),
+                                            spec=ingress_policy_spec(labels, ep.engine.port, args.admitted),
+                                            opts=child(self))
         service = k8s.core.v1.Service(
             f"{name}-service",
             metadata=meta(app),

@@ -44,6 +44,12 @@ from .gateway_config import (
 CONFIG_DIR = "/usr/local/etc/haproxy"
 
 
+def gateway_pod_labels(name: str) -> dict[str, str]:
+    """The labels of the gateway's pods (Gateway `name`): what the engines' and the recorder's NetworkPolicies admit."""
+    return {"app.kubernetes.io/name": "haproxy", "app.kubernetes.io/instance": name,
+            "app.kubernetes.io/component": "gateway"}
+
+
 @dataclass(frozen=True)
 class GatewayArgs:
     spec: TopologySpec
@@ -140,8 +146,7 @@ class Gateway(pulumi.ComponentResource):
         secret_env = _secret_env(spec, floor, canary, burst_names, quality)
 
         app = f"{name}-haproxy"
-        labels = {"app.kubernetes.io/name": "haproxy", "app.kubernetes.io/instance": name,
-                  "app.kubernetes.io/component": "gateway"}
+        labels = gateway_pod_labels(name)
         meta = {"name": app, "namespace": ns, "labels": labels}
 
         config_hash = rendered.apply(

@@ -19,11 +19,12 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from ._common import TYPE_PREFIX, child
+from .stack_settings import MONITORING_NAMESPACE
 
 CHART_REPO = "https://prometheus-community.github.io/helm-charts"
 CHART_VERSION = "88.5.3"  # prometheus-community/helm-charts charts/kube-prometheus-stack/Chart.yaml (operator v0.93.1)
 RELEASE = "kube-prometheus-stack"
-NAMESPACE = "monitoring"
+NAMESPACE = MONITORING_NAMESPACE  # where the engines' NetworkPolicies admit the installed Prometheus from
 PROMETHEUS_URL = f"http://{RELEASE}-prometheus.{NAMESPACE}.svc.cluster.local:9090"
 # API groups whose custom resources this release defines
 PROVIDES_GROUPS = ("monitoring.coreos.com",)

@@ -306,7 +306,7 @@ def endpoint_alerts(ep: EndpointSpec, namespace: str) -> EndpointAlerts:
                      f"({down_for_s} s: {down_how}). Requests "
                      "overflow to burst where the endpoint has one, else fail; the queue and latency alerts and "
                      "KEDA's trigger read nothing while it lasts. Look for pods crash-looping, pending, or failing to pull their image or "
-                     "weights."),
+                     "weights, and for a NetworkPolicy that shuts Prometheus out (llm-serving:networkPolicy.scrapers)."),
         derivation=f"kube_deployment_spec_replicas > 0 with no stable engine series; for: {down_how}",
     ))
 

@@ -29,6 +29,7 @@ from topology.spec import EndpointSpec, TopologySpec
 
 from ._common import TYPE_PREFIX, child, restricted_security_context
 from .gateway_config import QUALITY_MAX_CAPTURE_BYTES, gated_endpoints, quality_capture_bytes, quality_sampling
+from .network_policy import Admitted, ingress_policy_spec
 
 RECORDER_NAME = "quality-recorder"
 RECORDER_PORT = 8080
@@ -150,6 +151,7 @@ class QualityRecorderArgs:
     memory_request: str = "256Mi"
     memory_limit: str = "1Gi"
     monitor_labels: Mapping[str, str] = field(default_factory=dict)
+    admitted: Admitted | None = None  # who may send records (a NetworkPolicy); None: any pod in the cluster
 
 
 class QualityRecorder(pulumi.ComponentResource):
@@ -232,6 +234,10 @@ class QualityRecorder(pulumi.ComponentResource):
         k8s.policy.v1.PodDisruptionBudget(f"{name}-pdb", metadata=meta,
                                           spec={"minAvailable": 1, "selector": {"matchLabels": labels}},
                                           opts=child(self))
+        if args.admitted is not None:
+            k8s.networking.v1.NetworkPolicy(f"{name}-network-policy", metadata=meta,
+                                            spec=ingress_policy_spec(labels, RECORDER_PORT, args.admitted),
+                                            opts=child(self))
         service = k8s.core.v1.Service(
             f"{name}-service", metadata=meta,
             spec={"type": "ClusterIP", "selector": labels,

@@ -135,6 +135,56 @@ class GatewaySettings(_Settings):
         "every client one: the per-source caps then cap all traffic.")
 
 
+class ScraperSettings(_Settings):
+    """Pods that scrape the engines' and the quality recorder's `/metrics` (a Prometheus)."""
+
+    namespace: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63,
+                           description="The namespace the scraping pods run in.")
+    pod_labels: dict[str, str] = Field(
+        alias="podLabels", min_length=1,
+        description="Labels every scraping pod carries (a Prometheus Operator's Prometheus pods: "
+        "`app.kubernetes.io/name: prometheus`).")
+
+    @field_validator("pod_labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, x in v.items():  # they become a NetworkPolicy's podSelector: Kubernetes label syntax
+            check_label_key(k)
+            check_label_value(x)
+        return v
+
+
+# The pods of a Prometheus Operator `Prometheus` resource carry this label, reserved by the operator (prometheus-
+# operator v0.93 pkg/prometheus/server/operator.go makeSelectorLabels; kube-prometheus-stack 88.5.3 runs v0.93.1);
+# the installed kube-prometheus-stack runs them in MONITORING_NAMESPACE (components/monitoring.py).
+PROMETHEUS_POD_LABELS = {"app.kubernetes.io/name": "prometheus"}
+MONITORING_NAMESPACE = "monitoring"
+# An in-cluster Service URL: http(s)://<service>.<namespace>.svc[.<cluster domain>][:port][/path]
+_SERVICE_URL = re.compile(r"^https?://[a-z0-9]([-a-z0-9]*[a-z0-9])?\.(?P<ns>[a-z0-9]([-a-z0-9]*[a-z0-9])?)\.svc"
+                          r"(\.[a-z0-9.-]+)?(:\d+)?(/.*)?$")
+
+
+def _service_namespace(url: str) -> str | None:
+    m = _SERVICE_URL.match(url)
+    return m["ns"] if m else None
+
+
+class NetworkPolicySettings(_Settings):
+    """`llm-serving:networkPolicy`: who may open a connection to the serving pods.
+
+    vLLM's own API key covers only paths under /v1 (0.11.0 `AuthenticationMiddleware`): /invocations, /tokenize,
+    /pooling, /score and, with runtime LoRA updates, loading adapters sit outside it. So the engines admit
+    connections from the stack's gateway and from the pods that scrape their metrics, and the quality recorder
+    from the gateway and those scrapers; nothing else in the cluster reaches them."""
+
+    enabled: bool = Field(True, description="Declare the NetworkPolicies (false: any pod in the cluster reaches the "
+                          "engines and the recorder; only for a cluster whose mesh or CNI enforces its own).")
+    scrapers: tuple[ScraperSettings, ...] | None = Field(
+        None, description="The pods that scrape the engines' and the recorder's metrics. Default: with monitoring "
+        "'install', the installed Prometheus (namespace monitoring); with 'platform', the Prometheus pods "
+        "(app.kubernetes.io/name: prometheus) in the namespace of prometheusUrl's Service.")
+
+
 class StackSettings(_Settings):
     cluster: ClusterSettings = Field(description="`llm-serving:cluster`.")
     gateway: GatewaySettings = Field(default_factory=GatewaySettings, description="`llm-serving:gateway`.")
@@ -163,6 +213,9 @@ class StackSettings(_Settings):
         description="`llm-serving:qualityRecorderImage`: the quality recorder's image, built from recorder/Dockerfile "
         "(tag or digest); required when an endpoint's rollout samples quality.",
     )
+    network_policy: NetworkPolicySettings = Field(
+        default_factory=NetworkPolicySettings, alias="networkPolicy",
+        description="`llm-serving:networkPolicy`: the pods allowed to reach the engines and the quality recorder.")
     monitoring: Literal["install", "platform"] | None = Field(
         None,
         description="`llm-serving:monitoring`: 'install' kube-prometheus-stack (default when the stack creates the "
@@ -172,6 +225,16 @@ class StackSettings(_Settings):
     @property
     def installs_monitoring(self) -> bool:
         return (self.monitoring or ("install" if self.cluster.mode == "create" else "platform")) == "install"
+
+    @property
+    def metrics_scrapers(self) -> tuple[ScraperSettings, ...]:
+        """The pods the NetworkPolicies admit to the metrics ports: networkPolicy.scrapers, or the installed
+        Prometheus, or the Prometheus pods in the namespace of prometheusUrl's Service (the validator refused the
+        settings where none of these is known)."""
+        if self.network_policy.scrapers is not None:
+            return self.network_policy.scrapers
+        ns = MONITORING_NAMESPACE if self.installs_monitoring else _service_namespace(self.prometheus_url)
+        return (ScraperSettings(namespace=ns, pod_labels=PROMETHEUS_POD_LABELS),) if ns else ()
 
     def owns_replication(self, stack: str) -> bool:
         return self.weight_replication is None or self.weight_replication.owner_stack == stack
@@ -199,10 +262,23 @@ class StackSettings(_Settings):
                 f"for a Prometheus that selects by other labels")
         return self
 
+    @model_validator(mode="after")
+    def _scrapers_known(self) -> "StackSettings":
+        # a NetworkPolicy that shuts out the Prometheus scraping the engines empties KEDA's queue trigger and every
+        # engine alert: the scrapers are named, or derived only from a Prometheus known to run in the cluster
+        np = self.network_policy
+        if np.enabled and not self.metrics_scrapers:
+            raise ValueError(
+                f"prometheusUrl {self.prometheus_url!r} is not a Service in this cluster "
+                "(http://<service>.<namespace>.svc…), so the NetworkPolicies cannot tell which pods scrape the "
+                "engines' metrics: set networkPolicy.scrapers to [{namespace: <ns>, podLabels: {<label>: <value>}}] "
+                "naming them (an agent or Prometheus in the cluster), or networkPolicy.enabled: false")
+        return self
+
 
 def stack_settings(config: Mapping[str, Any], source: str) -> StackSettings:
     """Settings from the non-input config keys (`cluster`, `gateway`, `namespace`, `prometheusUrl`, `monitorLabels`,
-    `weightReplication`, `s3GatewayEndpoint`, `monitoring`, `qualityRecorderImage`)."""
+    `weightReplication`, `s3GatewayEndpoint`, `monitoring`, `qualityRecorderImage`, `networkPolicy`)."""
     if config.get("cluster") is None:
         raise InputError(
             f"{source}: missing config key 'cluster'; set it to {{mode: existing, name, nodeRoleArn, subnetIds}} "

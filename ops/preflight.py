@@ -11,9 +11,8 @@ The AWS, Kubernetes and Modal clients are injected (`Clients`), so tests run the
 
 from __future__ import annotations
 
-import re
-
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+import yaml
 
 from topology.spec import TopologySpec
 
@@ -206,7 +206,33 @@ def check_cluster(st: StackUnderCheck, c: Clients) -> list[Check]:
         out.append(Check("pod identity agent", False,
                          "the eks-pod-identity-agent add-on is not installed: weight readers and the node autoscaler get no AWS credentials",
                          f"aws eks create-addon --cluster-name {name} --addon-name eks-pod-identity-agent --region {region}"))
+    if st.settings.network_policy.enabled:
+        out.append(check_network_policy_enforced(eks, name, region))
     return out
+
+
+def check_network_policy_enforced(eks, name: str, region: str) -> Check:
+    """Whether the cluster enforces the engines' and the recorder's NetworkPolicies: the VPC CNI add-on with
+    `enableNetworkPolicy` "true" (its configuration values, JSON or YAML). Not blocking: without it `up` works
+    and the policies are inert, so any pod in the cluster reaches the engines."""
+    fix = (f"aws eks update-addon --cluster-name {name} --addon-name vpc-cni --region {region} "
+           "--configuration-values '{\"enableNetworkPolicy\": \"true\"}' --resolve-conflicts PRESERVE")
+    try:
+        addon = eks.describe_addon(clusterName=name, addonName="vpc-cni")["addon"]
+    except eks.exceptions.ResourceNotFoundException:
+        return Check("network policy", False, "vpc-cni is not an EKS add-on of this cluster: preflight cannot tell "
+                     "whether its CNI enforces NetworkPolicies (Calico and Cilium do; the self-managed VPC CNI does "
+                     "with enableNetworkPolicy)", "check the cluster's CNI; until it enforces them any pod reaches "
+                     "the engines", blocking=False)
+    try:
+        values = yaml.safe_load(addon.get("configurationValues") or "") or {}
+    except yaml.YAMLError:
+        values = {}
+    on = isinstance(values, dict) and str(values.get("enableNetworkPolicy", "")).lower() == "true"
+    return Check("network policy", on,
+                 f"vpc-cni {addon.get('addonVersion')}: enableNetworkPolicy "
+                 f"{'on: the engines admit the gateway and Prometheus only' if on else 'off: the NetworkPolicies are inert'}",
+                 fix, blocking=False)
 
 
 def check_monitoring(st: StackUnderCheck, c: Clients) -> list[Check]:

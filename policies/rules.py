@@ -837,6 +837,82 @@ def check_right_size_before_platform(r: Resource, ctx: StackContext) -> list[str
             "than a cluster plus its platform costs: right-size before platform (compare the plan's alternatives)."]
 
 
+# ── who may connect to an engine or the quality recorder ─────────────────────────────────────────
+
+RECORDER_LABELS = {"app.kubernetes.io/name": "quality-recorder"}  # components/quality_recorder.py
+OPEN_CIDRS = ("0.0.0.0/0", "::/0")
+
+
+def selector_matches(selector: Any, labels: Mapping[str, Any]) -> bool:
+    """Whether a Kubernetes label selector (matchLabels and matchExpressions, every term ANDed) selects labels;
+    an empty selector selects everything."""
+    sel = _map(selector)
+    if any(labels.get(k) != v for k, v in _map(sel.get("matchLabels")).items()):
+        return False
+    for e in _seq(sel.get("matchExpressions")):
+        e = _map(e)
+        key, op, values = e.get("key"), e.get("operator"), [str(v) for v in _seq(e.get("values"))]
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels.get(key) in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def _admits_anyone(rule: Any) -> bool:
+    """Whether one ingress rule admits connections from any pod of any namespace (or any address)."""
+    peers = _seq(_map(rule).get("from"))
+    if not peers:
+        return True  # no `from`: every source
+    for p in map(_map, peers):
+        if "ipBlock" in p and _map(p.get("ipBlock")).get("cidr") in OPEN_CIDRS and not _seq(p["ipBlock"].get("except")):
+            return True
+        if "namespaceSelector" in p and not _map(p.get("namespaceSelector")) and not _map(p.get("podSelector")):
+            return True  # every pod of every namespace
+    return False
+
+
+def check_serving_pods_admit_only_their_clients(resources: Sequence[Resource], ctx: StackContext
+                                                ) -> list[tuple[str, str]]:
+    """Every vLLM engine serving an endpoint, and the quality recorder, is selected by an ingress NetworkPolicy, and
+    none of the policies selecting it admits every source (policies add up: one open rule opens the pod)."""
+    policies = [r for r in resources if k8s_kind(r) == "NetworkPolicy"]
+    found: list[tuple[str, str]] = []
+    for r in resources:
+        if pod_spec(r) is None:
+            continue
+        labels = dict(_map(_map(_map(_map(r.props.get("spec")).get("template")).get("metadata")).get("labels")))
+        recorder = all(labels.get(k) == v for k, v in RECORDER_LABELS.items())
+        if not (_serves_an_endpoint(r) or recorder):
+            continue
+        ns = _map(r.props.get("metadata")).get("namespace")
+        selecting = []
+        for p in policies:
+            spec = _map(p.props.get("spec"))
+            types = _seq(spec.get("policyTypes")) or ["Ingress"]  # absent: Ingress (and Egress when it has egress)
+            if (_map(p.props.get("metadata")).get("namespace") == ns and "Ingress" in types
+                    and selector_matches(spec.get("podSelector"), labels)):
+                selecting.append(p)
+        what = ("the quality recorder, which takes quality records from the gateway" if recorder else
+                "a vLLM engine, whose --api-key guards only /v1 (/invocations, /tokenize, /score and LoRA loads "
+                "answer anyone)")
+        if not selecting:
+            found.append((r.urn, f"{k8s_ref(r)} is {what}, and no NetworkPolicy selects its pods: any pod in the "
+                                 "cluster can connect. Keep llm-serving:networkPolicy enabled (it admits the gateway "
+                                 "and the Prometheus that scrapes the pods)."))
+            continue
+        open_ = [k8s_ref(p) for p in selecting
+                 if any(_admits_anyone(rule) for rule in _seq(_map(p.props.get("spec")).get("ingress")))]
+        if open_:
+            found.append((r.urn, f"{k8s_ref(r)} is {what}, and {', '.join(open_)} admits every source to it. "
+                                 "Admit the gateway's pods and the metrics scrapers only."))
+    return found
+
+
 RULES: tuple[Rule, ...] = (
     Rule("no-gpu-utilisation-autoscaling", MANDATORY,
          "Inference workloads never autoscale on GPU utilisation (DCGM / GPU_UTIL metrics in a ScaledObject, "
@@ -865,6 +941,9 @@ RULES: tuple[Rule, ...] = (
          "No custom resource is declared whose definition nothing in the stack or its stated platform provides.",
          stack_check=check_custom_resources_defined),
     Rule("aws-provider-region", MANDATORY, "The AWS provider has a region.", stack_check=check_aws_provider_region),
+    Rule("serving-pods-admit-only-their-clients", ADVISORY,
+         "vLLM engines and the quality recorder are selected by an ingress NetworkPolicy that does not admit every "
+         "source.", stack_check=check_serving_pods_admit_only_their_clients),
     Rule("morning-floor-before-demand-rise", ADVISORY,
          "A floor schedule is not at zero on weekday mornings before the demand rise (the 7 am cold start).",
          stack_check=check_morning_floor),

@@ -92,7 +92,9 @@ def world(aws_env, moto_endpoint, tmp_path):
 
     eks.create_cluster(name=st.settings.cluster.name, version="1.33", roleArn="arn:aws:iam::123456789012:role/eks",
                        resourcesVpcConfig={"subnetIds": ["subnet-1"]})
-    addons = {"eks-pod-identity-agent": {"status": "ACTIVE", "addonVersion": "v1.3.8-eksbuild.2"}}
+    addons = {"eks-pod-identity-agent": {"status": "ACTIVE", "addonVersion": "v1.3.8-eksbuild.2"},
+              "vpc-cni": {"status": "ACTIVE", "addonVersion": "v1.20.4-eksbuild.2",
+                          "configurationValues": '{"enableNetworkPolicy": "true"}'}}
     s3.create_bucket(Bucket=source)
     s3.create_bucket(Bucket=f"evals-{run}")
     s3.put_bucket_versioning(Bucket=source, VersioningConfiguration={"Status": "Enabled"})
@@ -126,7 +128,7 @@ def test_a_ready_account_passes_every_check(world):
     checks, text, status = run(stack_file, clients)
     assert status == 0, text
     assert all(c.ok for c in checks.values()), text
-    assert {"aws region", "aws credentials", "cluster", "kubernetes version", "pod identity agent",
+    assert {"aws region", "aws credentials", "cluster", "kubernetes version", "pod identity agent", "network policy",
             "prometheus operator CRDs", "prometheus url", "source bucket", "weights assist", "adapters assist",
             "weights autocomplete", "weights guard", "s3 gateway endpoint", "modal token", "modal environment",
             "gpu snapshots", "secret assist-gateway-tenants", "secret modal-proxy-auth"} <= set(checks)
@@ -150,7 +152,7 @@ def test_each_missing_piece_is_named_with_the_command_that_fixes_it(world):
     checks, text, status = run(stack_file, clients)
     assert status == 1
     failed = {n: c for n, c in checks.items() if not c.ok}
-    assert set(failed) == {"pod identity agent", "prometheus operator CRDs", "prometheus url", "weights autocomplete",
+    assert set(failed) == {"pod identity agent", "network policy", "prometheus operator CRDs", "prometheus url", "weights autocomplete",
                            "secret assist-gateway-tenants", "secret modal-proxy-auth", "modal environment", "gpu snapshots"}
     cluster = st.settings.cluster.name
     assert failed["pod identity agent"].fix == (
@@ -162,7 +164,8 @@ def test_each_missing_piece_is_named_with_the_command_that_fixes_it(world):
     assert failed["secret modal-proxy-auth"].fix.startswith(f"kubectl -n {ns} create secret generic modal-proxy-auth")
     assert failed["modal environment"].fix == "modal environment create prod"
     for c in failed.values():
-        assert f"[FAIL] {c.name}: {c.detail}\n       fix: {c.fix}" in text
+        assert f"[{'FAIL' if c.blocking else 'warn'}] {c.name}: {c.detail}\n       fix: {c.fix}" in text
+    assert not failed["network policy"].blocking and "8 blocking failure(s)" in text
 
 
 def test_without_credentials_or_token_nothing_else_is_asked(world):
@@ -358,3 +361,25 @@ def test_an_unknown_stack_name_lists_the_stacks_there(capsys):
     assert main(["preflight", "staging"]) == 2
     err = capsys.readouterr().err
     assert "staging: no such stack file" in err and "dev, prod" in err
+
+
+@pytest.mark.parametrize("values, on", [
+    ('{"enableNetworkPolicy": "true"}', True),
+    ("enableNetworkPolicy: 'true'\nenv:\n  ENABLE_PREFIX_DELEGATION: 'true'\n", True),  # the add-on takes YAML too
+    ('{"enableNetworkPolicy": "false"}', False),
+    ("", False),
+    ("{not yaml", False),
+])
+def test_network_policies_that_the_cluster_would_not_enforce_are_a_warning(world, values, on):
+    stack_file, clients, kube, modal, addons, s3 = world
+    addons["vpc-cni"]["configurationValues"] = values
+    checks, text, status = run(stack_file, clients)
+    c = checks["network policy"]
+    assert c.ok is on and not c.blocking and status == 0, text  # `up` works; the policies are inert
+    if not on:
+        assert "enableNetworkPolicy off: the NetworkPolicies are inert" in c.detail
+        assert c.fix.startswith(f"aws eks update-addon --cluster-name {P.load_stack(stack_file).settings.cluster.name} "
+                                "--addon-name vpc-cni") and '\'{"enableNetworkPolicy": "true"}\'' in c.fix
+    del addons["vpc-cni"]  # a self-managed CNI: preflight cannot tell
+    c = {x.name: x for x in P.run_checks(P.load_stack(stack_file), clients)}["network policy"]
+    assert not c.ok and not c.blocking and "cannot tell" in c.detail

@@ -30,7 +30,7 @@ CONFIG_KEY_SUFFIX = ":inputs"
 PROJECT_CONFIG_KEYS = frozenset({
     "inputs", "cluster", "gateway", "namespace", "prometheusUrl", "monitorLabels", "weightReplication",
     "s3GatewayEndpoint", "monitoring", "qualityRecorderImage", "planningDate", "kubeconfig", "modalTokenId",
-    "modalTokenSecret", "platformProvides",
+    "modalTokenSecret", "platformProvides", "networkPolicy",
 })
 
 
