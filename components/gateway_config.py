@@ -287,6 +287,27 @@ def adapter_rule(e: EndpointSpec) -> bool:
     return True
 
 
+# The client's own request id travels to the engines in this header, never as their request id (request_ids)
+CLIENT_REQUEST_ID_HEADER = "X-Client-Request-Id"
+
+
+def request_ids() -> list[str]:
+    """Rules that give each request the gateway's own id upstream.
+
+    vLLM takes a request's id from its X-Request-Id header (0.11.0 entrypoints/openai/serving_engine.py
+    `_base_request_id`; chat's id is `chatcmpl-<it>`) and refuses a second request while one with the same id runs
+    ("Request id … already running", v1/engine/output_processor.py). Engines are shared by tenants (and a burst
+    container by every pod of the gateway), so a client's id, which another tenant's client may use as well
+    (counters from 1, a fixed string, a retry that reuses it), would fail unrelated requests. Upstream the header is
+    the gateway's unique id (`unique-id-format`: this pod's name, the accept time, the request count; logged as
+    %ID); the client's id goes along as X-Client-Request-Id, stays the quality record's request id, and comes
+    back as the response's X-Request-Id (the gateway's id where the client sent none)."""
+    return [
+        f"    http-request set-header {CLIENT_REQUEST_ID_HEADER} %[var(txn.client_rid)] if {{ var(txn.client_rid) -m found }}",
+        "    http-request set-header X-Request-Id %[unique-id]",
+    ]
+
+
 def _json_error(status: int, message: str, kind: str) -> str:
     # HAProxy single-quoted string: no escaping needed for these fixed messages
     return (
@@ -459,7 +480,9 @@ def render_gateway_config(
         "    mode http",
         "    log global",
         '    log-format "%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %tsc %ac/%fc/%bc/%sc/%rc %sq/%bq '
-        '{%[var(txn.tenant)]} {%[var(txn.route)]} %{+Q}r"',
+        '{%[var(txn.tenant)]} {%[var(txn.route)]} %ID %{+Q}r"',
+        # the id an engine knows a request by (request_ids): this pod's name, the accept time, the request count
+        "    unique-id-format %{+X}o%H-%Ts-%rt",
         "    option abortonclose",  # a client that leaves while queued is dropped, never sent upstream
         "    option http-no-delay",  # small SSE chunks leave at once (no Nagle/MSG_MORE batching)
         "    option dontlognull",
@@ -584,6 +607,7 @@ def _endpoint_sections(
     claim_ttl_ms = idempotency_claim_ttl_ms(e)
     fl.append(f"    filter lua.llm {first_ms} {inter_ms} {_ms(g.sse_heartbeat_s)} {claim_ttl_ms}")
     fl.append("    http-request set-var(txn.route) str(rejected)")
+    fl.append("    http-request set-var(txn.client_rid) req.fhdr(x-request-id)")  # echoed back (request_ids)
     # tenants: API key (from the Secret, via env) -> tenant
     for t in g.tenants:
         key_env = env_name(e.name, t.api_key_secret_key)
@@ -655,7 +679,7 @@ def _endpoint_sections(
                                    "rate_limit_error") + " if { var(txn.idem_refused) -m str full }")
     fl.append("    http-request set-header Content-Length %[var(txn.gate_len)] if { var(txn.gate_len) -m found }")
     # nothing the client sends may impersonate the gateway or leak its key upstream
-    for h in ("Authorization", "Modal-Key", "Modal-Secret", "X-Gateway-Tenant"):
+    for h in ("Authorization", "Modal-Key", "Modal-Secret", "X-Gateway-Tenant", CLIENT_REQUEST_ID_HEADER):
         fl.append(f"    http-request del-header {h}")
     fl.append("    http-request set-header X-Gateway-Tenant %[var(txn.tenant)]")
     q = quality_sampling(e)
@@ -672,6 +696,8 @@ def _endpoint_sections(
         fl.append(f"    http-request lua.llm_quality {e.name} {r.served_version} {candidate} "
                   f"{quality_bind} {quality_capture_bytes(e)} {QUALITY_MAX_CAPTURES} {QUALITY_MAX_POSTS} "
                   f"{QUALITY_POST_TIMEOUT_MS} if {{ var(txn.q_user) -m found }} || {{ var(txn.q_mirror) -m found }}")
+    # after the quality action (its record keeps the client's id), before the shadow's copy of the headers
+    fl += request_ids()
     shadow_cap = shadow_cap_of(e, gateway_replicas)
     if g.shadow is not None:
         # a validated request is mirrored (chosen per request) by a Lua task: this action only copies the
@@ -746,6 +772,8 @@ def _endpoint_sections(
         fl.append("    http-after-response set-status 429 if { status 503 } { var(txn.admit) -m found }")
         fl.append(f"    http-after-response set-header Retry-After {max(1, g.retry_after_s)} "
                   "if { status 429 } { var(txn.admit) -m found }")
+    fl.append("    http-after-response set-header X-Request-Id %[var(txn.client_rid)] if { var(txn.client_rid) -m found }")
+    fl.append("    http-after-response set-header X-Request-Id %[unique-id] unless { var(txn.client_rid) -m found }")
     fl.append("    http-after-response set-header X-Accel-Buffering no")
     fl.append("    http-after-response set-header Cache-Control no-cache if { res.hdr(content-type) -m beg text/event-stream }")
     fl.append("")

@@ -39,8 +39,9 @@ class Recorded:
     headers: dict[str, str]
     body: dict | None
     received_at: float
-    request_id: str | None
+    request_id: str | None  # the client's (X-Client-Request-Id from the gateway, else X-Request-Id)
     aborted_at: float | None = None
+    engine_request_id: str | None = None  # X-Request-Id as received: the id vLLM knows the request by
     completed: bool = False
 
 
@@ -50,6 +51,8 @@ class UpstreamLog:
     connections: int = 0
     requests: list[Recorded] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    running_ids: set[str] = field(default_factory=set)  # engine request ids in flight
+    refused_ids: list[str] = field(default_factory=list)  # refused as already running
 
     def completions(self) -> list[Recorded]:
         with self.lock:
@@ -57,6 +60,10 @@ class UpstreamLog:
 
     def aborts(self) -> list[Recorded]:
         return [r for r in self.completions() if r.aborted_at is not None]
+
+
+def _client_id(headers) -> str | None:
+    return headers.get("X-Client-Request-Id") or headers.get("X-Request-Id")
 
 
 def _chunk(payload: dict) -> bytes:
@@ -87,7 +94,8 @@ class _Handler(BaseHTTPRequestHandler):
             with owner.log.lock:
                 owner.log.requests.append(Recorded(
                     path=self.path, headers={k.lower(): v for k, v in self.headers.items()}, body=None,
-                    received_at=time.monotonic(), request_id=self.headers.get("X-Request-Id")))
+                    received_at=time.monotonic(), request_id=_client_id(self.headers),
+                    engine_request_id=self.headers.get("X-Request-Id")))
             self._send_json(200, {"object": "list", "data": [{"id": "m", "object": "model"}]})
             return
         self._send_json(404, {"error": "not found"})
@@ -119,11 +127,33 @@ class _Handler(BaseHTTPRequestHandler):
             headers={k.lower(): v for k, v in self.headers.items()},
             body=body,
             received_at=time.monotonic(),
-            request_id=self.headers.get("X-Request-Id"),
+            request_id=_client_id(self.headers),
+            engine_request_id=self.headers.get("X-Request-Id"),
         )
         owner = self.server.owner
+        rid = rec.engine_request_id
         with owner.log.lock:
             owner.log.requests.append(rec)
+            # vLLM takes X-Request-Id as the request's id and refuses a second while the first runs (0.11.0
+            # serving_engine._base_request_id, v1/engine/output_processor.py "already running"; a 400)
+            duplicate = rid is not None and rid in owner.log.running_ids
+            if duplicate:
+                owner.log.refused_ids.append(rid)
+            elif rid is not None:
+                owner.log.running_ids.add(rid)
+        if duplicate:
+            self._send_json(400, {"object": "error", "message": f"Request id chatcmpl-{rid} already running.",
+                                  "type": "BadRequestError", "code": 400})
+            return
+        try:
+            self._answer(rec, body)
+        finally:
+            if rid is not None:
+                with owner.log.lock:
+                    owner.log.running_ids.discard(rid)
+
+    def _answer(self, rec: Recorded, body) -> None:
+        owner = self.server.owner
         h = self.headers
         fail = h.get("X-Fake-Fail", "")
         if fail == "close-before-response":

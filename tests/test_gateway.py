@@ -10,6 +10,7 @@ import http.client
 import json
 import re
 import socket
+import threading
 import time
 import uuid
 
@@ -861,6 +862,52 @@ def test_overlong_idempotency_key_is_refused(gw):
 
 
 # 7. tenancy and canary ---------------------------------------------------------------------
+
+def test_two_tenants_with_one_request_id_do_not_fail_each_other_on_a_shared_engine(gw):
+    """vLLM takes X-Request-Id as the request's id and refuses a second while the first runs (0.11.0; the fake
+    engine does as it does): two tenants' clients numbering their requests from 1 would fail each other on
+    assist's shared floor. The engine gets the gateway's own ids (distinct), the client's id as
+    X-Client-Request-Id; each client gets its own id back."""
+    port = gw["ports"]["assist"]
+    out = {}
+
+    def go(tenant):
+        out[tenant] = post(port, body(stream=True), key=KEYS[tenant],
+                           headers={"X-Request-Id": "1", "X-Session-Id": "one-replica", "X-Fake-Chunks": "4",
+                                    "X-Fake-Interval-Ms": "250"})
+
+    threads = [threading.Thread(target=go, args=(t,)) for t in ("acme", "globex")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    for tenant, (status, headers, content, _) in out.items():
+        assert status == 200 and content.count(b"tok") == 4, (tenant, content[:300])
+        assert headers["x-request-id"] == "1"  # the client's own id back
+    recs = [(n, r) for n, u in gw["ups"].items() for r in u.log.completions() if r.request_id == "1"]
+    assert len(recs) == 2 and len({n for n, _ in recs}) == 1  # both on one engine, at once
+    engine_ids = {r.engine_request_id for _, r in recs}
+    assert len(engine_ids) == 2 and "1" not in engine_ids
+    assert all(r.headers["x-client-request-id"] == "1" for _, r in recs)
+    assert not any(u.log.refused_ids for u in gw["ups"].values())
+    # no id from the client: the response names the one the engine got (the gateway logs it as %ID)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body()).encode(),
+                 headers={"Authorization": f"Bearer {KEYS['acme']}", "Content-Type": "application/json",
+                          "X-Client-Request-Id": "forged"})
+    resp = conn.getresponse()
+    resp.read()
+    gateway_id = resp.getheader("X-Request-Id")
+    conn.close()
+    assert resp.status == 200 and gateway_id
+    [(_, rec)] = [(n, r) for n, u in gw["ups"].items() for r in u.log.completions()
+                  if r.engine_request_id == gateway_id]
+    assert "x-client-request-id" not in rec.headers  # a client cannot set what the engine reads as the client's
+    # refused before any upstream: the client's id comes back all the same
+    status, headers, _, rid = post(port, body(), key="not-a-key")
+    assert status == 401 and headers["x-request-id"] == rid
+
+
 
 def test_tenants_with_the_same_prompt_get_their_own_cache_salt(gw):
     seen = {}
