@@ -22,6 +22,7 @@ from topology.spec import WeightCacheSpec
 from ._common import TYPE_PREFIX, child
 
 READER_POLICY_NAME = "read-model-prefix"
+INCOMPLETE_UPLOAD_DAYS = 7  # a seed interrupted longer than this starts its large objects over
 
 _POD_IDENTITY_ASSUME = json.dumps({
     "Version": "2012-10-17",
@@ -138,6 +139,17 @@ class WeightCache(pulumi.ComponentResource):
             region=c.region,
             policy=tls_only_policy(c.bucket_name),
             opts=child(self, depends_on=[block], **keep),
+        )
+        # an interrupted weight seed (ops/seed_weights.py copies large objects in parts, and resumes an unfinished
+        # upload on its next run) leaves its parts stored, and billed, until the upload is completed or aborted: S3
+        # aborts those older than this. No rule expires an object or an older version of one (protection)
+        s3.BucketLifecycleConfiguration(
+            f"{name}-lifecycle",
+            bucket=bucket.bucket,
+            region=c.region,
+            rules=[{"id": "abort-incomplete-uploads", "status": "Enabled", "filter": {},  # every key
+                    "abort_incomplete_multipart_upload": {"days_after_initiation": INCOMPLETE_UPLOAD_DAYS}}],
+            opts=child(self, **keep),
         )
         self.s3_endpoint_id: pulumi.Output[str] | None = (
             pulumi.Output.from_input(args.s3_endpoint_id) if args.s3_endpoint_id else None

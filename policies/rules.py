@@ -514,6 +514,13 @@ def check_weight_buckets(resources: Sequence[Resource], ctx: StackContext) -> li
             missing.append("the bucket is not protected (set ResourceOptions(protect=True))")
         if b.props.get("forceDestroy") is True:
             missing.append("forceDestroy is true (set it false: a destroy would empty the bucket)")
+        expiring = [str(_map(rule).get("id") or "(no id)")
+                    for lc in parts.get("BucketLifecycleConfiguration", []) + parts.get("BucketLifecycleConfigurationV2", [])
+                    for rule in _seq(lc.props.get("rules"))
+                    if _map(rule).get("status") == "Enabled" and _map(rule).get("expiration")]
+        if expiring:
+            missing.append(f"lifecycle rule(s) {', '.join(expiring)} expire objects (remove the expiration: weights "
+                           "leave the bucket only when a revision is retired, never on a timer)")
         for m in missing:
             found.append((b.urn, f"weight bucket {name}: {m}."))
     return found
@@ -927,7 +934,8 @@ RULES: tuple[Rule, ...] = (
          "No GPU time-slicing or MPS sharing for a workload with an SLO; MIG layouts valid for their GPU.",
          stack_check=check_gpu_sharing),
     Rule("weight-bucket-protection", MANDATORY,
-         "Weight buckets are versioned, encrypted, private, TLS-only and protected from deletion.",
+         "Weight buckets are versioned, encrypted, private, TLS-only and protected from deletion (no lifecycle "
+         "expiration).",
          stack_check=check_weight_buckets),
     Rule("modal-burst-proxy-auth", MANDATORY,
          "A Modal burst endpoint requires proxy auth.", resource_check=check_modal_proxy_auth),

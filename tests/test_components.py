@@ -521,11 +521,13 @@ def test_a_protected_weight_caches_settings_survive_a_destroy_that_keeps_it():
     """`pulumi destroy --exclude-protected` keeps a protected resource and what it depends on, but deletes what
     depends on it (pulumi destroy.go getProtectedExcludes): the cache bucket stayed while its versioning was
     suspended (deleting BucketVersioning does that: pulumi_aws s3/bucket_versioning.py) and its public access
-    block, TLS-only policy and default encryption went. Those four are retained on delete with the bucket."""
+    block, TLS-only policy and default encryption went. Those four, and the lifecycle rule that aborts an interrupted
+    seed's uploads, are retained on delete with the bucket."""
     rec = recording("prod")
     buckets = [r for r in rec.of_type("aws:s3/bucket:Bucket") if r.protect]
     assert buckets
     for kind in ("bucketVersioning:BucketVersioning", "bucketPublicAccessBlock:BucketPublicAccessBlock",
-                 "bucketPolicy:BucketPolicy", "bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"):
+                 "bucketPolicy:BucketPolicy", "bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+                 "bucketLifecycleConfiguration:BucketLifecycleConfiguration"):
         settings = [r for r in rec.of_type(f"aws:s3/{kind}") if r.name.startswith("weights-")]
         assert settings and all(r.retain_on_delete for r in settings), kind

@@ -253,6 +253,9 @@ def test_time_slicing_behind_an_slo_and_an_impossible_mig_layout_are_refused():
     ("weights-us-east-1-public-access-block", lambda i: i.update(restrictPublicBuckets=False), {}, "public access is not fully blocked"),
     ("weights-us-east-1-tls-only", lambda i: i.update(policy=json.dumps({"Statement": []})), {}, "plain-HTTP access is not denied"),
     ("weights-us-east-1-bucket", lambda i: None, {"protect": False}, "the bucket is not protected"),
+    ("weights-us-east-1-lifecycle", lambda i: i["rules"].append(
+        {"id": "tidy", "status": "Enabled", "filter": {"prefix": "models/"}, "expiration": {"days": 90}}), {},
+     "lifecycle rule(s) tidy expire objects"),
 ])
 def test_weight_bucket_weaknesses_are_refused(pick, change, fields, expected):
     res = resources("prod")
@@ -266,9 +269,22 @@ def test_weight_bucket_weaknesses_are_refused(pick, change, fields, expected):
 def test_weight_bucket_parts_are_linked_in_a_preview_where_the_bucket_name_is_unknown():
     res = resources("prod")
     for n in ("weights-us-east-1-versioning", "weights-us-east-1-encryption", "weights-us-east-1-public-access-block",
-              "weights-us-east-1-tls-only"):
+              "weights-us-east-1-tls-only", "weights-us-east-1-lifecycle"):
         edit(res, named(n), lambda i: i.update(bucket=UNKNOWN_STRING_VALUE))
     assert run_policy("weight-bucket-protection", res, stack_config("prod")) == []
+
+
+def test_weight_caches_abort_an_interrupted_seed_s_uploads_and_expire_nothing():
+    """A seed killed mid-copy leaves its parts billed until the upload is aborted (ops/seed_weights.py resumes one
+    within the window); nothing else in the bucket expires."""
+    for stack in STACKS:
+        caches = [r for r in resources(stack) if r.type == "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration"]
+        assert caches, stack
+        for lc in caches:
+            [rule] = lc.inputs["rules"]
+            assert rule["status"] == "Enabled" and rule["filter"] == {}  # every key
+            assert rule["abortIncompleteMultipartUpload"] == {"daysAfterInitiation": 7}
+            assert not {"expiration", "noncurrentVersionExpiration", "transitions"} & set(rule)
 
 
 def test_a_burst_app_without_proxy_auth_is_refused():
