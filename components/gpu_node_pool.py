@@ -116,6 +116,37 @@ class GpuNodePoolArgs:
     minimums: tuple[NodeMinimum, ...] = ()
 
 
+def desired_size(pool: NodePoolSpec, cluster_name: pulumi.Input[str]) -> pulumi.Input[int]:
+    """The desired size to declare for a pool's node group: its minimum for a group not created yet or a reserved
+    pool (min = max: no size to own), else the group's current size as EKS reports it, within the new bounds.
+
+    EKS takes the whole scaling config in one call (UpdateNodegroupConfig; min ≤ desired ≤ max), and the AWS
+    provider sends the declared desired size with any change of the bounds (terraform-provider-aws
+    `expandNodegroupScalingConfig`). Declaring the minimum and ignoring the field's changes did not keep the
+    autoscaler's size: Pulumi fills an ignored field with the old *input* (pulumi step_generator.go
+    `processIgnoreChanges`), the minimum, so any change of an on-demand pool's bounds (a rollout's previous version
+    retired, a price or traffic change) set its desired size to its minimum, 0, and EKS emptied the pool under its
+    floor replicas until the autoscaler brought nodes back (a node cold start: 540 s for assist). The group's own
+    size is read each `up` (eks ListNodegroups, then DescribeNodegroup), clamped to the new bounds: a lower maximum
+    takes the nodes above it, no other node goes."""
+    if pool.min_nodes == pool.max_nodes:
+        return pool.min_nodes
+    name = node_group_physical_name(pool)
+
+    def clamp(size) -> int:
+        return min(max(int(size), pool.min_nodes), pool.max_nodes)
+
+    def current(a) -> pulumi.Input[int]:
+        cluster, names = a
+        if name not in (names or []):
+            return pool.min_nodes  # the first `up` of this pool: created at its minimum
+        live = eks.get_node_group_output(cluster_name=cluster, node_group_name=name, region=pool.region)
+        return live.scaling_configs.apply(lambda sc: clamp(sc[0].desired_size) if sc else pool.min_nodes)
+
+    groups = eks.get_node_groups_output(cluster_name=cluster_name, region=pool.region)
+    return pulumi.Output.all(cluster_name, groups.names).apply(current)
+
+
 class GpuNodePool(pulumi.ComponentResource):
     node_group_name: pulumi.Output[str]
 
@@ -158,18 +189,16 @@ class GpuNodePool(pulumi.ComponentResource):
             ami_type=AMI_TYPE,
             instance_types=[pool.instance_type],
             capacity_type=CAPACITY_TYPE,
-            scaling_config={"min_size": pool.min_nodes, "max_size": pool.max_nodes, "desired_size": pool.min_nodes},
+            scaling_config={"min_size": pool.min_nodes, "max_size": pool.max_nodes,
+                            "desired_size": desired_size(pool, args.cluster_name)},
             labels=node_labels(pool),
             taints=[{"key": pool.taint_key, "value": "true", "effect": GPU_TAINT_EFFECT_EKS}],
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},
             update_config={"max_unavailable": 1},  # drain one GPU node at a time: replicas are few and expensive
             tags={**tags, **autoscaler_tags(pool)},
-            # the node autoscaler owns the current size of a pool it may resize; Pulumi owns the bounds. A
-            # reserved pool (min = max) has no size to own: its desired size is declared with its bounds, since
-            # EKS takes the whole scaling config in one call (min ≤ desired ≤ max) and a desired size kept from
-            # the old state would refuse every change of the reserved count ("Minimum capacity 3 can't be
-            # greater than desired size 2")
-            opts=child(self, ignore_changes=[] if pool.min_nodes == pool.max_nodes else ["scalingConfig.desiredSize"]),
+            # the node autoscaler owns the current size of a pool it may resize, Pulumi the bounds: the desired size
+            # declared is the group's own (desired_size), so a change of the bounds leaves the running nodes be
+            opts=child(self),
         )
         # Managed-node-group tags stay on the EKS node group: the autoscaler reads its discovery and
         # scale-from-zero tags from the Auto Scaling group, so they are written there, one Tag each.

@@ -304,8 +304,11 @@ def _mock_id(type_: str, name: str) -> str:
 class ServingMocks(pulumi_mocks.Mocks):
     """Outputs the program reads back (ARNs, names, endpoints, IDs), derived from names only."""
 
-    def __init__(self, stack_reference_outputs: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, stack_reference_outputs: Mapping[str, Any] | None = None,
+                 node_groups: Mapping[str, int] | None = None) -> None:
         self.stack_reference_outputs = dict(stack_reference_outputs or {})
+        # EKS node groups that exist already (a later `up`), by name: their current desired size
+        self.node_groups = dict(node_groups or {})
 
     def new_resource(self, args: pulumi_mocks.MockResourceArgs):
         state = dict(args.inputs)
@@ -345,6 +348,15 @@ class ServingMocks(pulumi_mocks.Mocks):
             return {"id": name, "name": name, "endpoint": f"https://{name}.gr7.us-east-1.eks.amazonaws.com",
                     "certificateAuthorities": [{"data": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="}],
                     "arn": f"arn:aws:eks:us-east-1:123456789012:cluster/{name}", "version": "1.35"}
+        if args.token == "aws:eks/getNodeGroups:getNodeGroups":  # a fresh account has none
+            return {"id": args.args.get("clusterName", "cluster"), "names": sorted(self.node_groups)}
+        if args.token == "aws:eks/getNodeGroup:getNodeGroup":
+            name = args.args["nodeGroupName"]
+            if name not in self.node_groups:  # as EKS: DescribeNodegroup of a group that does not exist
+                raise UnmockedInvokeError(f"no node group {name!r} (getNodeGroup of a group ListNodegroups did not list)")
+            size = self.node_groups[name]
+            return {"id": name, "nodeGroupName": name, "clusterName": args.args.get("clusterName"),
+                    "scalingConfigs": [{"desiredSize": size, "minSize": 0, "maxSize": max(size, 1)}]}
         # a component that starts reading the cloud (a data source) must get an answer here, or the render fails loudly
         raise UnmockedInvokeError(f"the offline mocks answer no invoke {args.token!r}; add its answer to offline/mockrun.py")
 
@@ -564,8 +576,10 @@ def run_function(
     config: Mapping[str, Any] | None = None,
     project: str = "llm-serving",
     stack_reference_outputs: Mapping[str, Any] | None = None,
+    node_groups: Mapping[str, int] | None = None,
 ) -> Recording:
-    """Run `fn` (which declares resources) under mocks and record it; exceptions propagate."""
+    """Run `fn` (which declares resources) under mocks and record it; exceptions propagate. node_groups: EKS node
+    groups that exist already, by name, with their current desired size (a later `up`; none by default)."""
     if str(PROJECT_ROOT) not in sys.path:
         sys.path.insert(0, str(PROJECT_ROOT))
     compile_annotations_lazily()  # the SDK files it imports skip building their annotations' typing objects
@@ -579,7 +593,7 @@ def run_function(
     policy = asyncio.get_event_loop_policy()
     previous_loop = _current_loop(policy)
     policy.set_event_loop(_program_loop())
-    monitor = RecordingMonitor(ServingMocks(stack_reference_outputs))
+    monitor = RecordingMonitor(ServingMocks(stack_reference_outputs, node_groups))
     try:
         pulumi.runtime.set_mocks(monitor.mocks, project=project, stack=stack, preview=False, monitor=monitor)
         recording = Recording(stack=stack)
@@ -663,6 +677,7 @@ def run_program(
     project: str = "llm-serving",
     program: Path = PROGRAM,
     stack_reference_outputs: Mapping[str, Any] | None = None,
+    node_groups: Mapping[str, int] | None = None,
 ) -> Recording:
     """Run the Pulumi program once under mocks (preview=False, so every apply runs) and record it.
 
@@ -672,6 +687,7 @@ def run_program(
     return run_function(
         lambda: runpy.run_path(str(program), run_name="__main__"),
         stack=stack, config=config, project=project, stack_reference_outputs=stack_reference_outputs,
+        node_groups=node_groups,
     )
 
 

@@ -217,3 +217,32 @@ def test_cluster_autoscaler_from_the_official_chart_with_its_own_pod_identity():
     doc = json.loads(policy.inputs["policy"])
     scale = next(s for s in doc["Statement"] if "autoscaling:SetDesiredCapacity" in s["Action"])
     assert scale["Condition"] == {"StringEquals": {f"aws:ResourceTag/{CA}{rec.outputs['clusterName']}": "owned"}}
+
+
+def test_a_later_up_keeps_the_nodes_the_autoscaler_added():
+    """Pulumi fills an ignore_changes field with its old input (pulumi step_generator.go processIgnoreChanges) and
+    the AWS provider sends the declared desired size with any change of a node group's bounds
+    (terraform-provider-aws expandNodegroupScalingConfig): a desired size declared at the minimum and ignored set
+    an on-demand pool back to 0 nodes whenever its maximum moved, under its floor replicas. A later `up` declares the
+    size EKS reports, within the new bounds; a pool not created yet, its minimum."""
+    from offline.mockrun import read_stack_config, run_program
+
+    stack, config = read_stack_config(Path(__file__).resolve().parent.parent / "stacks" / "Pulumi.prod.yaml")
+    first = {r.inputs["nodeGroupName"]: r.inputs["scalingConfig"]
+             for r in run_program(stack, config).resources if r.type == "aws:eks/nodeGroup:NodeGroup"}
+    on_demand = {n: c for n, c in first.items() if c["minSize"] < c["maxSize"]}
+    assert on_demand and all(c["desiredSize"] == c["minSize"] == 0 for c in on_demand.values())
+    # the autoscaler has grown each on-demand pool: to 2 nodes, and one past what the plan now allows
+    live = {n: 2 for n in on_demand}
+    over = max(on_demand, key=lambda n: -on_demand[n]["maxSize"])  # the smallest maximum
+    live[over] = on_demand[over]["maxSize"] + 1
+    later = {r.inputs["nodeGroupName"]: r for r in run_program(stack, config, node_groups=live).resources
+             if r.type == "aws:eks/nodeGroup:NodeGroup"}
+    for n, c in first.items():
+        got = later[n].inputs["scalingConfig"]
+        assert (got["minSize"], got["maxSize"]) == (c["minSize"], c["maxSize"])
+        if n in on_demand:
+            assert got["desiredSize"] == min(live[n], c["maxSize"]), n
+        else:  # a reserved pool (min = max) declares its size
+            assert got["desiredSize"] == c["minSize"], n
+        assert "scalingConfig.desiredSize" not in later[n].ignore_changes
