@@ -90,6 +90,11 @@ class GatewayArgs:
 
 # seconds a stopping gateway pod keeps listening before HAProxy's soft-stop (the floor's PRESTOP_SLEEP_S)
 GATEWAY_PRESTOP_SLEEP_S = 10
+# A new gateway pod is sent no client before this: its address reaches the engines' and the recorder's
+# NetworkPolicies (components/network_policy.py) only once the policy controller and each engine node's agent have
+# programmed it (seconds; until then its connections to the engines are dropped), and a floor server whose first
+# checks were dropped is DOWN until two checks pass (rise 2 × inter 2 s). Rolls take as long more per pod.
+GATEWAY_READY_AFTER_S = 15
 
 def tenant_secret_name(endpoint: str) -> str:
     return f"{endpoint}-gateway-tenants"
@@ -204,7 +209,7 @@ class Gateway(pulumi.ComponentResource):
                             "args": ["haproxy", "-W", "-db", "-f", f"{CONFIG_DIR}/{CONFIG_FILE}"],
                             "env": env,
                             "ports": ports,
-                            "readinessProbe": probe,
+                            "readinessProbe": {**probe, "initialDelaySeconds": GATEWAY_READY_AFTER_S},
                             "livenessProbe": {**probe, "failureThreshold": 6},
                             "resources": {
                                 "requests": {"cpu": args.cpu_request, "memory": args.memory_request},

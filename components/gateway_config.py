@@ -299,8 +299,9 @@ def request_ids() -> list[str]:
     ("Request id … already running", v1/engine/output_processor.py). Engines are shared by tenants (and a burst
     container by every pod of the gateway), so a client's id, which another tenant's client may use as well
     (counters from 1, a fixed string, a retry that reuses it), would fail unrelated requests. Upstream the header is
-    the gateway's unique id (`unique-id-format`: this pod's name, the accept time, the request count; logged as
-    %ID); the client's id goes along as X-Client-Request-Id, stays the quality record's request id, and comes
+    the gateway's unique id (`unique-id-format`: a random UUID, so neither the pod's name nor a count reaches
+    clients, whose response body `id` vLLM builds from it; logged as %ID); the client's id goes along as
+    X-Client-Request-Id, stays the quality record's request id (the gateway's where the client sent none), and comes
     back as the response's X-Request-Id (the gateway's id where the client sent none)."""
     return [
         f"    http-request set-header {CLIENT_REQUEST_ID_HEADER} %[var(txn.client_rid)] if {{ var(txn.client_rid) -m found }}",
@@ -481,8 +482,8 @@ def render_gateway_config(
         "    log global",
         '    log-format "%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %tsc %ac/%fc/%bc/%sc/%rc %sq/%bq '
         '{%[var(txn.tenant)]} {%[var(txn.route)]} %ID %{+Q}r"',
-        # the id an engine knows a request by (request_ids): this pod's name, the accept time, the request count
-        "    unique-id-format %{+X}o%H-%Ts-%rt",
+        # the id an engine knows a request by (request_ids): random (nothing of the pod reaches clients or engines)
+        "    unique-id-format %[uuid(4)]",
         "    option abortonclose",  # a client that leaves while queued is dropped, never sent upstream
         "    option http-no-delay",  # small SSE chunks leave at once (no Nagle/MSG_MORE batching)
         "    option dontlognull",
@@ -594,20 +595,22 @@ def _endpoint_sections(
     too_many = ("    http-request deny deny_status 429 content-type application/json hdr Retry-After 10 string "
                 "'{\"error\":{\"message\":\"too many requests from this client\",\"type\":\"rate_limit_error\","
                 "\"code\":429}}' if { sc0_http_req_rate gt %d }" % limits.max_requests_per_source_10s)
+    client_rid = "    http-request set-var(txn.client_rid) req.fhdr(x-request-id)"  # echoed back, refusals too (request_ids)
     if limits.source == "xff":
         fl.append("    http-request track-sc0 req.hdr_ip(x-forwarded-for,-1)")
+        fl.append(client_rid)
         fl.append(too_many.replace("if { sc0_http_req_rate", f"if {{ sc0_conn_cur gt {limits.max_conn_per_source} }} || "
                                    "{ sc0_http_req_rate"))
     else:
         fl.append("    tcp-request connection track-sc0 src")
         fl.append(f"    tcp-request connection reject if {{ sc0_conn_cur gt {limits.max_conn_per_source} }}")
+        fl.append(client_rid)  # after the tcp-request rules (HAProxy runs those first whatever their place)
         fl.append(too_many)
     # stamps "max_tokens" (and the tenant's cache_salt) into POST bodies; watches stream gaps; renews a
     # stream's Idempotency-Key claim while it is alive
     claim_ttl_ms = idempotency_claim_ttl_ms(e)
     fl.append(f"    filter lua.llm {first_ms} {inter_ms} {_ms(g.sse_heartbeat_s)} {claim_ttl_ms}")
     fl.append("    http-request set-var(txn.route) str(rejected)")
-    fl.append("    http-request set-var(txn.client_rid) req.fhdr(x-request-id)")  # echoed back (request_ids)
     # tenants: API key (from the Secret, via env) -> tenant
     for t in g.tenants:
         key_env = env_name(e.name, t.api_key_secret_key)

@@ -545,7 +545,8 @@ core.register_action("llm_quality", { "http-req" }, function(txn, ep, served, ca
   txn:set_var("txn.q_ep", ep)
   txn:set_var("txn.q_body", txn.f:req_body() or "")  -- as the client sent it: without the stamped cache_salt
   txn:set_var("txn.q_t0", now_ms())
-  local rid = txn.f:req_fhdr("x-request-id") or ""
+  -- the client's id, else the gateway's (the %ID its log line carries: request_ids in gateway_config.py)
+  local rid = txn.f:req_fhdr("x-request-id") or txn.f:unique_id() or ""
   txn:set_var("txn.q_rid", #rid > 128 and rid:sub(1, 128) or rid)
   txn:set_var("txn.q_path", txn.f:path() or "/")
 end, 8)

@@ -49,6 +49,7 @@ class Check:
 
 class KubeClient(Protocol):
     def crd_names(self) -> set[str]: ...
+    def pod_count(self, namespace: str, labels: dict[str, str]) -> int | None: ...  # None: cannot list
     def secret_keys(self, namespace: str, name: str) -> set[str] | None: ...  # None: no such Secret
     def service_ready(self, namespace: str, service: str, port: int, path: str) -> bool: ...
 
@@ -215,8 +216,6 @@ def check_network_policy_enforced(eks, name: str, region: str) -> Check:
     """Whether the cluster enforces the engines' and the recorder's NetworkPolicies: the VPC CNI add-on with
     `enableNetworkPolicy` "true" (its configuration values, JSON or YAML). Not blocking: without it `up` works
     and the policies are inert, so any pod in the cluster reaches the engines."""
-    fix = (f"aws eks update-addon --cluster-name {name} --addon-name vpc-cni --region {region} "
-           "--configuration-values '{\"enableNetworkPolicy\": \"true\"}' --resolve-conflicts PRESERVE")
     try:
         addon = eks.describe_addon(clusterName=name, addonName="vpc-cni")["addon"]
     except eks.exceptions.ResourceNotFoundException:
@@ -224,15 +223,33 @@ def check_network_policy_enforced(eks, name: str, region: str) -> Check:
                      "whether its CNI enforces NetworkPolicies (Calico and Cilium do; the self-managed VPC CNI does "
                      "with enableNetworkPolicy)", "check the cluster's CNI; until it enforces them any pod reaches "
                      "the engines", blocking=False)
+    text = addon.get("configurationValues") or ""
     try:
-        values = yaml.safe_load(addon.get("configurationValues") or "") or {}
+        values = yaml.safe_load(text) or {}
     except yaml.YAMLError:
-        values = {}
-    on = isinstance(values, dict) and str(values.get("enableNetworkPolicy", "")).lower() == "true"
-    return Check("network policy", on,
-                 f"vpc-cni {addon.get('addonVersion')}: enableNetworkPolicy "
-                 f"{'on: the engines admit the gateway and Prometheus only' if on else 'off: the NetworkPolicies are inert'}",
-                 fix, blocking=False)
+        values = None
+    if not isinstance(values, dict):
+        return Check("network policy", False, f"vpc-cni {addon.get('addonVersion')}: its configuration values could "
+                     "not be read as JSON or YAML", f"aws eks describe-addon --cluster-name {name} --addon-name vpc-cni "
+                     f"--region {region} --query addon.configurationValues", blocking=False)
+    on = str(values.get("enableNetworkPolicy", "")).lower() == "true"
+    if not on:
+        # UpdateAddon takes the whole set of configuration values: the platform's own (prefix delegation, custom
+        # networking) go along, or the update would drop them
+        merged = json.dumps({**values, "enableNetworkPolicy": "true"}, sort_keys=True)
+        return Check("network policy", False, f"vpc-cni {addon.get('addonVersion')}: enableNetworkPolicy off: the "
+                     "NetworkPolicies are inert", f"aws eks update-addon --cluster-name {name} --addon-name vpc-cni "
+                     f"--region {region} --configuration-values '{merged}' --resolve-conflicts PRESERVE", blocking=False)
+    env = values.get("env") if isinstance(values.get("env"), dict) else {}
+    if str(env.get("NETWORK_POLICY_ENFORCING_MODE", "standard")).lower() == "strict":
+        # strict mode (vpc-cni v1.17.1+): a pod no policy selects gets no traffic at all, and the stack declares
+        # policies for the engines and the recorder only
+        return Check("network policy", False, f"vpc-cni {addon.get('addonVersion')}: NetworkPolicies enforced in "
+                     "strict mode: pods that no policy selects (the gateway, KEDA, the operators) get no traffic "
+                     "unless the platform's own policies admit them", "add policies admitting the gateway's clients "
+                     "and the operators' traffic, or run the agent in standard mode", blocking=False)
+    return Check("network policy", True, f"vpc-cni {addon.get('addonVersion')}: enableNetworkPolicy on: the engines "
+                 "admit the gateway and their scrapers only", blocking=False)
 
 
 def check_monitoring(st: StackUnderCheck, c: Clients) -> list[Check]:
@@ -254,6 +271,27 @@ def check_monitoring(st: StackUnderCheck, c: Clients) -> list[Check]:
     else:
         out.append(Check("prometheus url", False, f"{st.settings.prometheus_url} is not an in-cluster Service address; "
                          "preflight cannot reach it", "check it from a pod in the cluster", blocking=False))
+    if st.settings.network_policy.enabled:
+        out += check_scrapers(st, c)
+    return out
+
+
+def check_scrapers(st: StackUnderCheck, c: Clients) -> list[Check]:
+    """The pods the engines' NetworkPolicies admit to their metrics port exist: a selector that matches no pod
+    shuts the scraping Prometheus out, and KEDA's queue trigger and every engine alert then read nothing."""
+    out = []
+    for s in st.settings.metrics_scrapers:
+        sel = ",".join(f"{k}={v}" for k, v in sorted(s.pod_labels.items()))
+        n = c.kube.pod_count(s.namespace, dict(s.pod_labels))
+        fix = (f"kubectl get pods -A -l app.kubernetes.io/name=prometheus (or the scraping agent's labels); set "
+               f"llm-serving:networkPolicy.scrapers to [{{namespace: <its namespace>, podLabels: {{<label>: <value>}}}}]")
+        if n is None:
+            out.append(Check("metrics scrapers", False, f"cannot list pods in {s.namespace} ({sel})", fix, blocking=False))
+        else:
+            out.append(Check("metrics scrapers", n > 0, f"{n} pod(s) in {s.namespace} match {sel}: the engines admit "
+                             "them to their metrics port" if n else f"no pod in {s.namespace} matches {sel}: the "
+                             "engines' NetworkPolicies would shut the scraping Prometheus out (KEDA's queue trigger "
+                             "and the engine alerts read nothing)", fix))
     return out
 
 
@@ -507,6 +545,11 @@ class KubectlClient:
         if r.returncode != 0:
             return None
         return set((json.loads(r.stdout).get("data") or {}).keys())
+
+    def pod_count(self, namespace: str, labels: dict[str, str]) -> int | None:
+        r = self._get("-n", namespace, "get", "pods", "-l", ",".join(f"{k}={v}" for k, v in sorted(labels.items())),
+                      "-o", "name")
+        return len(r.stdout.split()) if r.returncode == 0 else None
 
     def service_ready(self, namespace: str, service: str, port: int, path: str) -> bool:
         return self._get("get", "--raw", f"/api/v1/namespaces/{namespace}/services/http:{service}:{port}/proxy{path}").returncode == 0

@@ -401,12 +401,22 @@ def _instance_gpu_kinds() -> dict[str, str]:
     return {it.name: kind.name for kind in GPU_KINDS.values() for it in kind.instance_types}
 
 
+def pod_labels(r: Resource) -> dict[str, Any]:
+    """The labels a workload's pods carry: a Pod's own, a CronJob's job template's pod template's, else the pod
+    template's (as pod_spec reads the spec)."""
+    kind, spec = k8s_kind(r), _map(r.props.get("spec"))
+    if kind == "Pod":
+        return dict(_map(_map(r.props.get("metadata")).get("labels")))
+    if kind == "CronJob":
+        spec = _map(_map(spec.get("jobTemplate")).get("spec"))
+    return dict(_map(_map(_map(spec.get("template")).get("metadata")).get("labels")))
+
+
 def _serves_an_endpoint(r: Resource) -> bool:
     spec = pod_spec(r)
     if spec is None:
         return False
-    tmpl_labels = _map(_map(_map(_map(r.props.get("spec")).get("template")).get("metadata")).get("labels"))
-    labels = {**(_map(_map(r.props.get("metadata")).get("labels"))), **tmpl_labels}
+    labels = {**(_map(_map(r.props.get("metadata")).get("labels"))), **pod_labels(r)}
     return "serving.llm/endpoint" in labels and any(_requests_gpu(c) for c in _containers(spec))
 
 
@@ -892,7 +902,7 @@ def check_serving_pods_admit_only_their_clients(resources: Sequence[Resource], c
     for r in resources:
         if pod_spec(r) is None:
             continue
-        labels = dict(_map(_map(_map(_map(r.props.get("spec")).get("template")).get("metadata")).get("labels")))
+        labels = pod_labels(r)
         recorder = all(labels.get(k) == v for k, v in RECORDER_LABELS.items())
         if not (_serves_an_endpoint(r) or recorder):
             continue

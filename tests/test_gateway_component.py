@@ -5,6 +5,7 @@ the cluster config it renders."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import pulumi
@@ -195,6 +196,22 @@ def test_a_stopping_gateway_pod_keeps_listening_until_the_service_has_dropped_it
     hard_stop = int(next(line.split()[1] for line in cfg.splitlines() if line.strip().startswith("hard-stop-after"))
                     .rstrip("s"))
     assert pod["terminationGracePeriodSeconds"] >= sleep_s + hard_stop + 10
+
+
+def test_a_new_gateway_pod_takes_clients_only_after_its_floor_servers_can_be_up(prod):
+    """The engines admit a gateway pod only once its address is in their NetworkPolicies (the policy controller, then
+    each engine node's agent: seconds), and a floor server whose first checks were dropped comes back after `rise`
+    passing checks: a pod Ready at once sent its first clients to DOWN floors (burst or 503). Its readiness waits the
+    checks' rise and a few seconds of programming more."""
+    spec, rec = prod
+    (dep,) = [o for o in rec.kubernetes_objects() if o["kind"] == "Deployment"]
+    (haproxy,) = dep["spec"]["template"]["spec"]["containers"]
+    cfg = next(o for o in rec.kubernetes_objects() if o["kind"] == "ConfigMap")["data"]["haproxy.cfg"]
+    rises = [int(m[1]) * int(m[2]) / 1000 for m in re.finditer(r"check inter (\d+) fall \d+ rise (\d+)", cfg)]
+    assert rises
+    assert haproxy["readinessProbe"]["initialDelaySeconds"] >= max(rises) + 5
+    assert "initialDelaySeconds" not in haproxy["livenessProbe"] or \
+        haproxy["livenessProbe"]["initialDelaySeconds"] <= haproxy["readinessProbe"]["initialDelaySeconds"]
 
 
 def test_a_new_gateway_config_is_a_new_configmap_mounted_by_the_new_pods_only(planned_stacks):

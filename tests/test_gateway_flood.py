@@ -49,11 +49,12 @@ def gw(planned_stacks, tmp_path_factory):
         u.stop()
 
 
-def ask(port: int, source: str = "127.0.0.1", timeout_s: float = 3.0):
+def ask(port: int, source: str = "127.0.0.1", timeout_s: float = 3.0, request_id: str | None = None):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s, source_address=(source, 0))
     try:
         conn.request("POST", "/v1/chat/completions", body=json.dumps(body()).encode(),
-                     headers={"Authorization": f"Bearer {KEYS['acme']}", "Content-Type": "application/json"})
+                     headers={"Authorization": f"Bearer {KEYS['acme']}", "Content-Type": "application/json",
+                              **({"X-Request-Id": request_id} if request_id else {})})
         resp = conn.getresponse()
         return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
     finally:
@@ -133,8 +134,9 @@ def test_request_starts_per_client_are_rate_limited_with_retry_after(gw):
     port, _ = gw
     statuses = []
     for _ in range(LIMITS.max_requests_per_source_10s + 8):
-        status, headers, content = ask(port, source="127.0.0.3")
+        status, headers, content = ask(port, source="127.0.0.3", request_id=f"flood-{len(statuses)}")
         statuses.append(status)
+        assert headers["x-request-id"] == f"flood-{len(statuses) - 1}"  # the client's id back, refused or not
         if status == 429:
             assert headers["retry-after"] == "10" and json.loads(content)["error"]["type"] == "rate_limit_error"
     assert statuses.count(200) == LIMITS.max_requests_per_source_10s and statuses.count(429) == 8

@@ -213,3 +213,22 @@ def test_a_created_cluster_enforces_network_policies():
     rec = recording("dev")
     [cni] = [r for r in rec.resources if r.type == "aws:eks/addon:Addon" and r.inputs["addonName"] == "vpc-cni"]
     assert yaml.safe_load(cni.inputs["configurationValues"]) == {"enableNetworkPolicy": "true"}
+
+
+def test_the_pack_reads_the_labels_of_a_bare_pod_and_a_cronjob_where_they_are():
+    """A Pod carries its labels in its own metadata, a CronJob's pods in its job template's pod template: both are
+    selected by the engines' policy as a Deployment's pods are (the rule once read spec.template for every kind)."""
+    rec = recording("prod")
+    res = _resources(rec)
+    engine = next(d for d in objects(rec, "Deployment") if d["metadata"]["name"] == "assist-vllm")
+    tmpl = engine["spec"]["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**tmpl["metadata"], "name": "assist-debug",
+                                                           "namespace": "llm-serving"}, "spec": tmpl["spec"]}
+    cron = {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "assist-nightly", "namespace": "llm-serving"},
+            "spec": {"schedule": "0 3 * * *", "jobTemplate": {"spec": {"template": tmpl}}}}
+    extra = [Resource(type="kubernetes:core/v1:Pod", name="assist-debug", urn="urn:pod", props=pod),
+             Resource(type="kubernetes:batch/v1:CronJob", name="assist-nightly", urn="urn:cron", props=cron)]
+    assert check_serving_pods_admit_only_their_clients(res + extra, StackContext()) == []
+    no_policies = [r for r in res if r.props.get("kind") != "NetworkPolicy"]
+    flagged = {u for u, _ in check_serving_pods_admit_only_their_clients(no_policies + extra, StackContext())}
+    assert {"urn:pod", "urn:cron"} <= flagged

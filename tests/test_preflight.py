@@ -8,6 +8,7 @@ client that raises the real client's ResourceNotFoundException for an add-on not
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -38,8 +39,12 @@ class EksWithAddons:
 
 
 class FakeKube:
-    def __init__(self, crds=(), secrets=None, ready=()):
+    def __init__(self, crds=(), secrets=None, ready=(), pods=None):
         self.crds, self.secrets, self.ready = set(crds), dict(secrets or {}), set(ready)
+        self.pods = dict(pods or {})  # namespace -> [labels of each pod]
+
+    def pod_count(self, namespace, labels):
+        return sum(all(p.get(k) == v for k, v in labels.items()) for p in self.pods.get(namespace, []))
 
     def crd_names(self):
         return self.crds
@@ -106,7 +111,9 @@ def world(aws_env, moto_endpoint, tmp_path):
     ns = st.settings.namespace
     secrets = {(ns, name): set(keys) for name, keys in P.required_secrets(st.spec).items()}
     kube = FakeKube(crds=P.MONITORING_CRDS, secrets=secrets,
-                    ready={("monitoring", "kube-prometheus-stack-prometheus", 9090, "/-/ready")})
+                    ready={("monitoring", "kube-prometheus-stack-prometheus", 9090, "/-/ready")},
+                    pods={"monitoring": [{"app.kubernetes.io/name": "prometheus", "prometheus": "kube-prometheus-stack-prometheus"},
+                                         {"app.kubernetes.io/name": "alertmanager"}]})
     modal = FakeModal(envs=["main", "prod"])
 
     def aws(service, region):
@@ -129,6 +136,7 @@ def test_a_ready_account_passes_every_check(world):
     assert status == 0, text
     assert all(c.ok for c in checks.values()), text
     assert {"aws region", "aws credentials", "cluster", "kubernetes version", "pod identity agent", "network policy",
+            "metrics scrapers",
             "prometheus operator CRDs", "prometheus url", "source bucket", "weights assist", "adapters assist",
             "weights autocomplete", "weights guard", "s3 gateway endpoint", "modal token", "modal environment",
             "gpu snapshots", "secret assist-gateway-tenants", "secret modal-proxy-auth"} <= set(checks)
@@ -366,9 +374,8 @@ def test_an_unknown_stack_name_lists_the_stacks_there(capsys):
 @pytest.mark.parametrize("values, on", [
     ('{"enableNetworkPolicy": "true"}', True),
     ("enableNetworkPolicy: 'true'\nenv:\n  ENABLE_PREFIX_DELEGATION: 'true'\n", True),  # the add-on takes YAML too
-    ('{"enableNetworkPolicy": "false"}', False),
+    ('{"enableNetworkPolicy": "false", "env": {"ENABLE_PREFIX_DELEGATION": "true"}}', False),
     ("", False),
-    ("{not yaml", False),
 ])
 def test_network_policies_that_the_cluster_would_not_enforce_are_a_warning(world, values, on):
     stack_file, clients, kube, modal, addons, s3 = world
@@ -379,7 +386,34 @@ def test_network_policies_that_the_cluster_would_not_enforce_are_a_warning(world
     if not on:
         assert "enableNetworkPolicy off: the NetworkPolicies are inert" in c.detail
         assert c.fix.startswith(f"aws eks update-addon --cluster-name {P.load_stack(stack_file).settings.cluster.name} "
-                                "--addon-name vpc-cni") and '\'{"enableNetworkPolicy": "true"}\'' in c.fix
+                                "--addon-name vpc-cni")
+        # UpdateAddon replaces the whole set of values: the platform's own go along
+        sent = json.loads(c.fix.split("--configuration-values '")[1].split("'")[0])
+        assert sent["enableNetworkPolicy"] == "true"
+        assert ("env" in values) == (sent.get("env") == {"ENABLE_PREFIX_DELEGATION": "true"})
     del addons["vpc-cni"]  # a self-managed CNI: preflight cannot tell
     c = {x.name: x for x in P.run_checks(P.load_stack(stack_file), clients)}["network policy"]
     assert not c.ok and not c.blocking and "cannot tell" in c.detail
+
+
+@pytest.mark.parametrize("values, detail", [
+    ("{not yaml", "could not be read"),
+    ('{"enableNetworkPolicy": "true", "env": {"NETWORK_POLICY_ENFORCING_MODE": "strict"}}', "strict mode"),
+])
+def test_unreadable_values_and_strict_mode_are_warnings(world, values, detail):
+    stack_file, clients, kube, modal, addons, s3 = world
+    addons["vpc-cni"]["configurationValues"] = values
+    checks, text, status = run(stack_file, clients)
+    c = checks["network policy"]
+    assert not c.ok and not c.blocking and detail in c.detail and status == 0, text
+
+
+def test_a_scraper_selector_that_matches_no_pod_stops_the_up(world):
+    """The engines' policies admit the scrapers only: with none matching, KEDA's trigger would read nothing."""
+    stack_file, clients, kube, *_ = world
+    kube.pods["monitoring"] = [{"app.kubernetes.io/name": "prometheus-agent"}]  # a PrometheusAgent scrapes instead
+    checks, text, status = run(stack_file, clients)
+    c = checks["metrics scrapers"]
+    assert status == 1 and not c.ok and c.blocking
+    assert "no pod in monitoring matches app.kubernetes.io/name=prometheus" in c.detail
+    assert "llm-serving:networkPolicy.scrapers" in c.fix

@@ -10,6 +10,7 @@ recorder) costs the user nothing: every stream still arrives whole.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import http.client
 import json
 import math
 
@@ -125,8 +126,19 @@ def test_records_are_complete_for_streamed_and_whole_answers_and_hold_no_secret(
         sent[rid_s] = ("acme", True, _streamed_text(streamed))
         st2, _, whole, rid_w = post(gw.port, {"model": "m", "messages": prompt, "max_tokens": 7}, key=KEYS["globex"])
         sent[rid_w] = ("globex", False, json.loads(whole)["choices"][0]["message"]["content"])
+        # no id from the client: the record carries the gateway's, which the engine got and the log line shows
+        conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10)
+        conn.request("POST", "/v1/chat/completions", body=json.dumps({"model": "m", "messages": prompt}).encode(),
+                     headers={"Authorization": f"Bearer {KEYS['acme']}", "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        anonymous, gateway_id = json.loads(resp.read()), resp.getheader("X-Request-Id")
+        conn.close()
+        assert resp.status == 200 and gateway_id
+        assert [r.engine_request_id for u in upstreams.values() for r in u.log.completions()
+                if r.engine_request_id == gateway_id] == [gateway_id]
+        sent[gateway_id] = ("acme", False, anonymous["choices"][0]["message"]["content"])
         assert st == st2 == 200 and sent[rid_s][2] == "tok0 tok1 tok2 tok3 tok4 "
-        assert wait_until(lambda: len(sink_records(s3, BUCKET, "prod/")) == 2, timeout_s=15)
+        assert wait_until(lambda: len(sink_records(s3, BUCKET, "prod/")) == 3, timeout_s=15)
         for key, r in sink_records(s3, BUCKET, "prod/"):
             tenant, is_stream, text = sent[r["request_id"]]
             assert key.startswith(f"prod/assist/{served}/") and key.endswith(".jsonl")
@@ -141,6 +153,7 @@ def test_records_are_complete_for_streamed_and_whole_answers_and_hold_no_secret(
             assert r["complete"] is True and r["truncated"] is False and r["error"] is None
             assert r["started_at"] <= r["ended_at"] and r["duration_ms"] >= 0
         params = {r["request_id"]: (r["parameters"], r["gateway_max_tokens"]) for _, r in sink_records(s3, BUCKET, "prod/")}
+        assert gateway_id in params
         # as the client sent them, and the limit the gateway stamped when the client gave none
         assert params[rid_s] == ({"model": "m", "stream": True, "temperature": 0.2},
                                  spec.endpoint("assist").gateway.max_tokens)
