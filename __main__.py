@@ -26,7 +26,7 @@ from components.network_policy import Admitted, Scraper
 from components.node_autoscaler import NodeAutoscaler, NodeAutoscalerArgs
 from components.observability import Observability, ObservabilityArgs
 from components.quality_recorder import QualityRecorder, QualityRecorderArgs, sampled_endpoints
-from components.stack_settings import check_replication_owner, replication_destinations, stack_settings
+from components.stack_settings import check_replication_owner, gateway_ports, replication_destinations, stack_settings
 from components.weight_cache import WeightCache, WeightCacheArgs, WeightReader
 from components.weight_seed import WeightSeed, WeightSeedArgs
 from components.weight_replication import WeightReplication, WeightReplicationArgs
@@ -87,6 +87,7 @@ try:
         },
         source,
     )
+    ports = gateway_ports(settings, spec)
     check_kubeconfig_config(config.get("kubeconfig"), config.full_key("kubeconfig"),
                             pulumi.runtime.is_config_secret(config.full_key("kubeconfig")))
 except pulumi.ConfigMissingError:
@@ -282,6 +283,7 @@ if any(e.gated for e in spec.endpoints):
             monitor_labels=settings.monitor_labels,
             quality_recorder=(f"{quality_recorder.service_dns}:{quality_recorder.port}" if quality_recorder else None),
             client_limits=ClientLimits(source=settings.gateway.client_source),
+            ports=ports,
             # a cluster this stack creates has none of the Secrets the gateway reads (tenant keys, Modal proxy
             # auth) until they are created after it: `up` does not wait for its pods (they start once they exist)
             await_ready=settings.cluster.mode != "create",

@@ -75,6 +75,9 @@ class GatewayArgs:
     # False: `pulumi up` does not wait for the pods to be ready (pulumi.com/skipAwait), for a cluster created in the
     # same `up`, which holds none of the Secrets the pods read yet
     await_ready: bool = True
+    # endpoint -> the port clients reach it on (stack_settings.gateway_ports: llm-serving:gateway.ports); None: by
+    # position from 8080, which moves an endpoint's port when another is added or removed before it
+    ports: Mapping[str, int] | None = None
     cpu_request: str = "1"  # HAProxy runs one thread (see gateway_config)
     memory_request: str = "512Mi"
     # HAProxy holds up to 2 buffers of tune.bufsize (~208 KiB for prod) per active stream; the
@@ -144,10 +147,11 @@ class Gateway(pulumi.ComponentResource):
             return render_gateway_config(spec, burst_urls=urls, floor_servers=floor,
                                          canary_servers=canary, lua_path=f"{CONFIG_DIR}/{LUA_FILE}",
                                          gateway_replicas=args.replicas, ca_path=args.image.ca_dir,
-                                         client_limits=args.client_limits, quality_servers=quality)
+                                         client_limits=args.client_limits, quality_servers=quality,
+                                         ports=args.ports)
 
         rendered = urls.apply(render)
-        self.ports = endpoint_ports(spec)
+        self.ports = endpoint_ports(spec, args.ports)
         secret_env = _secret_env(spec, floor, canary, burst_names, quality)
 
         app = f"{name}-haproxy"

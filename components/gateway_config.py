@@ -80,8 +80,8 @@ class HaproxyImage:
 
 HAPROXY_IMAGE = HaproxyImage(tag="haproxy:3.0.25-trixie", uid=99, gid=99, trust_store_package="ca-certificates")
 
-GATEWAY_BASE_PORT = 8080  # endpoint i listens on 8080 + i (spec order)
-SHADOW_BASE_PORT = 9080  # endpoint i's shadow mirrors enter on 127.0.0.1:9080 + i (inside the pod only)
+GATEWAY_BASE_PORT = 8080  # a lone endpoint listens here; several: the stack's llm-serving:gateway.ports
+SHADOW_BASE_PORT = 9080  # the i-th gated endpoint's shadow mirrors enter on 127.0.0.1:9080 + i (inside the pod only)
 STATS_PORT = 8404  # /healthz for probes, /metrics (Prometheus exporter built into HAProxy)
 LUA_FILE = "gateway.lua"
 CONFIG_FILE = "haproxy.cfg"
@@ -169,8 +169,19 @@ def gated_endpoints(spec: TopologySpec) -> list[EndpointSpec]:
     return [e for e in spec.endpoints if e.gated]
 
 
-def endpoint_ports(spec: TopologySpec) -> dict[str, int]:
-    return {e.name: GATEWAY_BASE_PORT + i for i, e in enumerate(gated_endpoints(spec))}
+def endpoint_ports(spec: TopologySpec, ports: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Each gated endpoint's listening port: from `ports` (the stack's llm-serving:gateway.ports, checked by
+    components.stack_settings.gateway_ports), else by position from GATEWAY_BASE_PORT (one endpoint, or tests)."""
+    if ports is None:
+        return {e.name: GATEWAY_BASE_PORT + i for i, e in enumerate(gated_endpoints(spec))}
+    return {e.name: int(ports[e.name]) for e in gated_endpoints(spec)}
+
+
+def reserved_ports(n_endpoints: int) -> dict[int, str]:
+    """Ports the gateway pod uses itself (no endpoint may listen on one): what each is for."""
+    out = {STATS_PORT: "the probes and metrics listener", QUALITY_PORT: "the quality-sample loopback listener"}
+    out.update({SHADOW_BASE_PORT + i: "a shadow-mirror loopback listener" for i in range(n_endpoints)})
+    return out
 
 
 def per_pod_threshold(overflow_inflight_per_replica: int, gateway_replicas: int) -> int:
@@ -390,6 +401,7 @@ def render_gateway_config(
     client_limits: ClientLimits = ClientLimits(),
     quality_servers: Servers | None = None,
     quality_bind: str = f"127.0.0.1:{QUALITY_PORT}",
+    ports: Mapping[str, int] | None = None,
 ) -> RenderedGateway:
     """haproxy.cfg + gateway.lua for every gated endpoint of `spec`.
 
@@ -402,7 +414,8 @@ def render_gateway_config(
     gateway_replicas: HAProxy pods sharing the floor. Each pod sees only its own in-flight
     requests, so each enforces its share of the per-replica threshold (`per_pod_threshold`).
     shadow_binds: endpoint -> loopback "127.0.0.1:port" where its shadow mirrors enter (default
-    127.0.0.1:<9080+i>); only endpoints whose spec has a shadow use it.
+    127.0.0.1:<9080+i>, i its place among the gated endpoints); only endpoints whose spec has a shadow use it.
+    ports: endpoint -> listening port (the stack's llm-serving:gateway.ports); None: by position from 8080.
     quality_servers: the quality recorder (required when an endpoint's rollout samples quality); quality_bind:
     the loopback frontend sampled exchanges are posted to, which forwards them to it.
     ca_path: the trust store TLS to Modal is verified against: the image's CA directory (explicit,
@@ -412,10 +425,9 @@ def render_gateway_config(
     if gateway_replicas < 1:
         raise ValueError(f"gateway_replicas must be >= 1, got {gateway_replicas}")
     canary_servers = canary_servers or {}
-    ports = endpoint_ports(spec)
+    ports = endpoint_ports(spec, ports)
     binds = dict(binds or {e: f"*:{p}" for e, p in ports.items()})
-    shadow_binds = dict(shadow_binds or {e: f"127.0.0.1:{p - GATEWAY_BASE_PORT + SHADOW_BASE_PORT}"
-                                         for e, p in ports.items()})
+    shadow_binds = dict(shadow_binds or {e: f"127.0.0.1:{SHADOW_BASE_PORT + i}" for i, e in enumerate(ports)})
     secret_env: dict[str, str] = {}
     endpoints = gated_endpoints(spec)
     if not endpoints:

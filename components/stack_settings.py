@@ -124,7 +124,29 @@ class S3EndpointSettings(_Settings):
 
 
 class GatewaySettings(_Settings):
-    """`llm-serving:gateway`: how clients reach the gateway, which its per-client limits key on."""
+    """`llm-serving:gateway`: how clients reach the gateway, which its per-client limits key on, and the port each
+    endpoint listens on."""
+
+    ports: dict[str, int] | None = Field(
+        None, description="Endpoint name -> the port its clients reach it on (the gateway Service's port). Required "
+        "once the gateway serves more than one endpoint: ports given by position moved when an endpoint was added or "
+        "removed before another, and that endpoint's clients then reached a different model. Keep a port once "
+        "clients use it; an endpoint that leaves the gateway (managed_api) may keep its entry.")
+
+    @field_validator("ports")
+    @classmethod
+    def _ports(cls, v: dict[str, int] | None) -> dict[str, int] | None:
+        if v is None:
+            return v
+        bad = {k: p for k, p in v.items() if not 1024 <= p <= 65535}
+        if bad:
+            raise ValueError(f"ports {bad}: each must be 1024–65535 (the gateway runs as a non-root user)")
+        seen: dict[int, str] = {}
+        for k, p in v.items():
+            if p in seen:
+                raise ValueError(f"port {p} is given to both {seen[p]!r} and {k!r}: each endpoint needs its own")
+            seen[p] = k
+        return v
 
     client_source: Literal["src", "proxy_protocol", "xff"] = Field(
         "src", alias="clientSource",
@@ -274,6 +296,47 @@ class StackSettings(_Settings):
                 "engines' metrics: set networkPolicy.scrapers to [{namespace: <ns>, podLabels: {<label>: <value>}}] "
                 "naming them (an agent or Prometheus in the cluster), or networkPolicy.enabled: false")
         return self
+
+
+def gateway_ports(settings: StackSettings, spec: TopologySpec) -> dict[str, int] | None:
+    """The port each gated endpoint listens on, from llm-serving:gateway.ports (None: a lone endpoint, on 8080).
+    Every gated endpoint must have one, none a port the gateway pod uses itself, and a name no endpoint has is a
+    typo (InputError naming it)."""
+    import difflib
+
+    from .gateway_config import GATEWAY_BASE_PORT, endpoint_ports, gated_endpoints, reserved_ports
+
+    gated = [e.name for e in gated_endpoints(spec)]
+    ports = settings.gateway.ports
+    if ports is None:
+        if len(gated) <= 1:
+            return None
+        positional = "{" + ", ".join(f"{n}: {p}" for n, p in endpoint_ports(spec).items()) + "}"
+        raise InputError(
+            f"llm-serving:gateway.ports is not set and the gateway serves {len(gated)} endpoints ({', '.join(gated)}): "
+            "give each its port, or adding or removing an endpoint before another moves that one's port and its "
+            f"clients reach another model. Until now they listened by position: {positional} — set exactly what your "
+            "clients use (`kubectl -n <namespace> get svc gateway-haproxy -o yaml` lists each endpoint's port), e.g. "
+            f"llm-serving:gateway: {{ports: {positional}}}")
+    names = {e.name for e in spec.endpoints}
+    unknown = sorted(set(ports) - names)
+    if unknown:
+        hints = [f"{u!r}" + (f" (did you mean {c[0]!r}?)" if (c := difflib.get_close_matches(u, sorted(names), 1)) else "")
+                 for u in unknown]
+        raise InputError(f"llm-serving:gateway.ports names {', '.join(hints)}, not an endpoint of this stack "
+                         f"(endpoints: {sorted(names)})")
+    missing = [n for n in gated if n not in ports]
+    if missing:
+        free = next(p for p in range(GATEWAY_BASE_PORT, 65536) if p not in ports.values() and p not in reserved_ports(len(gated)))
+        raise InputError(f"llm-serving:gateway.ports has no port for {missing}, served by the gateway: add one each "
+                         f"(a free one: {free}); the other endpoints keep theirs")
+    taken = reserved_ports(len(gated))
+    clash = {n: p for n, p in ports.items() if p in taken}
+    if clash:
+        n, p = next(iter(clash.items()))
+        raise InputError(f"llm-serving:gateway.ports gives {n!r} port {p}, which the gateway pod uses for {taken[p]} "
+                         f"(ports it keeps: {sorted(taken)}); choose another")
+    return {n: ports[n] for n in gated}
 
 
 def stack_settings(config: Mapping[str, Any], source: str) -> StackSettings:

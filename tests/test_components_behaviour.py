@@ -414,10 +414,11 @@ def test_the_gateways_client_source_is_a_stack_setting(source, expect):
     """Behind a proxy that hides client addresses every client is one source, and the per-source caps would cap all
     traffic: `llm-serving:gateway.clientSource` says how client addresses reach the pods."""
     stack, config = read_stack_config(ROOT / "stacks" / "Pulumi.prod.yaml")
-    _, cm = _gateway_objects(run_program(stack, {**config, "llm-serving:gateway": {"clientSource": source}}))
+    gateway = config["llm-serving:gateway"]
+    _, cm = _gateway_objects(run_program(stack, {**config, "llm-serving:gateway": {**gateway, "clientSource": source}}))
     assert expect in cm.inputs["data"]["haproxy.cfg"]
     with pytest.raises(InputError, match=r"gateway.clientSource.*'src', 'proxy_protocol' or 'xff'"):
-        run_program(stack, {**config, "llm-serving:gateway": {"clientSource": "forwarded"}})
+        run_program(stack, {**config, "llm-serving:gateway": {**gateway, "clientSource": "forwarded"}})
 
 
 def test_the_gateways_two_scrape_endpoints_label_their_targets_apart():

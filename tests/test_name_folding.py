@@ -7,6 +7,8 @@ dashboard. Each case is now refused at input time naming the fields and both nam
 
 from __future__ import annotations
 
+import re
+
 import copy
 from pathlib import Path
 
@@ -131,8 +133,13 @@ def _prod_renamed(tmp_path: Path, old: str, new: str) -> Path:
     assert f"      - name: {old}\n" in text
     (tmp_path / "traces").symlink_to(ROOT / "traces")
     path = tmp_path / "Pulumi.prod.yaml"
-    path.write_text(text.replace(f"      - name: {old}\n", f"      - name: {new}\n"))
+    path.write_text(_port_renamed(text.replace(f"      - name: {old}\n", f"      - name: {new}\n"), old, new))
     return path
+
+
+def _port_renamed(text: str, old: str, new: str) -> str:
+    """The stack's llm-serving:gateway.ports entry of an endpoint renamed with it (its clients' port stays)."""
+    return re.sub(rf"(?m)^(    ports: \{{(?:.*?, )?){re.escape(old)}(?=: )", rf"\g<1>{new}", text, count=1)
 
 
 def test_an_endpoint_named_after_anothers_shadow_keeps_the_gateway_config_valid(tmp_path):
@@ -170,7 +177,8 @@ def test_the_gateway_service_names_each_port_by_its_whole_endpoint_name(tmp_path
     from offline.names_check import check_recording
 
     path = _prod_renamed(tmp_path, "autocomplete", "assist-production-east-b")
-    path.write_text(path.read_text().replace("      - name: assist\n", "      - name: assist-production-east-a\n"))
+    path.write_text(_port_renamed(path.read_text().replace("      - name: assist\n", "      - name: assist-production-east-a\n"),
+                                  "assist", "assist-production-east-a"))
     rec = run_stack_file(path)
     (svc,) = [o for o in rec.kubernetes_objects()
               if o["kind"] == "Service" and o["metadata"]["name"].endswith("gateway-haproxy")]
