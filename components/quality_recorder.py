@@ -186,8 +186,12 @@ class QualityRecorder(pulumi.ComponentResource):
             f"{name}-pod-identity", cluster_name=args.cluster_name, region=args.region, namespace=ns,
             service_account=RECORDER_NAME, role_arn=role.arn, opts=child(self, depends_on=[account]),
         )
-        config_map = k8s.core.v1.ConfigMap(f"{name}-config", metadata=meta, data={"config.json": config_text},
-                                           opts=child(self))
+        # named by its content and immutable, as the gateway's: under one fixed name a new config replaced the
+        # ConfigMap delete-first (pulumi-kubernetes replaces a ConfigMap's data), and a recorder pod restarting in
+        # that gap could not mount it; now the new one exists before the pods roll onto it and the old one goes last
+        config_sha = hashlib.sha256(config_text.encode()).hexdigest()
+        config_map = k8s.core.v1.ConfigMap(f"{name}-config", metadata={**meta, "name": f"{RECORDER_NAME}-{config_sha[:10]}"},
+                                           immutable=True, data={"config.json": config_text}, opts=child(self))
         probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 5, "failureThreshold": 3}
         deployment = k8s.apps.v1.Deployment(
             f"{name}-deployment",
@@ -198,7 +202,7 @@ class QualityRecorder(pulumi.ComponentResource):
                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
                 "template": {
                     "metadata": {"labels": labels, "annotations": {
-                        "serving.llm/config-sha256": hashlib.sha256(config_text.encode()).hexdigest()[:16]}},
+                        "serving.llm/config-sha256": config_sha[:16]}},
                     "spec": {
                         "serviceAccountName": RECORDER_NAME,
                         # a stopping pod uploads what it accepted, within one upload timeout

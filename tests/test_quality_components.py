@@ -23,7 +23,11 @@ def stack_rollout() -> tuple[dict, str]:
 
 def recorder_parts(rec, objs):
     dep = objs[("Deployment", "quality-recorder")]
-    config = json.loads(objs[("ConfigMap", "quality-recorder")]["data"]["config.json"])
+    # named by its content (quality-recorder-<digest>), immutable, and the one the pods mount
+    (name, cm), = [(n, o) for (kind, n), o in objs.items() if kind == "ConfigMap" and n.startswith("quality-recorder-")]
+    assert cm["immutable"] is True
+    assert dep["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"] == name
+    config = json.loads(cm["data"]["config.json"])
     (role,) = [r for r in rec.of_type("aws:iam/role:Role") if r.name == "quality-role"]
     (policy,) = [p for p in rec.of_type("aws:iam/rolePolicy:RolePolicy") if p.name == "quality-role-policy"]
     return dep, config, role, json.loads(policy.inputs["policy"])
@@ -103,6 +107,10 @@ def test_a_rollback_narrows_sampling_and_the_role_to_the_incumbent():
     rec, objs = run_prod(edit=roll_back)
     rollout, _ = stack_rollout()
     _, config, _, policy = recorder_parts(rec, objs)
+    # a new config is a new ConfigMap (created before the old one goes), not the old name replaced delete-first
+    names = {n for (kind, n) in objs if kind == "ConfigMap" and n.startswith("quality-recorder-")}
+    before = {n for (kind, n) in run_prod()[1] if kind == "ConfigMap" and n.startswith("quality-recorder-")}
+    assert names and before and names.isdisjoint(before)
     assert list(config["versions"]["assist"]) == [rollout["incumbent_version"]]
     assert policy["Statement"][0]["Resource"] == [
         f"arn:aws:s3:::acme-llm-evals/prod/assist/{rollout['incumbent_version']}/*"]
