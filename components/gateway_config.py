@@ -178,9 +178,14 @@ def endpoint_ports(spec: TopologySpec, ports: Mapping[str, int] | None = None) -
 
 
 def reserved_ports(n_endpoints: int) -> dict[int, str]:
-    """Ports the gateway pod uses itself (no endpoint may listen on one): what each is for."""
-    out = {STATS_PORT: "the probes and metrics listener", QUALITY_PORT: "the quality-sample loopback listener"}
-    out.update({SHADOW_BASE_PORT + i: "a shadow-mirror loopback listener" for i in range(n_endpoints)})
+    """Ports the gateway pod uses itself or may (no endpoint may listen on one): what each is for. The shadow
+    listeners' whole range, not only the gated endpoints' share: a port accepted now must stay valid when another
+    endpoint comes behind the gateway."""
+    out = {p: "a shadow-mirror loopback listener" for p in range(SHADOW_BASE_PORT, QUALITY_PORT)}
+    out.update({STATS_PORT: "the probes and metrics listener", QUALITY_PORT: "the quality-sample loopback listener"})
+    if n_endpoints > QUALITY_PORT - SHADOW_BASE_PORT:
+        raise ValueError(f"{n_endpoints} gated endpoints: the shadow listeners have room for "
+                         f"{QUALITY_PORT - SHADOW_BASE_PORT}")
     return out
 
 

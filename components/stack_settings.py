@@ -11,10 +11,11 @@ import re
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from topology.errors import FieldsError
 from topology.loading import InputError, format_validation_error
 from topology.names import check_label_key, check_label_value
 from topology.spec import TopologySpec, WeightCacheSpec
@@ -127,7 +128,7 @@ class GatewaySettings(_Settings):
     """`llm-serving:gateway`: how clients reach the gateway, which its per-client limits key on, and the port each
     endpoint listens on."""
 
-    ports: dict[str, int] | None = Field(
+    ports: dict[str, Annotated[int, Field(strict=True)]] | None = Field(
         None, description="Endpoint name -> the port its clients reach it on (the gateway Service's port). Required "
         "once the gateway serves more than one endpoint: ports given by position moved when an endpoint was added or "
         "removed before another, and that endpoint's clients then reached a different model. Keep a port once "
@@ -181,14 +182,18 @@ class ScraperSettings(_Settings):
 # the installed kube-prometheus-stack runs them in MONITORING_NAMESPACE (components/monitoring.py).
 PROMETHEUS_POD_LABELS = {"app.kubernetes.io/name": "prometheus"}
 MONITORING_NAMESPACE = "monitoring"
-# An in-cluster Service URL: http(s)://<service>.<namespace>.svc[.<cluster domain>][:port][/path]
-_SERVICE_URL = re.compile(r"^https?://[a-z0-9]([-a-z0-9]*[a-z0-9])?\.(?P<ns>[a-z0-9]([-a-z0-9]*[a-z0-9])?)\.svc"
-                          r"(\.[a-z0-9.-]+)?(:\d+)?(/.*)?$")
+# An in-cluster Service URL: http(s)://[user@]<service>.<namespace>.svc[.cluster.local][:port][/path] (host names
+# are case-blind; another cluster domain, or a host outside the cluster, is no Service the derivation can trust)
+_SERVICE_URL = re.compile(r"https?://(?:[^@/]*@)?[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?\."
+                          r"(?P<ns>[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?)\.svc(?:\.cluster\.local)?\.?"
+                          r"(?::(?P<port>\d{1,5}))?(?:/[^\s]*)?", re.IGNORECASE)
 
 
 def _service_namespace(url: str) -> str | None:
-    m = _SERVICE_URL.match(url)
-    return m["ns"] if m else None
+    m = _SERVICE_URL.fullmatch(url)
+    if m is None or (m["port"] is not None and not 0 < int(m["port"]) <= 65535):
+        return None
+    return m["ns"].lower()
 
 
 class NetworkPolicySettings(_Settings):
@@ -199,10 +204,10 @@ class NetworkPolicySettings(_Settings):
     connections from the stack's gateway and from the pods that scrape their metrics, and the quality recorder
     from the gateway and those scrapers; nothing else in the cluster reaches them."""
 
-    enabled: bool = Field(True, description="Declare the NetworkPolicies (false: any pod in the cluster reaches the "
+    enabled: bool = Field(True, strict=True, description="Declare the NetworkPolicies (false: any pod in the cluster reaches the "
                           "engines and the recorder; only for a cluster whose mesh or CNI enforces its own).")
     scrapers: tuple[ScraperSettings, ...] | None = Field(
-        None, description="The pods that scrape the engines' and the recorder's metrics. Default: with monitoring "
+        None, min_length=1, description="The pods that scrape the engines' and the recorder's metrics. Default: with monitoring "
         "'install', the installed Prometheus (namespace monitoring); with 'platform', the Prometheus pods "
         "(app.kubernetes.io/name: prometheus) in the namespace of prometheusUrl's Service.")
 
@@ -290,11 +295,12 @@ class StackSettings(_Settings):
         # engine alert: the scrapers are named, or derived only from a Prometheus known to run in the cluster
         np = self.network_policy
         if np.enabled and not self.metrics_scrapers:
-            raise ValueError(
+            raise FieldsError(("prometheusUrl", "networkPolicy.scrapers"), (
                 f"prometheusUrl {self.prometheus_url!r} is not a Service in this cluster "
-                "(http://<service>.<namespace>.svc…), so the NetworkPolicies cannot tell which pods scrape the "
-                "engines' metrics: set networkPolicy.scrapers to [{namespace: <ns>, podLabels: {<label>: <value>}}] "
-                "naming them (an agent or Prometheus in the cluster), or networkPolicy.enabled: false")
+                "(http://<service>.<namespace>.svc[.cluster.local][:port]), so the NetworkPolicies cannot tell which "
+                "pods scrape the engines' metrics: set networkPolicy.scrapers to [{namespace: <ns>, podLabels: "
+                "{<label>: <value>}}] naming them (an agent or Prometheus in the cluster), or networkPolicy.enabled: "
+                "false"))
         return self
 
 
@@ -304,7 +310,8 @@ def gateway_ports(settings: StackSettings, spec: TopologySpec) -> dict[str, int]
     typo (InputError naming it)."""
     import difflib
 
-    from .gateway_config import GATEWAY_BASE_PORT, endpoint_ports, gated_endpoints, reserved_ports
+    from .gateway_config import (GATEWAY_BASE_PORT, SHADOW_BASE_PORT, STATS_PORT, endpoint_ports, gated_endpoints,
+                                 reserved_ports)
 
     gated = [e.name for e in gated_endpoints(spec)]
     ports = settings.gateway.ports
@@ -321,8 +328,9 @@ def gateway_ports(settings: StackSettings, spec: TopologySpec) -> dict[str, int]
     names = {e.name for e in spec.endpoints}
     unknown = sorted(set(ports) - names)
     if unknown:
-        hints = [f"{u!r}" + (f" (did you mean {c[0]!r}?)" if (c := difflib.get_close_matches(u, sorted(names), 1)) else "")
-                 for u in unknown]
+        lower = {n.lower(): n for n in names}
+        hints = [f"{u[:80]!r}" + (f" (did you mean {c!r}?)" if (c := lower.get(u.lower()) or next(
+            iter(difflib.get_close_matches(u, sorted(names), 1)), None)) else "") for u in unknown]
         raise InputError(f"llm-serving:gateway.ports names {', '.join(hints)}, not an endpoint of this stack "
                          f"(endpoints: {sorted(names)})")
     missing = [n for n in gated if n not in ports]
@@ -335,7 +343,8 @@ def gateway_ports(settings: StackSettings, spec: TopologySpec) -> dict[str, int]
     if clash:
         n, p = next(iter(clash.items()))
         raise InputError(f"llm-serving:gateway.ports gives {n!r} port {p}, which the gateway pod uses for {taken[p]} "
-                         f"(ports it keeps: {sorted(taken)}); choose another")
+                         f"(it keeps {STATS_PORT} and {min(taken) if min(taken) != STATS_PORT else SHADOW_BASE_PORT}–"
+                         f"{max(taken)}); choose another")
     return {n: ports[n] for n in gated}
 
 
@@ -351,7 +360,7 @@ def stack_settings(config: Mapping[str, Any], source: str) -> StackSettings:
     try:
         return StackSettings.model_validate(body)
     except ValidationError as e:
-        raise InputError(format_validation_error(e, source)) from None
+        raise InputError(format_validation_error(e, source, StackSettings)) from None
 
 
 def _stack_config(path: Path) -> dict[str, Any]:

@@ -171,7 +171,9 @@ def test_named_scrapers_and_a_platform_prometheus_elsewhere_are_admitted():
     ({"scrapers": [{"namespace": "monitoring", "podLabels": {}}]}, r"networkPolicy.scrapers.0.podLabels = \{\}"),
     ({"scrapers": [{"namespace": "monitoring", "podLabels": {"app": "a b"}}]}, r"'a b'"),
     ({"enabled": "sometimes"}, r"networkPolicy.enabled = 'sometimes'"),
-    ({"scraper": []}, r"networkPolicy.scraper"),
+    ({"enabled": "no"}, r"networkPolicy.enabled = 'no': Input should be a valid boolean"),  # never off by a string
+    ({"scraper": []}, r"networkPolicy.scraper = .*did you mean 'scrapers'"),
+    ({"scrapers": []}, r"networkPolicy.scrapers = \[\]: Tuple should have at least 1 item"),
 ])
 def test_bad_network_policy_settings_are_refused_naming_the_field(bad, message):
     stack, config = _platform_config(**bad)
@@ -232,3 +234,26 @@ def test_the_pack_reads_the_labels_of_a_bare_pod_and_a_cronjob_where_they_are():
     no_policies = [r for r in res if r.props.get("kind") != "NetworkPolicy"]
     flagged = {u for u, _ in check_serving_pods_admit_only_their_clients(no_policies + extra, StackContext())}
     assert {"urn:pod", "urn:cron"} <= flagged
+
+
+@pytest.mark.parametrize("url, namespace", [
+    ("http://prometheus-operated.observability.svc:9090", "observability"),
+    ("http://Prometheus.Observability.svc.cluster.local:9090/", "observability"),  # host names are case-blind
+    ("https://scrape:secret@prometheus.observability.svc", "observability"),
+    ("http://prometheus.observability.svc.example.com:9090", None),  # outside the cluster
+    ("http://prometheus.observability.svc:9090\n", None),
+    ("http://prometheus.observability.svc:99999", None),
+    ("http://10.0.0.5:9090", None),
+    (f"http://prometheus.{'a' * 64}.svc:9090", None),  # no namespace is that long
+])
+def test_the_scrapers_namespace_comes_only_from_an_in_cluster_service_url(url, namespace):
+    stack, config = _platform_config()
+    config["llm-serving:prometheusUrl"] = url
+    if namespace is None:
+        with pytest.raises(InputError, match=r"prometheusUrl, networkPolicy.scrapers: prometheusUrl .* is not a Service "
+                                             r"in this cluster"):
+            run_program(stack, config)
+        return
+    policies = objects(run_program(stack, config), "NetworkPolicy")
+    assert {p["spec"]["ingress"][1]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+            for p in policies} == {namespace}
