@@ -207,9 +207,27 @@ def check_cluster(st: StackUnderCheck, c: Clients) -> list[Check]:
         out.append(Check("pod identity agent", False,
                          "the eks-pod-identity-agent add-on is not installed: weight readers and the node autoscaler get no AWS credentials",
                          f"aws eks create-addon --cluster-name {name} --addon-name eks-pod-identity-agent --region {region}"))
+    if st.spec.node_pools:
+        out.append(check_node_group_reads(eks, name, region))
     if st.settings.network_policy.enabled:
         out.append(check_network_policy_enforced(eks, name, region))
     return out
+
+
+def check_node_group_reads(eks, name: str, region: str) -> Check:
+    """Each `up` reads the GPU pools' current sizes (components/gpu_node_pool.py desired_size: ListNodegroups, then
+    DescribeNodegroup), so a change of a pool's bounds leaves the autoscaler's nodes running: without the
+    permission the program stops at that read."""
+    from botocore.exceptions import ClientError  # the AWS clients' own package (preflight's AWS calls need it)
+
+    try:
+        groups = eks.list_nodegroups(clusterName=name).get("nodegroups", [])
+    except ClientError as e:
+        return Check("node group reads", False, f"eks:ListNodegroups on {name} refused ({_aws_error(e)}): each `up` "
+                     "reads the GPU pools' current sizes", "allow eks:ListNodegroups and eks:DescribeNodegroup on the "
+                     "cluster to the principal that runs `pulumi up`")
+    return Check("node group reads", True, f"{len(groups)} node group(s) listed: each `up` keeps the GPU pools' "
+                 "current sizes")
 
 
 def check_network_policy_enforced(eks, name: str, region: str) -> Check:

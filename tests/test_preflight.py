@@ -136,7 +136,7 @@ def test_a_ready_account_passes_every_check(world):
     assert status == 0, text
     assert all(c.ok for c in checks.values()), text
     assert {"aws region", "aws credentials", "cluster", "kubernetes version", "pod identity agent", "network policy",
-            "metrics scrapers",
+            "metrics scrapers", "node group reads",
             "prometheus operator CRDs", "prometheus url", "source bucket", "weights assist", "adapters assist",
             "weights autocomplete", "weights guard", "s3 gateway endpoint", "modal token", "modal environment",
             "gpu snapshots", "secret assist-gateway-tenants", "secret modal-proxy-auth"} <= set(checks)
@@ -417,3 +417,28 @@ def test_a_scraper_selector_that_matches_no_pod_stops_the_up(world):
     assert status == 1 and not c.ok and c.blocking
     assert "no pod in monitoring matches app.kubernetes.io/name=prometheus" in c.detail
     assert "llm-serving:networkPolicy.scrapers" in c.fix
+
+
+def test_a_principal_that_cannot_read_node_groups_is_stopped_before_the_up(world):
+    """`up` reads each GPU pool's current size (a change of its bounds must not shrink it): ListNodegroups refused
+    would stop the program at that read."""
+    stack_file, clients, *_ = world
+
+    class Refusing:
+        def __init__(self, real):
+            self._real = real
+
+        def list_nodegroups(self, **kw):
+            raise ClientError({"Error": {"Code": "AccessDeniedException", "Message": "not authorized"}}, "ListNodegroups")
+
+        def __getattr__(self, name):
+            return getattr(self._real, name)
+
+    def aws(service, region):
+        c = clients.aws(service, region)
+        return Refusing(c) if service == "eks" else c
+
+    checks, text, status = run(stack_file, P.Clients(aws=aws, kube=clients.kube, modal=clients.modal))
+    c = checks["node group reads"]
+    assert status == 1 and not c.ok and c.blocking and "AccessDeniedException" in c.detail
+    assert "eks:ListNodegroups and eks:DescribeNodegroup" in c.fix
