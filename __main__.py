@@ -194,7 +194,7 @@ if spec.weight_caches and settings.owns_replication(pulumi.get_stack()):
 # ── who may reach the engines and the recorder: the gateway and the Prometheus that scrapes them ────
 GATEWAY_NAME = "gateway"
 admitted = (Admitted(gateway_pod_labels=gateway_pod_labels(GATEWAY_NAME),
-                     scrapers=tuple(Scraper(s.namespace, s.pod_labels) for s in settings.metrics_scrapers))
+                     scrapers=tuple(Scraper(s.namespace, s.pod_labels, s.cidr) for s in settings.metrics_scrapers))
             if settings.network_policy.enabled else None)
 
 # ── floor replicas (dedicated pools), autoscaled by KEDA ───────────────────────────────────────

@@ -28,10 +28,19 @@ NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 @dataclass(frozen=True)
 class Scraper:
-    """Pods that scrape the serving pods' metrics: their namespace and labels they all carry."""
+    """What scrapes the serving pods' metrics: pods (their namespace and labels they all carry), or an address range
+    (`cidr`: a scraper that is no pod, e.g. a managed scraper's network interfaces)."""
 
-    namespace: str
-    pod_labels: Mapping[str, str]
+    namespace: str | None = None
+    pod_labels: Mapping[str, str] | None = None
+    cidr: str | None = None
+
+    def peer(self) -> dict:
+        if self.cidr is not None:
+            return {"ipBlock": {"cidr": self.cidr}}
+        # namespaceSelector and podSelector in one element: those pods in that namespace (both must match)
+        return {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: self.namespace}},
+                "podSelector": {"matchLabels": dict(self.pod_labels or {})}}
 
 
 @dataclass(frozen=True)
@@ -53,9 +62,6 @@ def ingress_policy_spec(pod_labels: Mapping[str, str], port: int, admitted: Admi
         "policyTypes": ["Ingress"],
         "ingress": [
             {"from": [{"podSelector": {"matchLabels": dict(admitted.gateway_pod_labels)}}], "ports": ports},
-            # namespaceSelector and podSelector in one element: those pods in that namespace (both must match)
-            {"from": [{"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: s.namespace}},
-                       "podSelector": {"matchLabels": dict(s.pod_labels)}} for s in admitted.scrapers],
-             "ports": ports},
+            {"from": [s.peer() for s in admitted.scrapers], "ports": ports},
         ],
     }

@@ -7,6 +7,7 @@ they come from `pulumi config set --secret` and are passed through as Pulumi sec
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 from collections.abc import Mapping
@@ -159,22 +160,51 @@ class GatewaySettings(_Settings):
 
 
 class ScraperSettings(_Settings):
-    """Pods that scrape the engines' and the quality recorder's `/metrics` (a Prometheus)."""
+    """What scrapes the engines' and the quality recorder's `/metrics`: pods (a Prometheus, an agent) by namespace and
+    labels, or an address range (a scraper outside the cluster's pods, such as Amazon Managed Service for
+    Prometheus's managed scraper, which connects from network interfaces in the cluster's subnets)."""
 
-    namespace: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63,
-                           description="The namespace the scraping pods run in.")
-    pod_labels: dict[str, str] = Field(
-        alias="podLabels", min_length=1,
+    namespace: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63,
+                                  description="The namespace the scraping pods run in (with podLabels).")
+    pod_labels: dict[str, str] | None = Field(
+        None, alias="podLabels", min_length=1,
         description="Labels every scraping pod carries (a Prometheus Operator's Prometheus pods: "
         "`app.kubernetes.io/name: prometheus`).")
+    cidr: str | None = Field(
+        None, description="An address range the scraper connects from, instead of namespace and podLabels (the "
+        "managed scraper's subnets). Not 0.0.0.0/0 or ::/0: that admits every address.")
 
     @field_validator("pod_labels")
     @classmethod
-    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        for k, x in v.items():  # they become a NetworkPolicy's podSelector: Kubernetes label syntax
+    def _labels(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        for k, x in (v or {}).items():  # they become a NetworkPolicy's podSelector: Kubernetes label syntax
             check_label_key(k)
             check_label_value(x)
         return v
+
+    @field_validator("cidr")
+    @classmethod
+    def _cidr(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            net = ipaddress.ip_network(v, strict=False)
+        except ValueError:
+            raise ValueError(f"{v!r} is not an address range (e.g. 10.0.0.0/16)") from None
+        if net.prefixlen == 0:
+            raise ValueError(f"{v!r} admits every address: name the scraper's subnets")
+        return str(net)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "ScraperSettings":
+        pods = self.namespace is not None or self.pod_labels is not None
+        if self.cidr is not None and pods:
+            raise FieldsError(("cidr", "namespace", "podLabels"),
+                              "a scraper is either pods (namespace and podLabels) or an address range (cidr), not both")
+        if self.cidr is None and (self.namespace is None or self.pod_labels is None):
+            raise FieldsError(("namespace", "podLabels"),
+                              "a scraper needs namespace and podLabels (its pods), or cidr (its address range)")
+        return self
 
 
 # The pods of a Prometheus Operator `Prometheus` resource carry this label, reserved by the operator (prometheus-
@@ -346,6 +376,13 @@ def gateway_ports(settings: StackSettings, spec: TopologySpec) -> dict[str, int]
                          f"(it keeps {STATS_PORT} and {min(taken) if min(taken) != STATS_PORT else SHADOW_BASE_PORT}–"
                          f"{max(taken)}); choose another")
     return {n: ports[n] for n in gated}
+
+
+# The config keys StackSettings reads (without the project prefix): the program (__main__.py) and preflight read
+# these, so a setting added here reaches both (preflight once read seven of them, and refused a stack whose
+# networkPolicy.scrapers made its external prometheusUrl valid)
+SETTINGS_KEYS = ("cluster", "gateway", "namespace", "prometheusUrl", "monitorLabels", "weightReplication",
+                 "s3GatewayEndpoint", "monitoring", "qualityRecorderImage", "networkPolicy")
 
 
 def stack_settings(config: Mapping[str, Any], source: str) -> StackSettings:

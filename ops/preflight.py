@@ -83,7 +83,7 @@ class StackUnderCheck:
 
 
 def load_stack(stack_file: Path) -> StackUnderCheck:
-    from components.stack_settings import stack_settings
+    from components.stack_settings import SETTINGS_KEYS, stack_settings
     from topology.loading import InputError, inputs_from_document
     from topology.plan import plan
 
@@ -97,8 +97,7 @@ def load_stack(stack_file: Path) -> StackUnderCheck:
     if project is None:
         raise InputError(f"{stack_file}: no '<project>:inputs' key")
     spec = plan(inputs_from_document(config[f"{project}:inputs"], f"{stack_file} {project}:inputs", PROJECT_ROOT))
-    keys = ("cluster", "namespace", "prometheusUrl", "monitorLabels", "weightReplication", "s3GatewayEndpoint", "monitoring")
-    settings = stack_settings({k: config.get(f"{project}:{k}") for k in keys}, f"{stack_file}")
+    settings = stack_settings({k: config.get(f"{project}:{k}") for k in SETTINGS_KEYS}, f"{stack_file}")
     name = Path(stack_file).name.removeprefix("Pulumi.").removesuffix(".yaml")
     return StackUnderCheck(name, config, spec, settings)
 
@@ -299,6 +298,10 @@ def check_scrapers(st: StackUnderCheck, c: Clients) -> list[Check]:
     shuts the scraping Prometheus out, and KEDA's queue trigger and every engine alert then read nothing."""
     out = []
     for s in st.settings.metrics_scrapers:
+        if s.cidr is not None:  # an address range (a managed scraper): no pod to look for
+            out.append(Check("metrics scrapers", True, f"connections from {s.cidr} are admitted to the metrics port "
+                             "(an address range: preflight cannot see what connects from it)", blocking=False))
+            continue
         sel = ",".join(f"{k}={v}" for k, v in sorted(s.pod_labels.items()))
         n = c.kube.pod_count(s.namespace, dict(s.pod_labels))
         fix = (f"kubectl get pods -A -l app.kubernetes.io/name=prometheus (or the scraping agent's labels); set "

@@ -174,6 +174,11 @@ def test_named_scrapers_and_a_platform_prometheus_elsewhere_are_admitted():
     ({"enabled": "no"}, r"networkPolicy.enabled = 'no': Input should be a valid boolean"),  # never off by a string
     ({"scraper": []}, r"networkPolicy.scraper = .*did you mean 'scrapers'"),
     ({"scrapers": []}, r"networkPolicy.scrapers = \[\]: Tuple should have at least 1 item"),
+    ({"scrapers": [{"cidr": "0.0.0.0/0"}]}, r"networkPolicy.scrapers.0.cidr = '0.0.0.0/0': '0.0.0.0/0' admits every "
+                                           r"address"),
+    ({"scrapers": [{"cidr": "10.0.0.0/33"}]}, r"'10.0.0.0/33' is not an address range"),
+    ({"scrapers": [{"cidr": "10.0.0.0/16", "namespace": "monitoring"}]}, r"either pods .* or an address range"),
+    ({"scrapers": [{"namespace": "monitoring"}]}, r"needs namespace and podLabels .* or cidr"),
 ])
 def test_bad_network_policy_settings_are_refused_naming_the_field(bad, message):
     stack, config = _platform_config(**bad)
@@ -257,3 +262,19 @@ def test_the_scrapers_namespace_comes_only_from_an_in_cluster_service_url(url, n
     policies = objects(run_program(stack, config), "NetworkPolicy")
     assert {p["spec"]["ingress"][1]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
             for p in policies} == {namespace}
+
+
+def test_a_scraper_that_is_no_pod_is_admitted_by_its_address_range():
+    """Amazon Managed Service for Prometheus's managed scraper connects from network interfaces in the cluster's
+    subnets, which no pod selector names: an address range does, alone or beside pod scrapers."""
+    stack, config = _platform_config(scrapers=[{"cidr": "10.20.0.0/16"},
+                                               {"namespace": "monitoring", "podLabels": {"app.kubernetes.io/name": "prometheus"}}])
+    rec = run_program(stack, config)
+    policies = objects(rec, "NetworkPolicy")
+    for p in policies:
+        assert p["spec"]["ingress"][1]["from"] == [
+            {"ipBlock": {"cidr": "10.20.0.0/16"}},
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+    # an address range is no open door to the pack
+    assert check_serving_pods_admit_only_their_clients(_resources(rec), StackContext()) == []

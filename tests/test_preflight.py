@@ -442,3 +442,27 @@ def test_a_principal_that_cannot_read_node_groups_is_stopped_before_the_up(world
     c = checks["node group reads"]
     assert status == 1 and not c.ok and c.blocking and "AccessDeniedException" in c.detail
     assert "eks:ListNodegroups and eks:DescribeNodegroup" in c.fix
+
+
+def test_an_address_range_scraper_is_reported_not_looked_for(world, tmp_path):
+    stack_file, clients, kube, *_ = world
+    doc = yaml.safe_load(stack_file.read_text())
+    doc["config"]["llm-serving:networkPolicy"] = {"scrapers": [{"cidr": "10.20.0.0/16"}]}
+    stack_file.write_text(yaml.safe_dump(doc))
+    kube.pods.clear()  # no scraper pod anywhere: the range is what is admitted
+    checks, text, status = run(stack_file, clients)
+    c = checks["metrics scrapers"]
+    assert status == 0 and c.ok and "connections from 10.20.0.0/16 are admitted" in c.detail, text
+
+
+def test_preflight_and_the_program_read_the_same_settings():
+    """Preflight read seven of the settings keys the program reads, so a stack whose networkPolicy.scrapers made its
+    external prometheusUrl valid was refused by preflight alone."""
+    import re as _re
+
+    from components.stack_settings import SETTINGS_KEYS, StackSettings
+
+    program = (ROOT / "__main__.py").read_text()
+    block = program[program.index("settings = stack_settings("):program.index("source,\n    )")]
+    assert set(_re.findall(r'"(\w+)": config\.get', block)) == set(SETTINGS_KEYS)
+    assert {f.alias or n for n, f in StackSettings.model_fields.items()} == set(SETTINGS_KEYS)
