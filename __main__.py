@@ -17,12 +17,12 @@ from components.cluster import Cluster, ClusterArgs
 from components.floor_replicas import FloorReplicas, FloorReplicasArgs, canary_weights_prefix, previous_weights_prefix
 from components.gateway import Gateway, GatewayArgs, gateway_pod_labels
 from components.gateway_config import ClientLimits
-from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs
+from components.gpu_node_pool import GpuNodePool, GpuNodePoolArgs, existing_node_groups
 from components.gpu_operator import GpuOperator, GpuOperatorArgs
 from components.keda import Keda
 from components.modal_burst import ModalBurst, ModalBurstArgs, ModalTokenError, code_sha256, default_python, modal_token_env
 from components.monitoring import PROMETHEUS_URL, Monitoring, MonitoringArgs
-from components.network_policy import Admitted, Scraper
+from components.network_policy import Admitted
 from components.node_autoscaler import NodeAutoscaler, NodeAutoscalerArgs
 from components.observability import Observability, ObservabilityArgs
 from components.quality_recorder import QualityRecorder, QualityRecorderArgs, sampled_endpoints
@@ -126,11 +126,13 @@ monitored_opts = pulumi.ResourceOptions(providers={"kubernetes": cluster.provide
 
 # ── GPU node pools and the operator that partitions them ───────────────────────────────────────
 node_minimums = pool_minimums(spec)  # the floor windows as each on-demand pool's minimum on the clock
+# the node groups EKS lists now, read once: each pool keeps its current size through a change of its bounds
+node_groups_now = {r: existing_node_groups(cluster.name, r) for r in sorted({p.region for p in spec.node_pools})}
 node_pools = {
     p.name: GpuNodePool(
         f"pool-{p.name}",
         GpuNodePoolArgs(pool=p, cluster_name=cluster.name, node_role_arn=cluster.node_role_arn, subnet_ids=cluster.subnet_ids,
-                        minimums=node_minimums.get(p.name, ())),
+                        minimums=node_minimums.get(p.name, ()), existing_groups=node_groups_now[p.region]),
     )
     for p in spec.node_pools
 }
@@ -194,7 +196,7 @@ if spec.weight_caches and settings.owns_replication(pulumi.get_stack()):
 # ── who may reach the engines and the recorder: the gateway and the Prometheus that scrapes them ────
 GATEWAY_NAME = "gateway"
 admitted = (Admitted(gateway_pod_labels=gateway_pod_labels(GATEWAY_NAME),
-                     scrapers=tuple(Scraper(s.namespace, s.pod_labels, s.cidr) for s in settings.metrics_scrapers))
+                     scrapers=settings.metrics_scrapers)
             if settings.network_policy.enabled else None)
 
 # ── floor replicas (dedicated pools), autoscaled by KEDA ───────────────────────────────────────

@@ -114,9 +114,18 @@ class GpuNodePoolArgs:
     tags: dict[str, str] | None = None
     # the pool's minimum on the clock (topology.node_schedule): Auto Scaling scheduled actions on its group
     minimums: tuple[NodeMinimum, ...] = ()
+    # the cluster's node groups now (existing_node_groups, listed once for all pools); None: the pool lists them
+    existing_groups: pulumi.Input[list[str]] | None = None
 
 
-def desired_size(pool: NodePoolSpec, cluster_name: pulumi.Input[str]) -> pulumi.Input[int]:
+def existing_node_groups(cluster_name: pulumi.Input[str], region: str) -> pulumi.Output[list[str]]:
+    """The names of the cluster's node groups as EKS lists them now (ListNodegroups): read once per `up` and shared
+    by every pool's desired_size."""
+    return eks.get_node_groups_output(cluster_name=cluster_name, region=region).names.apply(lambda n: list(n or []))
+
+
+def desired_size(pool: NodePoolSpec, cluster_name: pulumi.Input[str],
+                 existing: pulumi.Input[list[str]] | None = None) -> pulumi.Input[int]:
     """The desired size to declare for a pool's node group: its minimum for a group not created yet or a reserved
     pool (min = max: no size to own), else the group's current size as EKS reports it, within the new bounds.
 
@@ -138,13 +147,14 @@ def desired_size(pool: NodePoolSpec, cluster_name: pulumi.Input[str]) -> pulumi.
 
     def current(a) -> pulumi.Input[int]:
         cluster, names = a
-        if name not in (names or []):
+        if name not in names:
             return pool.min_nodes  # the first `up` of this pool: created at its minimum
         live = eks.get_node_group_output(cluster_name=cluster, node_group_name=name, region=pool.region)
         return live.scaling_configs.apply(lambda sc: clamp(sc[0].desired_size) if sc else pool.min_nodes)
 
-    groups = eks.get_node_groups_output(cluster_name=cluster_name, region=pool.region)
-    return pulumi.Output.all(cluster_name, groups.names).apply(current)
+    if existing is None:
+        existing = existing_node_groups(cluster_name, pool.region)
+    return pulumi.Output.all(cluster_name, existing).apply(current)
 
 
 class GpuNodePool(pulumi.ComponentResource):
@@ -190,7 +200,7 @@ class GpuNodePool(pulumi.ComponentResource):
             instance_types=[pool.instance_type],
             capacity_type=CAPACITY_TYPE,
             scaling_config={"min_size": pool.min_nodes, "max_size": pool.max_nodes,
-                            "desired_size": desired_size(pool, args.cluster_name)},
+                            "desired_size": desired_size(pool, args.cluster_name, args.existing_groups)},
             labels=node_labels(pool),
             taints=[{"key": pool.taint_key, "value": "true", "effect": GPU_TAINT_EFFECT_EKS}],
             launch_template={"id": template.id, "version": template.latest_version.apply(str)},

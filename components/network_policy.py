@@ -22,25 +22,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .stack_settings import ScraperSettings
+
 # set by the API server on every Namespace (Kubernetes ≥ 1.22): selects a namespace by its name
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 
-@dataclass(frozen=True)
-class Scraper:
-    """What scrapes the serving pods' metrics: pods (their namespace and labels they all carry), or an address range
-    (`cidr`: a scraper that is no pod, e.g. a managed scraper's network interfaces)."""
-
-    namespace: str | None = None
-    pod_labels: Mapping[str, str] | None = None
-    cidr: str | None = None
-
-    def peer(self) -> dict:
-        if self.cidr is not None:
-            return {"ipBlock": {"cidr": self.cidr}}
-        # namespaceSelector and podSelector in one element: those pods in that namespace (both must match)
-        return {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: self.namespace}},
-                "podSelector": {"matchLabels": dict(self.pod_labels or {})}}
+def _peer(s: ScraperSettings) -> dict:
+    """A NetworkPolicy peer for a scraper: its address range, or its pods."""
+    if s.cidr is not None:
+        return {"ipBlock": {"cidr": s.cidr}}
+    # namespaceSelector and podSelector in one element: those pods in that namespace (both must match)
+    return {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: s.namespace}},
+            "podSelector": {"matchLabels": dict(s.pod_labels or {})}}
 
 
 @dataclass(frozen=True)
@@ -48,7 +42,7 @@ class Admitted:
     """The clients a serving pod admits: the gateway's pods (in the serving namespace) and the scrapers."""
 
     gateway_pod_labels: Mapping[str, str]
-    scrapers: Sequence[Scraper]
+    scrapers: Sequence[ScraperSettings]  # StackSettings.metrics_scrapers
 
 
 def ingress_policy_spec(pod_labels: Mapping[str, str], port: int, admitted: Admitted) -> dict:
@@ -62,6 +56,6 @@ def ingress_policy_spec(pod_labels: Mapping[str, str], port: int, admitted: Admi
         "policyTypes": ["Ingress"],
         "ingress": [
             {"from": [{"podSelector": {"matchLabels": dict(admitted.gateway_pod_labels)}}], "ports": ports},
-            {"from": [s.peer() for s in admitted.scrapers], "ports": ports},
+            {"from": [_peer(s) for s in admitted.scrapers], "ports": ports},
         ],
     }

@@ -17,11 +17,19 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from topology.errors import FieldsError
-from topology.loading import InputError, format_validation_error
+from topology.loading import InputError, closest_name, format_validation_error
 from topology.names import check_label_key, check_label_value
 from topology.spec import TopologySpec, WeightCacheSpec
 
 DEFAULT_PROMETHEUS_URL = "http://kube-prometheus-stack-prometheus.monitoring.svc.cluster.local:9090"
+
+
+def _label_map(v: dict[str, str]) -> dict[str, str]:
+    """v, every key and value in Kubernetes label syntax (ValueError naming the first that is not)."""
+    for k, x in v.items():
+        check_label_key(k)
+        check_label_value(x)
+    return v
 
 
 class _Settings(BaseModel):
@@ -177,10 +185,7 @@ class ScraperSettings(_Settings):
     @field_validator("pod_labels")
     @classmethod
     def _labels(cls, v: dict[str, str] | None) -> dict[str, str] | None:
-        for k, x in (v or {}).items():  # they become a NetworkPolicy's podSelector: Kubernetes label syntax
-            check_label_key(k)
-            check_label_value(x)
-        return v
+        return v if v is None else _label_map(v)  # they become a NetworkPolicy's podSelector
 
     @field_validator("cidr")
     @classmethod
@@ -299,10 +304,7 @@ class StackSettings(_Settings):
     @field_validator("monitor_labels")
     @classmethod
     def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        for k, x in v.items():  # they become metadata.labels of PodMonitors: Kubernetes label syntax
-            check_label_key(k)
-            check_label_value(x)
-        return v
+        return _label_map(v)  # they become metadata.labels of PodMonitors
 
     @model_validator(mode="after")
     def _labels_the_installed_prometheus_reads(self) -> "StackSettings":
@@ -338,10 +340,8 @@ def gateway_ports(settings: StackSettings, spec: TopologySpec) -> dict[str, int]
     """The port each gated endpoint listens on, from llm-serving:gateway.ports (None: a lone endpoint, on 8080).
     Every gated endpoint must have one, none a port the gateway pod uses itself, and a name no endpoint has is a
     typo (InputError naming it)."""
-    import difflib
-
-    from .gateway_config import (GATEWAY_BASE_PORT, SHADOW_BASE_PORT, STATS_PORT, endpoint_ports, gated_endpoints,
-                                 reserved_ports)
+    from .gateway_config import (GATEWAY_BASE_PORT, QUALITY_PORT, SHADOW_BASE_PORT, STATS_PORT, endpoint_ports,
+                                 gated_endpoints, reserved_ports)
 
     gated = [e.name for e in gated_endpoints(spec)]
     ports = settings.gateway.ports
@@ -358,23 +358,21 @@ def gateway_ports(settings: StackSettings, spec: TopologySpec) -> dict[str, int]
     names = {e.name for e in spec.endpoints}
     unknown = sorted(set(ports) - names)
     if unknown:
-        lower = {n.lower(): n for n in names}
-        hints = [f"{u[:80]!r}" + (f" (did you mean {c!r}?)" if (c := lower.get(u.lower()) or next(
-            iter(difflib.get_close_matches(u, sorted(names), 1)), None)) else "") for u in unknown]
+        hints = [f"{u[:80]!r}" + (f" (did you mean {c!r}?)" if (c := closest_name(u, sorted(names))) else "")
+                 for u in unknown]
         raise InputError(f"llm-serving:gateway.ports names {', '.join(hints)}, not an endpoint of this stack "
                          f"(endpoints: {sorted(names)})")
+    taken = reserved_ports(len(gated))
     missing = [n for n in gated if n not in ports]
     if missing:
-        free = next(p for p in range(GATEWAY_BASE_PORT, 65536) if p not in ports.values() and p not in reserved_ports(len(gated)))
+        free = next(p for p in range(GATEWAY_BASE_PORT, 65536) if p not in ports.values() and p not in taken)
         raise InputError(f"llm-serving:gateway.ports has no port for {missing}, served by the gateway: add one each "
                          f"(a free one: {free}); the other endpoints keep theirs")
-    taken = reserved_ports(len(gated))
-    clash = {n: p for n, p in ports.items() if p in taken}
+    clash = next(((n, p) for n, p in ports.items() if p in taken), None)
     if clash:
-        n, p = next(iter(clash.items()))
+        n, p = clash
         raise InputError(f"llm-serving:gateway.ports gives {n!r} port {p}, which the gateway pod uses for {taken[p]} "
-                         f"(it keeps {STATS_PORT} and {min(taken) if min(taken) != STATS_PORT else SHADOW_BASE_PORT}–"
-                         f"{max(taken)}); choose another")
+                         f"(it keeps {STATS_PORT} and {SHADOW_BASE_PORT}–{QUALITY_PORT}); choose another")
     return {n: ports[n] for n in gated}
 
 

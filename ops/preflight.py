@@ -240,13 +240,13 @@ def check_network_policy_enforced(eks, name: str, region: str) -> Check:
                      "whether its CNI enforces NetworkPolicies (Calico and Cilium do; the self-managed VPC CNI does "
                      "with enableNetworkPolicy)", "check the cluster's CNI; until it enforces them any pod reaches "
                      "the engines", blocking=False)
-    text = addon.get("configurationValues") or ""
+    head = f"vpc-cni {addon.get('addonVersion')}"
     try:
-        values = yaml.safe_load(text) or {}
+        values = yaml.safe_load(addon.get("configurationValues") or "") or {}
     except yaml.YAMLError:
         values = None
     if not isinstance(values, dict):
-        return Check("network policy", False, f"vpc-cni {addon.get('addonVersion')}: its configuration values could "
+        return Check("network policy", False, f"{head}: its configuration values could "
                      "not be read as JSON or YAML", f"aws eks describe-addon --cluster-name {name} --addon-name vpc-cni "
                      f"--region {region} --query addon.configurationValues", blocking=False)
     on = str(values.get("enableNetworkPolicy", "")).lower() == "true"
@@ -254,18 +254,18 @@ def check_network_policy_enforced(eks, name: str, region: str) -> Check:
         # UpdateAddon takes the whole set of configuration values: the platform's own (prefix delegation, custom
         # networking) go along, or the update would drop them
         merged = json.dumps({**values, "enableNetworkPolicy": "true"}, sort_keys=True)
-        return Check("network policy", False, f"vpc-cni {addon.get('addonVersion')}: enableNetworkPolicy off: the "
+        return Check("network policy", False, f"{head}: enableNetworkPolicy off: the "
                      "NetworkPolicies are inert", f"aws eks update-addon --cluster-name {name} --addon-name vpc-cni "
                      f"--region {region} --configuration-values '{merged}' --resolve-conflicts PRESERVE", blocking=False)
     env = values.get("env") if isinstance(values.get("env"), dict) else {}
     if str(env.get("NETWORK_POLICY_ENFORCING_MODE", "standard")).lower() == "strict":
         # strict mode (vpc-cni v1.17.1+): a pod no policy selects gets no traffic at all, and the stack declares
         # policies for the engines and the recorder only
-        return Check("network policy", False, f"vpc-cni {addon.get('addonVersion')}: NetworkPolicies enforced in "
+        return Check("network policy", False, f"{head}: NetworkPolicies enforced in "
                      "strict mode: pods that no policy selects (the gateway, KEDA, the operators) get no traffic "
                      "unless the platform's own policies admit them", "add policies admitting the gateway's clients "
                      "and the operators' traffic, or run the agent in standard mode", blocking=False)
-    return Check("network policy", True, f"vpc-cni {addon.get('addonVersion')}: enableNetworkPolicy on: the engines "
+    return Check("network policy", True, f"{head}: enableNetworkPolicy on: the engines "
                  "admit the gateway and their scrapers only", blocking=False)
 
 

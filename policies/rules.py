@@ -903,7 +903,7 @@ def check_serving_pods_admit_only_their_clients(resources: Sequence[Resource], c
         if pod_spec(r) is None:
             continue
         labels = pod_labels(r)
-        recorder = all(labels.get(k) == v for k, v in RECORDER_LABELS.items())
+        recorder = selector_matches({"matchLabels": RECORDER_LABELS}, labels)
         if not (_serves_an_endpoint(r) or recorder):
             continue
         ns = _map(r.props.get("metadata")).get("namespace")

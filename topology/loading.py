@@ -15,6 +15,7 @@ import types
 import typing
 import warnings
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -34,6 +35,12 @@ PROJECT_CONFIG_KEYS = frozenset({
 })
 
 
+def closest_name(name: str, known: Sequence[str]) -> str | None:
+    """The known name a misspelt one most likely meant (for a "did you mean"), or None."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6) or [c for c in known if c.lower() == name.lower()]
+    return close[0] if close else None
+
+
 def check_project_config_keys(keys: Any, project: str, source: str) -> None:
     """Refuse a `<project>:<key>` of the stack's config that nothing reads (another project's keys, `aws:region`
     say, are the providers' business)."""
@@ -42,10 +49,8 @@ def check_project_config_keys(keys: Any, project: str, source: str) -> None:
                      if str(k).startswith(prefix) and str(k).removeprefix(prefix) not in PROJECT_CONFIG_KEYS)
     if unknown:
         known = sorted(PROJECT_CONFIG_KEYS)
-        hints = []
-        for name in unknown:
-            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6) or [c for c in known if c.lower() == name.lower()]
-            hints.append(f"{prefix}{name}" + (f" (did you mean {prefix}{close[0]}?)" if close else ""))
+        hints = [f"{prefix}{name}" + (f" (did you mean {prefix}{c}?)" if (c := closest_name(name, known)) else "")
+                 for name in unknown]
         raise InputError(f"{source}: config {', '.join(hints)}: not a setting of this project, which reads "
                          f"{', '.join(prefix + k for k in known)}")
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
