@@ -43,6 +43,7 @@ from topology.plan import plan  # noqa: E402
 
 PROD = ROOT / "stacks" / "Pulumi.prod.yaml"
 INPUTS_KEY = "llm-serving:inputs"
+GATEWAY_KEY = "llm-serving:gateway"
 
 
 def synthetic_config(config: dict, template: str, n: int) -> dict:
@@ -55,7 +56,9 @@ def synthetic_config(config: dict, template: str, n: int) -> dict:
     inputs["endpoints"] = [{**copy.deepcopy(src), "name": f"ep-{i:03d}",
                             "model": {**src["model"], "name": f"{src['model']['name']}-{i:03d}"}}
                            for i in range(1, n + 1)]
-    return {**config, INPUTS_KEY: inputs}
+    # each copy its own gateway port (llm-serving:gateway.ports names every gated endpoint of the stack)
+    gateway = {**config.get(GATEWAY_KEY, {}), "ports": {f"ep-{i:03d}": 8079 + i for i in range(1, n + 1)}}
+    return {**config, INPUTS_KEY: inputs, GATEWAY_KEY: gateway}
 
 
 def plan_only(config: dict) -> None:

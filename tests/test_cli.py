@@ -87,7 +87,7 @@ def test_readme_input_tables_match_the_models():
     from topology.docs import readme_block
 
     readme = (ROOT / "README.md").read_text()
-    assert readme_block() in readme, "README input tables drifted: run `python -m topology.docs --write`"
+    assert readme_block() in readme, "README input tables drifted: run `.venv/bin/python -m topology.docs --write`"
 
 
 def test_readme_quickstart_is_two_commands_that_exist():

@@ -215,7 +215,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--markdown", action="store_true", help="print a PR-comment version of the report")
     pp.add_argument("--simulate", action="store_true",
                     help="also replay a synthetic week through the plan and show simulated SLO attainment and cost "
-                    "next to the plan's (warns beyond the stated tolerance; about a minute for the prod stack)")
+                    "next to the plan's (warns beyond the stated tolerance; about 10 s for the prod stack)")
     pp.add_argument("--seed", type=int, default=0, help="seed of the simulated week (with --simulate)")
     pp.set_defaults(func=_cmd_plan)
 
