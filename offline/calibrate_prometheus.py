@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from topology.calibrate import QUERIES, calibrate, provenance_header
+from topology.calibrate import QUERIES, calibrate, figure_change, provenance_header
 from topology.loading import InputError, load_inputs
 from topology.names import promql_escape
 from topology.plan import plan
@@ -289,8 +289,8 @@ def cli_main(args: argparse.Namespace, today: dt.date | None = None, now_s: floa
 
     print(f"wrote {out} ({sum(f.changed for f in cal.figures)} figures changed, {len(cal.kept)} kept)")
     for f in cal.figures:
-        if f.changed and not f.path.endswith("hourly_mean_requests_per_s"):
-            print(f"  {f.path}: {f.old} → {f.new}")
+        if f.changed:
+            print(f"  {f.path}: {figure_change(f)}")
     print("\nplan diff against the current stack:")
     print("\n".join(diff_specs(spec, plan(cal.inputs))))
     return 0

@@ -626,3 +626,10 @@ def test_the_bundled_example_results_replay_without_prometheus(tmp_path, capsys)
     assert "plan diff against the current stack" in printed and "endpoints[assist].prefix_cache_hit_fraction" in printed
     a = next(e for e in load_inputs(out).endpoints if e.name == "assist")
     assert a.prefix_cache_hit_fraction == pytest.approx(PREFIX_HIT, abs=1e-3)
+    # every replaced figure is printed, the profile by its weekly mean (it was left out of the list)
+    assert "endpoints[assist].traffic.hourly_mean_requests_per_s: mean 12 → 4.429 req/s" in printed
+    # its 48 hours of per-minute counts were drawn at a busiest minute 2.0× the hour's mean, factor kept for 300 s
+    # (examples/README.md): the within-hour figures are measured from them, near what was drawn
+    assert 1.8 <= a.traffic.within_hour_peak_factor <= 2.2
+    assert 200 <= a.traffic.within_hour_correlation_s <= 400
+    assert "endpoints[assist].traffic.within_hour_peak_factor: 1.5 → 1.95" in printed

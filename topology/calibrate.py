@@ -413,19 +413,21 @@ def calibrate(inputs: CostInputs, results: Mapping[str, Any], placement: Mapping
     return out
 
 
+def figure_change(f: Figure) -> str:
+    """A figure's change in one line: old → new, and a 168-hour profile by its weekly mean."""
+    if f.path.endswith("hourly_mean_requests_per_s"):
+        new = f"{sum(f.new) / len(f.new):.4g} req/s"
+        return f"mean {sum(f.old) / len(f.old):.4g} → {new}" if f.old else f"→ mean {new}"
+    return f"{f.old} → {f.new}"
+
+
 def provenance_header(cal: Calibration, stack: str) -> list[str]:
     """Comment lines for the written inputs document: dated, each figure with its source."""
     start, end = (dt.datetime.fromtimestamp(t, dt.timezone.utc) for t in cal.window)
     lines = [f"Calibrated inputs for {stack}, written {cal.as_of.isoformat()} from production measurements",
              f"window {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC. Figures replaced (old → new, source):"]
     for f in cal.figures:
-        if f.path.endswith("hourly_mean_requests_per_s"):
-            old = sum(f.old) / len(f.old) if f.old else None
-            shown = f"mean {old:.4g} → {sum(f.new) / len(f.new):.4g} req/s" if old is not None else \
-                f"→ mean {sum(f.new) / len(f.new):.4g} req/s"
-        else:
-            shown = f"{f.old} → {f.new}"
-        lines.append(f"- {f.path}: {shown}  [{f.source}]")
+        lines.append(f"- {f.path}: {figure_change(f)}  [{f.source}]")
     if cal.kept:
         lines.append("Kept as they were:")
         lines += [f"- {k}" for k in cal.kept]
