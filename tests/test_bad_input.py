@@ -536,3 +536,43 @@ def test_physically_impossible_tiny_figures_are_refused(path, value, bound):
     3e300 s as a 300-digit integer. Each now has a floor no real deployment goes under, named in the error."""
     msg = refused(set_path(INPUTS, path, value))
     assert path in msg and bound in msg, msg
+
+
+@pytest.mark.timeout(30)  # a FIFO hung every command that loads the stack
+@pytest.mark.parametrize("kind,expect", [
+    ("fifo", "cannot read (not a regular file)"),
+    ("bomb", "through YAML aliases (an alias bomb?)"),
+    ("deep", "nests deeper than 64 levels"),
+    ("digits", "an integer of 500,000 digits"),
+    ("directory", "cannot read (a directory, not a file)"),
+])
+def test_an_evaluation_record_file_is_read_by_the_bounded_reader(tmp_path, kind, expect):
+    """rollout.eval_records_path was read with open() and yaml.safe_load: a FIFO hung plan, render and simulate,
+    an alias bomb took 2 GB, deep nesting and a 500,000-digit integer ended in a traceback (found by this stop's
+    fuzz of 1,693 inputs). Now the reader every other file goes through: one line naming the stack file and field."""
+    import os
+
+    target = tmp_path / {"fifo": "records", "bomb": "r.yaml", "deep": "r.json", "digits": "r.yaml",
+                         "directory": "folder"}[kind]
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "bomb":
+        lines = ["a0: &a0 [" + ",".join(["x"] * 10) + "]"]
+        lines += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
+        target.write_text("\n".join(lines) + "\nrecords: []\n")
+    elif kind == "deep":
+        target.write_text("[" * 100_000 + "]" * 100_000)
+    elif kind == "digits":
+        target.write_text("records: [" + "9" * 500_000 + "]\n")
+    else:
+        target.mkdir()
+    stack = ROOT / "stacks" / "Pulumi.prod.yaml"
+    text = stack.read_text()
+    assert "eval_records_path: evals/prod.yaml" in text
+    copy = tmp_path / "Pulumi.prod.yaml"
+    copy.write_text(text.replace("eval_records_path: evals/prod.yaml", f"eval_records_path: {target}"))
+    with pytest.raises(InputError) as e:
+        load_inputs(copy)
+    msg = str(e.value)
+    assert expect in msg and "endpoints.0.rollout.eval_records_path" in msg and str(copy) in msg, msg
+    assert "\n" not in msg

@@ -172,10 +172,10 @@ def test_the_loader_reads_the_named_file_and_the_planner_gets_its_records(tmp_pa
 
 @pytest.mark.parametrize("content, message", [
     (None, "cannot read"),
-    (b"records: [\n", "not valid UTF-8 YAML"),
-    (b"\xff\xfe", "not valid UTF-8"),
+    (b"records: [\n", "not valid YAML"),
+    (b"\xff\xfe", "is not UTF-8 text"),
     (b"records:\n  - version: chat-v2\n", "records.0.metric"),
-    (b"x" * (MAX_EVAL_RECORDS_BYTES + 1), "larger than 1,000,000 bytes"),
+    (b"x" * (MAX_EVAL_RECORDS_BYTES + 1), "larger than the 1,000,000-byte limit"),
 ])
 def test_a_bad_record_file_is_an_input_error_naming_the_field(tmp_path: Path, content, message):
     if content is not None:
@@ -183,7 +183,7 @@ def test_a_bad_record_file_is_an_input_error_naming_the_field(tmp_path: Path, co
     ro = rollout(eval_records_path="e.yaml")
     del ro["eval_records"]
     d = inputs_dict(rollout=ro)
-    with pytest.raises(InputError, match=rf"(?s)endpoints\[0\].rollout.eval_records_path=.*{message}"):
+    with pytest.raises(InputError, match=rf"(?s)endpoints\.0\.rollout\.eval_records_path.*{message}"):
         inputs_from_document(d, "t.yaml", tmp_path)
 
 

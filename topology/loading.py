@@ -281,7 +281,7 @@ def inputs_from_document(doc: Any, source: str, base_dir: Path, today: dt.date |
         raise InputError(format_validation_error(e, source, CostInputs)) from None
     from .rollout_loading import resolve_eval_records  # imports this module's InputError
 
-    return resolve_eval_records(resolve_traces(inputs, base_dir, source), base_dir)
+    return resolve_eval_records(resolve_traces(inputs, base_dir, source), base_dir, source)
 
 
 def project_root() -> Path:

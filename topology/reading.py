@@ -241,11 +241,11 @@ def loads_yaml(text: str, name: str) -> Any:
             loader.dispose()
 
 
-def read_document(path: str | Path, what: str = "") -> Any:
+def read_document(path: str | Path, what: str = "", *, max_bytes: int = MAX_DOCUMENT_BYTES) -> Any:
     """A YAML or JSON document (JSON by the .json suffix; YAML otherwise, which also reads JSON)."""
     p = Path(path)
     name = f"{what} {str(p)!r}" if what else str(p)
-    text = read_text(p, what)
+    text = read_text(p, what, max_bytes=max_bytes)
     if p.suffix == ".json":
         return loads_json(text, name)
     return loads_yaml(text, name)

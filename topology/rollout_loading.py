@@ -6,13 +6,12 @@ resolved into hourly profiles, so `plan()` stays a pure function of its argument
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from .inputs import CostInputs
+from .reading import read_document
 from .rollout import EvalRecord, EvalRecordsFile
 
 MAX_EVAL_RECORDS_BYTES = 1_000_000  # a file of 1,000 records is ~300 kB; anything larger is not a record file
@@ -23,25 +22,16 @@ def read_eval_records(path: Path, field: str) -> tuple[EvalRecord, ...]:
     from .loading import InputError, format_validation_error  # loading imports this module lazily
 
     where = f"{field}={str(path)!r}"
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_EVAL_RECORDS_BYTES + 1)
-    except OSError as e:
-        raise InputError(f"{where}: cannot read ({e.strerror})") from None
-    if len(raw) > MAX_EVAL_RECORDS_BYTES:
-        raise InputError(f"{where}: larger than {MAX_EVAL_RECORDS_BYTES:,} bytes; an evaluation-record file is small")
-    try:
-        text = raw.decode("utf-8")
-        doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as e:
-        raise InputError(f"{where}: not valid UTF-8 {'JSON' if path.suffix == '.json' else 'YAML'}: {e}") from None
+    # the project's bounded reader: a FIFO, a directory, an alias bomb, deep nesting or a huge integer is a one-line
+    # error, not a hang or a traceback (it read the file directly and hung on a FIFO)
+    doc = read_document(path, field, max_bytes=MAX_EVAL_RECORDS_BYTES)
     try:
         return tuple(EvalRecordsFile.model_validate(doc).records)
     except ValidationError as e:
         raise InputError(format_validation_error(e, where)) from None
 
 
-def resolve_eval_records(inputs: CostInputs, base_dir: Path) -> CostInputs:
+def resolve_eval_records(inputs: CostInputs, base_dir: Path, source: str = "") -> CostInputs:
     """Fill `rollout.eval_records` of every endpoint with a rollout from its `eval_records_path` (relative: base_dir);
     each file read once (copies of an endpoint name the same file)."""
     endpoints, changed = [], False
@@ -54,7 +44,8 @@ def resolve_eval_records(inputs: CostInputs, base_dir: Path) -> CostInputs:
         path = Path(r.eval_records_path)
         path = path if path.is_absolute() else base_dir / path
         if path not in read:
-            read[path] = read_eval_records(path, f"endpoints[{i}].rollout.eval_records_path")
+            field = f"endpoints.{i}.rollout.eval_records_path"  # as resolve_traces names its field
+            read[path] = read_eval_records(path, f"{source}: {field}" if source else field)
         records = read[path]
         endpoints.append(ep.model_copy(update={"rollout": r.model_copy(update={"eval_records": records})}))
         changed = True
