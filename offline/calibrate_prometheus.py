@@ -21,8 +21,9 @@ from typing import Any
 
 import yaml
 
-from topology.calibrate import QUERIES, calibrate, figure_change, provenance_header
+from topology.calibrate import LAST_UNIX_S, QUERIES, calibrate, figure_change, provenance_header
 from topology.loading import InputError, load_inputs
+from topology.reading import read_document
 from topology.names import promql_escape
 from topology.plan import plan
 
@@ -256,22 +257,40 @@ def write_inputs(path: Path, cal, stack: str) -> None:
     path.write_text(header + body)
 
 
+def check_command_line(args: argparse.Namespace) -> None:
+    """Every option that can be wrong, before the stack is planned or Prometheus asked (a typo in --out found only
+    after the queries cost the whole run)."""
+    from topology.cli import check_writable_file
+    from topology.names import check_dns_label
+
+    check_writable_file(args.out, "--out", (".yaml", ".yml", ""), "inputs file", "calibrated.yaml")
+    if args.save_results:
+        check_writable_file(args.save_results, "--save-results", (".json",), "results file", "results.json")
+    if args.namespace is not None:
+        try:
+            check_dns_label(args.namespace)
+        except ValueError as e:
+            raise InputError(f"--namespace: {e}") from None
+    if args.until is not None and not (0 < args.until <= LAST_UNIX_S):
+        raise InputError(f"--until {args.until!r}: give the window's end as unix seconds, between 1 and {LAST_UNIX_S:,}")
+
+
 def cli_main(args: argparse.Namespace, today: dt.date | None = None, now_s: float | None = None) -> int:
     stack_file = Path(args.stack)
     prom = None
+    check_command_line(args)
     if args.from_file:
-        try:
-            results = json.loads(Path(args.from_file).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise InputError(f"--from-file {args.from_file}: {e}") from None
+        results = read_document(args.from_file, "--from-file")
         if not isinstance(results, dict):
-            raise InputError(f"--from-file {args.from_file}: not a results document (a JSON object)")
+            raise InputError(f"--from-file {args.from_file!r}: not a results document (a JSON object)")
     else:  # check the command line before planning (a typo should not cost a plan)
         if not args.prometheus:
             raise InputError("give --prometheus URL (with --since) or --from-file RESULTS.json")
         prom = Prometheus(args.prometheus)
         end_s = float(args.until) if args.until is not None else (now_s if now_s is not None else time.time())
         start_s = end_s - since_seconds(args.since)
+        if start_s < 0:
+            raise InputError(f"--since {args.since!r}: reaches before 1970 from the window's end; give a shorter window")
     inputs = load_inputs(stack_file)
     spec = plan(inputs)
     if prom is not None:

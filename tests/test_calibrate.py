@@ -633,3 +633,49 @@ def test_the_bundled_example_results_replay_without_prometheus(tmp_path, capsys)
     assert 1.8 <= a.traffic.within_hour_peak_factor <= 2.2
     assert 200 <= a.traffic.within_hour_correlation_s <= 400
     assert "endpoints[assist].traffic.within_hour_peak_factor: 1.5 → 1.95" in printed
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("argv,expect", [
+    (["--from-file", "{ex}", "--out", "{tmp}"], "--out '{tmp}': is a directory"),
+    (["--from-file", "{ex}", "--out", "{tmp}/no/x.yaml"], "folder '{tmp}/no' does not exist"),
+    (["--from-file", "{ex}", "--out", "{tmp}/x.txt"], "unknown inputs file type '.txt'; allowed: .yaml, .yml, or none"),
+    (["--from-file", "{ex}", "--out", "{tmp}/x.yaml", "--save-results", "{tmp}/r.txt"], "--save-results"),
+    (["--from-file", "{tmp}/fifo", "--out", "{tmp}/x.yaml"], "--from-file '{tmp}/fifo': cannot read (not a regular file)"),
+    (["--prometheus", "http://127.0.0.1:9", "--since", "99999999w", "--out", "{tmp}/x.yaml"], "reaches before 1970"),
+    (["--prometheus", "http://127.0.0.1:9", "--until", "nan", "--out", "{tmp}/x.yaml"], "--until nan: give the window's end"),
+    (["--prometheus", "http://127.0.0.1:9", "--namespace", "Bad NS", "--out", "{tmp}/x.yaml"],
+     "--namespace: 'Bad NS' is not a DNS-1123 label"),
+])
+def test_calibrate_refuses_a_bad_command_line_before_any_work(tmp_path, capsys, argv, expect):
+    """Found by a fuzz of the CLI: a bad --out crashed only after the queries had run (IsADirectoryError,
+    FileNotFoundError), a FIFO --from-file hung, --since 99999999w and --until nan crashed on the date arithmetic,
+    and --namespace went unchecked into the PromQL. Each is now a one-line error, exit 2, before Prometheus is asked
+    (port 9 here: nothing listens, so a query would fail differently)."""
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    fill = {"ex": str(ROOT / "examples" / "calibrate-week.json"), "tmp": str(tmp_path)}
+    assert cli(["calibrate", str(STACK), *(a.format(**fill) for a in argv)]) == 2
+    err = capsys.readouterr().err
+    assert expect.format(**fill) in err, err
+    assert not (tmp_path / "x.yaml").exists()
+
+
+@pytest.mark.parametrize("doc,expect", [
+    ({"window": {"start_s": 0, "end_s": 1e300}, "endpoints": {}}, "is not unix seconds between 0 and"),
+    ({"window": {"start_s": -1e12, "end_s": 0}, "endpoints": {}}, "is not unix seconds between 0 and"),
+    ({"endpoints": {"assist": {"requests_by_hour": "x"}}}, "endpoints.assist.requests_by_hour: expected a list"),
+    ({"endpoints": {"assist": {"prefill_hours": [[1, 2, 3]]}}}, "endpoints.assist.prefill_hours[0]: expected 5 finite"),
+    ({"endpoints": {"assist": {"requests_by_minute": [[1, float("nan")]]}}}, "requests_by_minute[0]: expected 2 finite"),
+    ({"endpoints": {"assist": {"busiest_hour": "x"}}}, "endpoints.assist.busiest_hour: expected an object"),
+    ({"endpoints": {"assist": {"pods": ["a"]}}}, "endpoints.assist.pods: expected a list of objects"),
+    ({"endpoints": ["assist"]}, "endpoints: expected an object"),
+])
+def test_a_results_document_of_the_wrong_shape_names_the_entry(doc, expect):
+    """A saved results document edited by hand: a string where rows belong ended in ValueError or AttributeError
+    inside the arithmetic, a window of 1e300 in an OverflowError on the date."""
+    doc = {"window": {"start_s": WEEK_START_S, "end_s": WEEK_START_S + 7 * 86400}, **doc}
+    with pytest.raises(CalibrationError) as e:
+        calibrate(load_inputs(STACK), doc, {"assist": ("H100-80GB", None)}, PRICES_DAY)
+    assert expect in str(e.value), str(e.value)

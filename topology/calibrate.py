@@ -380,11 +380,58 @@ def calibrate_endpoint(ep: EndpointInputs, res: Mapping[str, Any], gpu_kind: str
     return new_ep, figures, kept
 
 
+LAST_UNIX_S = 253_402_300_799  # 9999-12-31 23:59:59 UTC: the last second a date can name
+# the results document's entries by kind (module docstring): rows of so many numbers, or objects
+_ROWS = {"requests_by_hour": 2, "requests_by_minute": 2, "prefill_hours": 5}
+_OBJECTS = ("prompt_tokens", "generation_tokens", "prefix_cache", "busiest_hour", "queries", "requests_by_window")
+
+
+def check_results_shape(results: Any) -> None:
+    """Refuse a results document whose entries have the wrong shape, naming the entry (a saved document edited by
+    hand, or another tool's: a string where rows belong ended in a traceback inside the arithmetic)."""
+    def bad(where: str, want: str, got: Any) -> CalibrationError:
+        return CalibrationError(f"results: {where}: expected {want}, got {str(got)[:80]!r}")
+
+    def rows(x: Any, where: str, width: int) -> None:
+        if not isinstance(x, list):
+            raise bad(where, f"a list of [{', '.join(['number'] * width)}] rows", x)
+        for i, r in enumerate(x):
+            if not (isinstance(r, list) and len(r) == width and all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in r)):
+                raise bad(f"{where}[{i}]", f"{width} finite numbers", r)
+
+    if not isinstance(results, Mapping):
+        raise bad("(top level)", "an object with 'window' and 'endpoints'", results)
+    if not isinstance(results.get("window"), Mapping):
+        raise bad("window", "an object with start_s and end_s", results.get("window"))
+    per_endpoint = results.get("endpoints") or {}
+    if not isinstance(per_endpoint, Mapping):
+        raise bad("endpoints", "an object of endpoint name → measurements", per_endpoint)
+    for name, res in per_endpoint.items():
+        if res is None:
+            continue
+        if not isinstance(res, Mapping):
+            raise bad(f"endpoints.{name}", "an object of measurements", res)
+        for key, width in _ROWS.items():
+            if res.get(key) is not None:
+                rows(res[key], f"endpoints.{name}.{key}", width)
+        for key in _OBJECTS:
+            if res.get(key) is not None and not isinstance(res[key], Mapping):
+                raise bad(f"endpoints.{name}.{key}", "an object", res[key])
+        windows = res.get("requests_by_window")
+        if windows and windows.get("rows") is not None:
+            rows(windows["rows"], f"endpoints.{name}.requests_by_window.rows", 2)
+        pods = res.get("pods")
+        if pods is not None and not (isinstance(pods, list) and all(isinstance(p, Mapping) for p in pods)):
+            raise bad(f"endpoints.{name}.pods", "a list of objects (pod, created_s, started_s, ready_s)", pods)
+
+
 def calibrate(inputs: CostInputs, results: Mapping[str, Any], placement: Mapping[str, tuple[str, str | None]],
               as_of: dt.date) -> Calibration:
     """New inputs from measured results. `placement`: endpoint -> (GPU kind, MIG profile) its floor runs on (the
     current plan's), so throughput lands on the engine entry that was measured. Endpoints without results keep
     their inputs."""
+    check_results_shape(results)
     window = results.get("window") or {}
     try:
         span = (float(window["start_s"]), float(window["end_s"]))
@@ -392,6 +439,9 @@ def calibrate(inputs: CostInputs, results: Mapping[str, Any], placement: Mapping
         raise CalibrationError("results: 'window' needs start_s and end_s (unix seconds)") from None
     if not span[0] < span[1]:
         raise CalibrationError(f"results: window start {span[0]} is not before its end {span[1]}")
+    if not (0 <= span[0] and span[1] <= LAST_UNIX_S):
+        raise CalibrationError(f"results: window {span[0]!r} to {span[1]!r} is not unix seconds between 0 and "
+                               f"{LAST_UNIX_S:,}")
     per_endpoint = results.get("endpoints") or {}
     unknown = sorted(set(per_endpoint) - {e.name for e in inputs.endpoints})
     if unknown:

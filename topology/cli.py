@@ -123,14 +123,18 @@ def check_simulate_args(args: argparse.Namespace) -> None:
         check_writable_file(args.plot, "--plot", PLOT_SUFFIXES)
 
 
-def check_writable_file(path: str, option: str, suffixes: Sequence[str]) -> None:
+def check_writable_file(path: str, option: str, suffixes: Sequence[str], kind: str = "image",
+                        example: str = "week.png") -> None:
+    """Refuse an output file that cannot be written, before any work: no name, a directory, a missing folder, an
+    unwritable place, or a suffix not among `suffixes` ('' allows none)."""
     p = Path(path)
     if not path or path.endswith(os.sep):
-        raise InputError(f"{option} {path!r}: name a file, e.g. out/week.png")
+        raise InputError(f"{option} {path!r}: name a file, e.g. out/{example}")
     if p.suffix.lower() not in suffixes:
-        raise InputError(f"{option} {path!r}: unknown image type {p.suffix!r}; allowed: {', '.join(s for s in suffixes if s)}")
+        allowed = ", ".join(s for s in suffixes if s) + (", or none" if "" in suffixes else "")
+        raise InputError(f"{option} {path!r}: unknown {kind} type {p.suffix!r}; allowed: {allowed}")
     if p.is_dir():
-        raise InputError(f"{option} {path!r}: is a directory; name a file in it, e.g. {p / 'week.png'}")
+        raise InputError(f"{option} {path!r}: is a directory; name a file in it, e.g. {p / example}")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(f"{option} {path!r}: folder {str(parent)!r} does not exist")
