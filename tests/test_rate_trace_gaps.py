@@ -120,3 +120,24 @@ def test_copies_naming_one_trace_read_it_once_and_each_is_warned_about(tmp_path,
     assert scaled == pytest.approx([2 * x for x in first])
     notes = [str(w.message) for w in caught if "had no data" in str(w.message)]
     assert [n.split(":")[0] for n in notes] == [f"endpoint {e['name']}" for e in d["endpoints"]]
+
+
+@pytest.mark.parametrize("rows,expect", [
+    # two rows a week apart passed as a whole week: 167 of its hours were interpolated, with no word
+    (["0,1", "604800,1"], "its windows are 604,800 s apart; an hour-of-week profile needs windows of at most 3,600 s"),
+    # a second rate for one window was averaged in
+    ([f"{i * 600},5" for i in range(1008)] + ["0,99999"], "line 1010: window_start_s=0 again (first on line 2)"),
+    # a typo'd start made 1.7e15 windows 'missing'
+    ([f"{i * 600},5" for i in range(1008)] + ["1e18,5"], "window_start_s=1e+18 is more than ten years"),
+    # rates of 5e-324 scaled by infinity into the planner (OverflowError in feasibility)
+    ([f"{i * 600},5e-324" for i in range(1008)], "are too small to scale to scale_to_mean_requests_per_s=12"),
+])
+def test_a_rate_trace_that_cannot_give_an_hour_of_week_profile_is_refused(tmp_path, rows, expect):
+    """Found by this stop's fuzz: each was accepted silently or ended in an internal error."""
+    from topology.errors import InputError
+
+    p = tmp_path / "t.csv"
+    p.write_text("window_start_s,total_rate_rps\n" + "\n".join(rows) + "\n")
+    with pytest.raises(InputError) as e:
+        rate_trace_profile(p, RateTrace(path=str(p), scale_to_mean_requests_per_s=12.0))
+    assert expect in str(e.value), str(e.value)

@@ -24,6 +24,7 @@ from .errors import FieldsError, InputError, InputNotice
 from .inputs import HOURS_PER_WEEK, CostInputs, RateTrace
 from .reading import find_non_finite, open_text_lines, read_document
 from .spec import TopologySpec, saved_spec_problems
+from .timebase import SECONDS_PER_HOUR
 
 CONFIG_KEY_SUFFIX = ":inputs"
 # Every `<project>:<key>` the program, the policy pack and the workflows read. Pulumi accepts any key, so a typo
@@ -170,6 +171,9 @@ def stack_inputs_document(doc: Any, source: str) -> dict[str, Any]:
     return _unwrap_value(doc)
 
 
+MAX_TRACE_SPAN_S = 10 * 366 * 86_400  # a window start beyond ten years is a typo, not a trace
+
+
 def rate_trace_profile(path: Path, trace: RateTrace, what: str = "traffic.rate_trace.path") -> tuple[list[float], int]:
     """Hour-of-week mean requests/s from a rate trace of windows (window 0 at local midnight), scaled; and how
     many windows had no data. `what` names the field in errors (e.g. 'stack.yaml: endpoints.0.traffic.rate_trace.path').
@@ -181,6 +185,7 @@ def rate_trace_profile(path: Path, trace: RateTrace, what: str = "traffic.rate_t
     counts = [0] * HOURS_PER_WEEK
     offset_h = WEEKDAYS.index(trace.start_weekday) * 24
     starts: list[float] = []
+    first_line: dict[float, int] = {}
     skipped = 0
     f = open_text_lines(path, what)
     try:
@@ -201,6 +206,14 @@ def rate_trace_profile(path: Path, trace: RateTrace, what: str = "traffic.rate_t
                 )
             if t < 0 or r < 0:
                 raise InputError(f"{what}={str(path)!r} line {i}: window_start_s and total_rate_rps must be ≥ 0: {row}")
+            if t > MAX_TRACE_SPAN_S:
+                raise InputError(f"{what}={str(path)!r} line {i}: window_start_s={t:g} is more than ten years "
+                                 f"({MAX_TRACE_SPAN_S:,} s) after the trace's start")
+            if t in first_line:
+                # two rates for one window: averaging them in (as it did) silently changes the hour's traffic
+                raise InputError(f"{what}={str(path)!r} line {i}: window_start_s={t:g} again (first on line "
+                                 f"{first_line[t]}); each window once")
+            first_line[t] = i
             starts.append(t)
             if r == 0 and not trace.zero_rate_is_traffic:
                 skipped += 1
@@ -216,6 +229,11 @@ def rate_trace_profile(path: Path, trace: RateTrace, what: str = "traffic.rate_t
         ordered = sorted(starts)
         steps = sorted(b - a for a, b in zip(ordered, ordered[1:]) if b > a)
         width = steps[len(steps) // 2] if steps else 0.0
+        if width > SECONDS_PER_HOUR:
+            raise InputError(
+                f"{what}={str(path)!r}: its windows are {width:,.0f} s apart; an hour-of-week profile needs windows "
+                f"of at most {SECONDS_PER_HOUR:,.0f} s (hours between windows would be guesses)"
+            )
         if width > 0:
             absent = max(0, round((ordered[-1] - ordered[0]) / width) + 1 - len(set(starts)))
     covered = 0 if not starts else min(HOURS_PER_WEEK, int((max(starts) - min(starts)) // 3600) + 1)
@@ -236,7 +254,15 @@ def rate_trace_profile(path: Path, trace: RateTrace, what: str = "traffic.rate_t
     if not mean > 0 or not math.isfinite(mean):
         raise InputError(f"{what}={str(path)!r}: the trace has no traffic (or rates too large to average)")
     k = trace.scale_to_mean_requests_per_s / mean
-    return [round(x * k, 6) for x in profile], skipped + absent
+    scaled = [round(x * k, 6) for x in profile]
+    if not math.isfinite(k) or max(scaled) > 1_000_000:
+        # rates of 5e-324 scale by infinity; the profile's own bound is 1,000,000 requests/s an hour
+        raise InputError(
+            f"{what}={str(path)!r}: its rates (mean {mean:.3g} req/s) are too small to scale to "
+            f"scale_to_mean_requests_per_s={trace.scale_to_mean_requests_per_s:g}: the busiest hour would be "
+            f"{max(profile) * k:.3g} req/s; allowed at most 1,000,000"
+        )
+    return scaled, skipped + absent
 
 
 def resolve_traces(inputs: CostInputs, base_dir: Path, source: str = "") -> CostInputs:
