@@ -576,3 +576,18 @@ def test_an_evaluation_record_file_is_read_by_the_bounded_reader(tmp_path, kind,
     msg = str(e.value)
     assert expect in msg and "endpoints.0.rollout.eval_records_path" in msg and str(copy) in msg, msg
     assert "\n" not in msg
+
+
+@pytest.mark.parametrize("path,value", [
+    ("endpoints.0.engine.0.decode_tokens_per_s", True),
+    ("endpoints.0.engine.0.gpus_per_replica", True),
+    ("endpoints.0.model.weights_gb", True),
+    ("endpoints.0.traffic.within_hour_peak_factor", False),
+    ("endpoints.0.traffic.hourly_mean_requests_per_s", [True] + [1.0] * 167),
+])
+def test_a_boolean_is_not_taken_for_a_number(path, value):
+    """pydantic's lax mode read true as 1: `decode_tokens_per_s: true` became 1 token/s and the plan then said no
+    batch keeps the inter-token gap under the SLO (blaming the SLO); `gpus_per_replica: yes` became one GPU and
+    'weights exceed 80 GB'. Found by this stop's fuzz."""
+    msg = refused(set_path(INPUTS, path, value))
+    assert path in msg and "boolean" in msg and "not a number" in msg, msg
