@@ -49,7 +49,7 @@ def test_invalid_field_names_field_value_and_allowed(path, value, expect):
 def test_missing_price_date_is_an_error():
     d = inputs_dict()
     del d["prices"]["prices_as_of"]
-    with pytest.raises(InputError, match=r"prices\.prices_as_of.*Field required"):
+    with pytest.raises(InputError, match=r"prices\.prices_as_of: required, and not given"):
         load(d)
 
 

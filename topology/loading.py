@@ -134,6 +134,10 @@ def format_validation_error(err: ValidationError, source: str, model: type[BaseM
             msg = "not a number (NaN or infinity); give a finite value"
         elif kind == "value_error":
             msg = msg.removeprefix("Value error, ")
+        elif kind == "missing":
+            # the input at a missing field is the mapping it is missing from: naming that as its value misled
+            lines.append(f"{source}: {where}: required, and not given")
+            continue
         if kind in ("model_type", "model_attributes_type", "dict_type") or kind.endswith("_type") and isinstance(
             e.get("input"), (dict, list)
         ):
