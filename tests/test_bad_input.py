@@ -591,3 +591,18 @@ def test_a_boolean_is_not_taken_for_a_number(path, value):
     'weights exceed 80 GB'. Found by this stop's fuzz."""
     msg = refused(set_path(INPUTS, path, value))
     assert path in msg and "boolean" in msg and "not a number" in msg, msg
+
+
+@pytest.mark.parametrize("text,line,key", [
+    ("config:\n  llm-serving:namespace: a\n  llm-serving:namespace: b\n", 3, "llm-serving:namespace"),
+    ("inputs: {environment: dev, environment: prod}\n", 1, "environment"),
+])
+def test_a_key_given_twice_in_one_mapping_is_refused(tmp_path, text, line, key):
+    """YAML keeps the last of two equal keys without a word: a stack with `environment: dev` then
+    `environment: prod` planned prod's names (found by this stop's fuzz). Merge keys (<<) may still be overridden."""
+    f = tmp_path / "s.yaml"
+    f.write_text(text)
+    with pytest.raises(InputError, match=rf"line {line}: key '{key}' given twice in one mapping"):
+        read_document(f)
+    f.write_text("base: &b {x: 1}\nc: {<<: *b, x: 2}\n")
+    assert read_document(f)["c"] == {"x": 2}

@@ -162,6 +162,25 @@ class _BoundedLoader(yaml.SafeLoader):
         finally:
             self.depth -= 1
 
+    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+        # a key given twice in one mapping: PyYAML keeps the last silently (a second `environment:` or
+        # `headroom_fraction:` overrode the first with no word); merged keys (<<) may still be overridden
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: PyYAML refuses it itself
+                    continue
+                seen.setdefault(key, key_node.start_mark.line + 1)
+                if first is not None:
+                    raise InputError(f"{self.name}: line {key_node.start_mark.line + 1}: key {key!r} given twice in "
+                                     f"one mapping (first on line {first}); YAML would silently keep the last")
+        return super().construct_mapping(node, deep=deep)
+
     def construct_yaml_int(self, node):  # type: ignore[override]
         digits = str(node.value).replace("_", "").lstrip("+-")
         if len(digits) > MAX_INT_DIGITS:
