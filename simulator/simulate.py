@@ -130,6 +130,8 @@ class EndpointResult:
 
     @property
     def meets_slo(self) -> bool:
+        if self.requests == 0:  # a window with no traffic (a weekend of an office profile): nothing to judge
+            return True
         return self.goodput >= GOODPUT_TARGET and self.peak_hours_goodput >= GOODPUT_TARGET
 
     @property
@@ -523,8 +525,9 @@ def summary(res: SimResult, markdown: bool = False) -> str:
     for e in res.endpoints:
         c, g = e.cost_usd, e.gpu_hours
         rows.append([
-            e.endpoint, f"{e.start_h:g}–{e.end_h:g}", e.tier, f"{e.requests:,}", f"{e.goodput:.2%}" + ("" if e.meets_slo else " ✗"),
-            f"{e.peak_hours_goodput:.2%}",
+            e.endpoint, f"{e.start_h:g}–{e.end_h:g}", e.tier, f"{e.requests:,}",
+            "—" if not e.requests else f"{e.goodput:.2%}" + ("" if e.meets_slo else " ✗"),
+            "—" if not e.requests else f"{e.peak_hours_goodput:.2%}",
             f"{fmt_seconds(e.ttft_p50_s)}/{fmt_seconds(e.ttft_p99_s)} ({fmt_seconds(e.ttft_slo_s)})",
             f"{fmt_seconds(e.itl_p50_s)}/{fmt_seconds(e.itl_p99_s)} ({fmt_seconds(e.itl_slo_s)})",
             f"{e.burst_share:.1%}",
@@ -540,6 +543,8 @@ def summary(res: SimResult, markdown: bool = False) -> str:
             "API's TTFT is drawn from its measured p99 and its ITL is not modelled.")
     out += ["", crit]
     for e in res.endpoints:
+        if not e.requests:
+            out.append(("- " if markdown else "  ") + f"{e.endpoint}: no requests in these hours; nothing to judge")
         if e.worst_hours:
             hrs = ", ".join(f"{hour_of_week_label(h)} {g:.1%}" for h, g in e.worst_hours[:5])
             out.append(("- " if markdown else "  ") + f"{e.endpoint}: hours below target: {hrs}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -444,3 +445,16 @@ def test_importing_the_simulator_stays_light():
             "bad = [m for m in ('matplotlib', 'tqdm', 'pulumi', 'modal') if m in sys.modules]; print(bad)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.stdout.strip() == "[]", p.stdout + p.stderr
+
+
+def test_a_window_with_no_requests_has_nothing_to_judge(capsys):
+    """dev's profile has no traffic late on Sunday: simulating that hour reported every endpoint at 0.00% goodput
+    ✗ and exited 1, 'misses SLO', when nothing was asked of it (found by this stop's fuzz)."""
+    from topology.cli import main
+
+    rc = main(["simulate", str(Path(__file__).resolve().parent.parent / "stacks" / "Pulumi.dev.yaml"),
+               "--hours", "671:672", "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "0.00%" not in out and "✗" not in out
+    assert out.count("no requests in these hours; nothing to judge") == 3
