@@ -32,12 +32,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hours", default=f"0:{HOURS_PER_WEEK}", help="window START:END in hours of the week, Monday 00:00 = 0")
     parser.add_argument("--raw-tokens", action="store_true", help="keep a trace's token counts (default: scale to the shape)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--spike-factor", type=float, default=3.0, help="spike drill: traffic multiplier (default 3)")
-    parser.add_argument("--spike-minutes", type=float, default=10.0, help="spike drill: duration (default 10)")
+    # a drill's own options default to None here, so one given without its drill is refused (settle_drill_options)
+    parser.add_argument("--spike-factor", type=float, default=None, help="spike drill: traffic multiplier (default 3)")
+    parser.add_argument("--spike-minutes", type=float, default=None, help="spike drill: duration (default 10)")
     parser.add_argument("--spike-hour", type=int, default=None,
                         help="spike drill: hour of the week it lands in, Monday 00:00 = 0 (default: the busiest)")
-    parser.add_argument("--abandon-fraction", type=float, default=0.2, help="disconnect drill: share abandoning (default 0.2)")
-    parser.add_argument("--detect-minutes", type=float, default=10.0, help="rollback drill: minutes to detect (default 10)")
+    parser.add_argument("--abandon-fraction", type=float, default=None, help="disconnect drill: share abandoning (default 0.2)")
+    parser.add_argument("--detect-minutes", type=float, default=None, help="rollback drill: minutes to detect (default 10)")
+
+
+# each drill option: the drill it belongs to and its default
+DRILL_OPTIONS = {"spike_factor": ("spike", 3.0), "spike_minutes": ("spike", 10.0), "spike_hour": ("spike", None),
+                 "abandon_fraction": ("disconnect", 0.2), "detect_minutes": ("rollback", 10.0)}
+
+
+def settle_drill_options(args: argparse.Namespace) -> None:
+    """Refuse a drill's option given without that drill (it was silently ignored: `--spike-factor 0` on a plain
+    week ran the week), then fill in the defaults of those not given."""
+    for opt, (drill, default) in DRILL_OPTIONS.items():
+        v = getattr(args, opt, None)
+        if v is not None and getattr(args, "drill", None) != drill:
+            given = f"--drill {args.drill}" if getattr(args, "drill", None) else "no --drill"
+            raise InputError(f"--{opt.replace('_', '-')} applies to --drill {drill} only ({given} given)")
+        if v is None:
+            setattr(args, opt, default)
 
 
 def parse_hours(text: str) -> tuple[float, float]:

@@ -458,3 +458,18 @@ def test_a_window_with_no_requests_has_nothing_to_judge(capsys):
     assert rc == 0, out
     assert "0.00%" not in out and "✗" not in out
     assert out.count("no requests in these hours; nothing to judge") == 3
+
+
+@pytest.mark.parametrize("argv,expect", [
+    (["--hours", "0:2", "--spike-factor", "0"], "--spike-factor applies to --drill spike only (no --drill given)"),
+    (["--drill", "rollback", "--abandon-fraction", "2"],
+     "--abandon-fraction applies to --drill disconnect only (--drill rollback given)"),
+    (["--drill", "spike", "--detect-minutes", "5"], "--detect-minutes applies to --drill rollback only"),
+])
+def test_a_drill_option_without_its_drill_is_refused(capsys, argv, expect):
+    """A drill's option given to another run was silently ignored: `--spike-factor 0` on a plain window ran the
+    window and said nothing (found by this stop's fuzz)."""
+    from topology.cli import main
+
+    assert main(["simulate", str(Path(__file__).resolve().parent.parent / "stacks" / "Pulumi.dev.yaml"), *argv]) == 2
+    assert expect in capsys.readouterr().err

@@ -111,6 +111,9 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
 def check_simulate_args(args: argparse.Namespace) -> None:
     """Options checked before planning and simulating (minutes of work) so a typo fails at once."""
+    from simulator.cli import settle_drill_options
+
+    settle_drill_options(args)
     if args.seed < 0:
         raise InputError(f"--seed {args.seed}: must be ≥ 0 (numpy seeds are non-negative integers)")
     for opt in ("spike_factor", "spike_minutes", "abandon_fraction", "detect_minutes"):
