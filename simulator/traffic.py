@@ -85,7 +85,8 @@ def load_trace(path: str | Path) -> Trace:
     """Read a trace file, detecting its kind from its columns; errors name the file, the row and the fix."""
     p = Path(path)
     if not p.is_file():
-        raise _bad_trace(p, "no such file")
+        raise _bad_trace(p, "a directory, not a file" if p.is_dir() else
+                         "not a regular file (a pipe or a device)" if p.exists() else "no such file")
     if p.suffix == ".jsonl":
         return _load_mooncake(p)
     try:
