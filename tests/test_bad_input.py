@@ -606,3 +606,13 @@ def test_a_key_given_twice_in_one_mapping_is_refused(tmp_path, text, line, key):
         read_document(f)
     f.write_text("base: &b {x: 1}\nc: {<<: *b, x: 2}\n")
     assert read_document(f)["c"] == {"x": 2}
+
+
+def test_a_rollout_with_no_dedicated_replicas_names_the_fields_to_change():
+    """The planner quotes the endpoint's name in this error ('assist'), and the hint's pattern took the quotes for
+    part of the name: the error named no input field (found by this stop's fuzz, a trace scaled to 0.5 req/s)."""
+    inputs = load(INPUTS)
+    msg = "endpoint 'assist': rollout needs dedicated replicas (...); this endpoint's plan has none"
+    name = inputs.endpoints[0].name
+    hint = planning_hint(msg.replace("assist", name), inputs)
+    assert hint == " [input fields to change: endpoints.0.rollout, endpoints.0.traffic, floor_replicas_allowed]"

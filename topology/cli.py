@@ -42,7 +42,7 @@ def _warn_prices(inputs) -> None:
 
 def planning_hint(message: str, inputs) -> str:
     """The input fields to change for a PlanningError (the planner names the constraint; this names the field)."""
-    m = re.match(r"endpoint (\S+?):", message)
+    m = re.match(r"endpoint '?([^\s':]+)'?:", message)  # the planner quotes some names, not others
     names = [e.name for e in inputs.endpoints] if inputs is not None else []
     if not m or m.group(1) not in names:
         return ""
@@ -57,6 +57,7 @@ def planning_hint(message: str, inputs) -> str:
         ("allows no floor replicas", ["floor_replicas_allowed"]),
         ("no managed API", [f"{ep}.managed_api"]),
         ("API p99 TTFT", [f"{ep}.slo.ttft_p99_ms", f"{ep}.managed_api.measured_ttft_p99_ms"]),
+        ("rollout needs dedicated replicas", [f"{ep}.rollout", f"{ep}.traffic", "floor_replicas_allowed"]),
     )
     for needle, fs in rules:
         if needle in message:
