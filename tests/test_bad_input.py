@@ -616,3 +616,11 @@ def test_a_rollout_with_no_dedicated_replicas_names_the_fields_to_change():
     name = inputs.endpoints[0].name
     hint = planning_hint(msg.replace("assist", name), inputs)
     assert hint == " [input fields to change: endpoints.0.rollout, endpoints.0.traffic, floor_replicas_allowed]"
+
+
+def test_a_replica_larger_than_any_node_is_not_planned():
+    """engine.gpus_per_replica 16 on H100s (8 to a node at most) planned 'H100-80GB×16, 1 replica(s)/node' on a
+    p5.48xlarge and Modal containers of 16 GPUs: pods no node can schedule (found by this stop's fuzz)."""
+    d = set_path(INPUTS, "endpoints.0.engine.0.gpus_per_replica", 16)
+    with pytest.raises(PlanningError, match=r"gpus_per_replica=16 is more than the largest .* node holds .*8 GPUs"):
+        plan_fn(load(d))

@@ -150,6 +150,11 @@ def placement_for(
         bandwidth = kind.memory_bandwidth_tb_per_s * gpus
         replicas_per_gpu = 1
         label = kind.name if gpus == 1 else f"{kind.name}×{gpus}"
+    largest = kind.instance_types[-1]
+    if gpus > largest.gpus_per_node:
+        # a replica is one pod on one node: 16 GPUs on 8-GPU nodes planned pods that could never be scheduled
+        return Infeasible(label, f"gpus_per_replica={gpus} is more than the largest {kind.name} node holds "
+                                 f"({largest.name}, {largest.gpus_per_node} GPUs); a replica runs on one node")
     kv_gb_per_token = m.kv_cache_mib_per_token * GB_PER_MIB
     budget_gb = memory_gb * GPU_MEMORY_UTILIZATION - m.weights_gb - ACTIVATION_OVERHEAD_GB_PER_GPU * gpus
     kv_tokens = budget_gb / kv_gb_per_token if budget_gb > 0 else 0.0
