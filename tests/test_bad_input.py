@@ -624,3 +624,14 @@ def test_a_replica_larger_than_any_node_is_not_planned():
     d = set_path(INPUTS, "endpoints.0.engine.0.gpus_per_replica", 16)
     with pytest.raises(PlanningError, match=r"gpus_per_replica=16 is more than the largest .* node holds .*8 GPUs"):
         plan_fn(load(d))
+
+
+def test_an_output_p99_above_max_tokens_is_refused():
+    """max_tokens caps every output (the gateway's check, and vLLM's --override-generation-config max_new_tokens):
+    output_tokens_p99 1000 with max_tokens 256 was planned for outputs that never happen (found by this stop's
+    fuzz)."""
+    d = set_path(set_path(INPUTS, "endpoints.0.shape.max_tokens", 256), "endpoints.0.shape.output_tokens_p99", 1000)
+    d = set_path(d, "endpoints.0.shape.output_tokens_mean", 200)
+    msg = refused(d)
+    assert "endpoints.0.shape.output_tokens_p99, endpoints.0.shape.max_tokens" in msg, msg
+    assert "output_tokens_p99=1000 is above max_tokens=256" in msg

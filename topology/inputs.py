@@ -154,6 +154,13 @@ class RequestShape(_Inputs):
                 f"output_tokens_p99={self.output_tokens_p99:g} is below output_tokens_mean="
                 f"{self.output_tokens_mean:g}; a p99 must be at least the mean"
             )
+        if self.output_tokens_p99 > self.max_tokens:
+            # max_tokens caps every output (the gateway and the engine hold a request to it): a measured p99 above
+            # it is a shape from another product or a typo, and the plan would size for outputs that never happen
+            raise FieldsError(('output_tokens_p99', 'max_tokens'),
+                f"output_tokens_p99={self.output_tokens_p99:g} is above max_tokens={self.max_tokens}, which caps "
+                "every output; give the shape measured under that cap, or raise max_tokens"
+            )
         if self.max_tokens >= self.product_max_context_tokens:
             raise FieldsError(('max_tokens', 'product_max_context_tokens'), 
                 f"max_tokens={self.max_tokens} must be below product_max_context_tokens="
