@@ -635,3 +635,13 @@ def test_an_output_p99_above_max_tokens_is_refused():
     msg = refused(d)
     assert "endpoints.0.shape.output_tokens_p99, endpoints.0.shape.max_tokens" in msg, msg
     assert "output_tokens_p99=1000 is above max_tokens=256" in msg
+
+
+def test_a_promotion_dated_in_the_future_is_refused():
+    """rollout.promoted_on 2027-01-01 was planned as 'N−1 warm until 2027-01-08 (warm now)' (found by this stop's
+    fuzz); prices_as_of in the future was already refused."""
+    from tests.test_rollout import rollout
+
+    d = inputs_dict(rollout=rollout(stage="promoted", promoted_on="2027-01-01"))
+    msg = refused(d)
+    assert "endpoints.0.rollout.promoted_on" in msg and "2027-01-01 is in the future (today is 2026-12-02)" in msg, msg

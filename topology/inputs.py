@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import typing
 import warnings
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from .errors import FieldsError, InputNotice
+from .input_model import InputModel
 from .names import (
     MODAL_BROAD_MULTIPLIER,
     MODAL_NAME_MAX,
@@ -54,30 +54,7 @@ GpuKindName = Literal["H100-80GB", "H200-141GB", "A100-80GB", "A100-40GB", "L40S
 Precision = Literal["bf16", "fp16", "fp8", "int8", "int4"]
 
 
-def _numeric(annotation) -> bool:
-    """Whether a field's type takes numbers: int or float, alone, optional, or in a list/tuple (not bool)."""
-    if annotation in (int, float):
-        return True
-    return any(_numeric(a) for a in typing.get_args(annotation) if a is not bool)
-
-
-def _has_bool(v) -> bool:
-    return isinstance(v, bool) or (isinstance(v, (list, tuple)) and any(isinstance(x, bool) for x in v))
-
-
-class _Inputs(BaseModel):
-    # NaN/inf are refused as "not a number" before any bound is checked (NaN passes no comparison)
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_for_a_number(cls, v, info: ValidationInfo):
-        # pydantic's lax mode reads true as 1 and false as 0: `decode_tokens_per_s: true` became 1 token/s and the
-        # plan then blamed the SLO; `gpus_per_replica: yes` became one GPU
-        if _has_bool(v) and _numeric(cls.model_fields[info.field_name].annotation):
-            what = "a boolean" if isinstance(v, bool) else "holds a boolean"
-            raise ValueError(f"{what} (YAML reads true/false, yes/no, on/off as one), not a number")
-        return v
+_Inputs = InputModel
 
 
 class ModelInputs(_Inputs):

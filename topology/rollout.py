@@ -13,7 +13,9 @@ import hashlib
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from .input_model import InputModel
 
 from .names import check_revision
 
@@ -24,8 +26,7 @@ OUTPUT_SETTINGS = ("tokenizer", "tensor_parallel_size", "kv_cache_dtype", "quant
 Stage = Literal["shadow", "canary", "promoted", "rolled_back"]
 
 
-class _Inputs(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+_Inputs = InputModel  # NaN, infinity and booleans for numbers refused as in every other input
 
 
 def engine_settings_sha256(settings: dict[str, object]) -> str:
@@ -134,6 +135,16 @@ class RolloutInputs(_Inputs):
     )
     previous_warm_days: int = Field(default=7, ge=1, le=30, description="Days the previous version is kept warm after promotion.")
     quality_sampling: QualitySampling | None = Field(default=None, description="Production sampling into an evaluation sink.")
+
+    @field_validator("promoted_on")
+    @classmethod
+    def _promoted_in_the_past(cls, v: dt.date | None, info: ValidationInfo) -> dt.date | None:
+        # a promotion dated ahead kept the previous version "warm now" until a week past that date
+        today = (info.context or {}).get("today")
+        if v is not None and today is not None and v > today:
+            raise ValueError(f"{v.isoformat()} is in the future (today is {today.isoformat()}); give the date the "
+                             "candidate was promoted")
+        return v
 
     @model_validator(mode="after")
     def _promotion_date(self) -> "RolloutInputs":
