@@ -141,3 +141,16 @@ def test_a_rate_trace_that_cannot_give_an_hour_of_week_profile_is_refused(tmp_pa
     with pytest.raises(InputError) as e:
         rate_trace_profile(p, RateTrace(path=str(p), scale_to_mean_requests_per_s=12.0))
     assert expect in str(e.value), str(e.value)
+
+
+def test_an_unterminated_quote_names_its_line_not_the_rows_it_swallowed(tmp_path):
+    """The csv module reads from an unclosed quote to the end of the file as one field; the error printed that
+    field (every row after it) as the 'value' (found by this stop's fuzz)."""
+    from topology.errors import InputError
+
+    p = tmp_path / "t.csv"
+    p.write_text("window_start_s,total_rate_rps\n0,1\n\n600,\"2\n" + "".join(f"{i * 600},1\n" for i in range(2, 500)))
+    with pytest.raises(InputError) as e:
+        rate_trace_profile(p, RateTrace(path=str(p), scale_to_mean_requests_per_s=1.0))
+    msg = str(e.value)
+    assert "line 4: a quote (\") opened on this line is never closed" in msg and "1200" not in msg, msg

@@ -198,11 +198,19 @@ def rate_trace_profile(path: Path, trace: RateTrace, what: str = "traffic.rate_t
             raise InputError(
                 f"{what}={str(path)!r}: needs columns window_start_s,total_rate_rps; has {reader.fieldnames}"
             )
-        for i, row in enumerate(reader, start=2):
+        for row in reader:
+            # the row's first line in the file (blank lines are skipped; a quoted field may span lines)
+            i = reader.line_num - sum(v.count("\n") for v in row.values() if isinstance(v, str))
+            if any("\n" in v for v in row.values() if isinstance(v, str)):
+                # an unterminated quote swallows the rest of the file into one field, the last line's newline too
+                i += any(v.endswith("\n") for v in row.values() if isinstance(v, str))
+                raise InputError(f"{what}={str(path)!r} line {i}: a quote (\") opened on this line is never closed; "
+                                 "the rows after it were read as one field")
             try:
                 t, r = float(row["window_start_s"]), float(row["total_rate_rps"])
             except (TypeError, ValueError):
-                raise InputError(f"{what}={str(path)!r} line {i}: window_start_s/total_rate_rps must be numbers: {row}") from None
+                shown = {k: (v[:40] if isinstance(v, str) else v) for k, v in row.items()}
+                raise InputError(f"{what}={str(path)!r} line {i}: window_start_s/total_rate_rps must be numbers: {shown}") from None
             if not (math.isfinite(t) and math.isfinite(r)):
                 raise InputError(
                     f"{what}={str(path)!r} line {i}: window_start_s={row['window_start_s']!r}, "
