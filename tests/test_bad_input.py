@@ -645,3 +645,11 @@ def test_a_promotion_dated_in_the_future_is_refused():
     d = inputs_dict(rollout=rollout(stage="promoted", promoted_on="2027-01-01"))
     msg = refused(d)
     assert "endpoints.0.rollout.promoted_on" in msg and "2027-01-01 is in the future (today is 2026-12-02)" in msg, msg
+
+
+@pytest.mark.parametrize("zone", ["localtime", "Factory"])
+def test_a_timezone_that_names_no_place_is_refused(zone):
+    """Debian's tz files include 'localtime' (a link to the planning machine's own zone), which passed (found by this
+    stop's fuzz): the week's profile would shift with whichever machine plans it."""
+    msg = refused(set_path(INPUTS, "endpoints.0.traffic.timezone", zone))
+    assert "endpoints.0.traffic.timezone" in msg and "is not an IANA timezone" in msg, msg
