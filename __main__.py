@@ -64,13 +64,14 @@ except InputError as e:
 # the planning date decides whether a promoted rollout still keeps its previous version warm: the clock is read
 # here, in the shell, never in the planner; `pulumi config set planningDate YYYY-MM-DD` pins it (reviews, renders)
 _planning_date = config.get("planningDate")
+utc_today = dt.datetime.now(dt.timezone.utc).date()  # UTC, as planningDate is set (`date -u +%F`)
 try:
-    planning_date = dt.date.fromisoformat(_planning_date) if _planning_date else dt.datetime.now(dt.timezone.utc).date()
+    planning_date = dt.date.fromisoformat(_planning_date) if _planning_date else utc_today
 except ValueError:
     raise StackConfigError(f"{source} {config.name}:planningDate={_planning_date!r}: must be a date, YYYY-MM-DD") from None
 try:
     inputs = inputs_from_document(config.require_object("inputs"), f"{source} {config.name}:inputs", PROJECT_ROOT,
-                                  today=dt.date.today())  # prices dated in the future are refused, as by `plan`
+                                  today=utc_today)  # prices dated in the future are refused, as by `plan`
     spec = plan(inputs, planning_date=planning_date)
     settings = stack_settings(
         {

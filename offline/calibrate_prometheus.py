@@ -23,7 +23,7 @@ import yaml
 
 from topology.calibrate import LAST_UNIX_S, QUERIES, calibrate, figure_change, provenance_header
 from topology.loading import InputError, load_inputs
-from topology.reading import read_document
+from topology.reading import MAX_TRACE_BYTES, read_document
 from topology.names import promql_escape
 from topology.plan import plan
 
@@ -263,9 +263,9 @@ def check_command_line(args: argparse.Namespace) -> None:
     from topology.cli import check_writable_file
     from topology.names import check_dns_label
 
-    check_writable_file(args.out, "--out", (".yaml", ".yml", ""), "inputs file", "calibrated.yaml")
-    if args.save_results:
-        check_writable_file(args.save_results, "--save-results", (".json",), "results file", "results.json")
+    check_writable_file(args.out, "--out", None, "inputs file", "calibrated.yaml")
+    if args.save_results and not args.from_file:  # unused when replaying a saved document
+        check_writable_file(args.save_results, "--save-results", None, "results file", "results.json")
     if args.namespace is not None:
         try:
             check_dns_label(args.namespace)
@@ -280,7 +280,8 @@ def cli_main(args: argparse.Namespace, today: dt.date | None = None, now_s: floa
     prom = None
     check_command_line(args)
     if args.from_file:
-        results = read_document(args.from_file, "--from-file")
+        # a saved results document of two weeks with 15-second request counts runs past 10 MB: the traces' limit
+        results = read_document(args.from_file, "--from-file", max_bytes=MAX_TRACE_BYTES)
         if not isinstance(results, dict):
             raise InputError(f"--from-file {args.from_file!r}: not a results document (a JSON object)")
     else:  # check the command line before planning (a typo should not cost a plan)
@@ -299,7 +300,7 @@ def cli_main(args: argparse.Namespace, today: dt.date | None = None, now_s: floa
             Path(args.save_results).write_text(json.dumps(results, indent=1))
     placement = {e.name: (e.capacity.gpu_kind, e.capacity.mig_profile) for e in spec.endpoints if e.node_pools}
     try:
-        cal = calibrate(inputs, results, placement, today or dt.date.today())
+        cal = calibrate(inputs, results, placement, today or dt.datetime.now(dt.timezone.utc).date())
     except (KeyError, TypeError, AttributeError) as e:
         raise InputError(f"results document: missing or malformed entry ({e!r})") from None
     out = Path(args.out)

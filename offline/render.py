@@ -255,7 +255,7 @@ def read_stack_file(path: str) -> tuple[str, dict[str, Any], ValidatedInputs]:
     if not any(str(k).endswith(CONFIG_KEY_SUFFIX) for k in doc["config"]):
         raise InputError(f"{p}: config has no 'llm-serving{CONFIG_KEY_SUFFIX}' key (the cost inputs)")
     # what load_inputs(p) does for a stack file, on the document read above (reading it is a third of the cost)
-    today = dt.date.today()
+    today = dt.datetime.now(dt.timezone.utc).date()  # UTC, as `plan` and the program read it
     inputs = inputs_from_document(doc, str(p), project_root(), today)
     from topology.inputs import prices_age_warning
 

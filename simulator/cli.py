@@ -48,7 +48,10 @@ DRILL_OPTIONS = {"spike_factor": ("spike", 3.0), "spike_minutes": ("spike", 10.0
 
 def settle_drill_options(args: argparse.Namespace) -> None:
     """Refuse a drill's option given without that drill (it was silently ignored: `--spike-factor 0` on a plain
-    week ran the week), then fill in the defaults of those not given."""
+    week ran the week), then fill in the defaults of those not given. Once per parsed command line (a second call,
+    e.g. cli_main's after the CLI's own check, finds it done)."""
+    if getattr(args, "_drill_options_settled", False):
+        return
     for opt, (drill, default) in DRILL_OPTIONS.items():
         v = getattr(args, opt, None)
         if v is not None and getattr(args, "drill", None) != drill:
@@ -56,6 +59,7 @@ def settle_drill_options(args: argparse.Namespace) -> None:
             raise InputError(f"--{opt.replace('_', '-')} applies to --drill {drill} only ({given} given)")
         if v is None:
             setattr(args, opt, default)
+    args._drill_options_settled = True
 
 
 def parse_hours(text: str) -> tuple[float, float]:
@@ -95,6 +99,7 @@ def cli_main(args: argparse.Namespace, inputs: CostInputs, spec: TopologySpec) -
     from topology.cli import skip_exit_collection
 
     skip_exit_collection()  # a one-shot process: no last collection at exit
+    settle_drill_options(args)  # (done already when called through the CLI's checks)
     names = [e.name for e in spec.endpoints]
     for n in args.endpoint or []:
         if n not in names:

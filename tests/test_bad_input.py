@@ -584,6 +584,7 @@ def test_an_evaluation_record_file_is_read_by_the_bounded_reader(tmp_path, kind,
     ("endpoints.0.model.weights_gb", True),
     ("endpoints.0.traffic.within_hour_peak_factor", False),
     ("endpoints.0.traffic.hourly_mean_requests_per_s", [True] + [1.0] * 167),
+    ("prices.dedicated_on_demand_usd_per_gpu_hour", {"H100-80GB": True}),
 ])
 def test_a_boolean_is_not_taken_for_a_number(path, value):
     """pydantic's lax mode read true as 1: `decode_tokens_per_s: true` became 1 token/s and the plan then said no
@@ -606,6 +607,12 @@ def test_a_key_given_twice_in_one_mapping_is_refused(tmp_path, text, line, key):
         read_document(f)
     f.write_text("base: &b {x: 1}\nc: {<<: *b, x: 2}\n")
     assert read_document(f)["c"] == {"x": 2}
+    # merges nested or anchored inline: PyYAML rewrites a merged mapping in place while constructing, which a check
+    # made then took for a key given twice (found by this stop's review); checked on the composed graph instead
+    for text in ("base: &base {a: 1, b: 2}\nx:\n  y: &d\n    <<: *base\n    b: 3\nz:\n  <<: *d\n",
+                 "base: &base {a: 1, b: 2}\ntop:\n  <<: &mid\n    <<: *base\n    b: 3\n  c: 4\nother: *mid\n"):
+        f.write_text(text)
+        assert read_document(f) == yaml.safe_load(text)
 
 
 def test_a_rollout_with_no_dedicated_replicas_names_the_fields_to_change():

@@ -639,8 +639,8 @@ def test_the_bundled_example_results_replay_without_prometheus(tmp_path, capsys)
 @pytest.mark.parametrize("argv,expect", [
     (["--from-file", "{ex}", "--out", "{tmp}"], "--out '{tmp}': is a directory"),
     (["--from-file", "{ex}", "--out", "{tmp}/no/x.yaml"], "folder '{tmp}/no' does not exist"),
-    (["--from-file", "{ex}", "--out", "{tmp}/x.txt"], "unknown inputs file type '.txt'; allowed: .yaml, .yml, or none"),
-    (["--from-file", "{ex}", "--out", "{tmp}/x.yaml", "--save-results", "{tmp}/r.txt"], "--save-results"),
+    (["--prometheus", "http://127.0.0.1:9", "--out", "{tmp}/x.yaml", "--save-results", "{tmp}/no/r.json"],
+     "--save-results '{tmp}/no/r.json': folder '{tmp}/no' does not exist"),
     (["--from-file", "{tmp}/fifo", "--out", "{tmp}/x.yaml"], "--from-file '{tmp}/fifo': cannot read (not a regular file)"),
     (["--prometheus", "http://127.0.0.1:9", "--since", "99999999w", "--out", "{tmp}/x.yaml"], "reaches before 1970"),
     (["--prometheus", "http://127.0.0.1:9", "--until", "nan", "--out", "{tmp}/x.yaml"], "--until nan: give the window's end"),
@@ -660,6 +660,33 @@ def test_calibrate_refuses_a_bad_command_line_before_any_work(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert expect.format(**fill) in err, err
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_calibrate_takes_any_output_name_and_a_large_saved_document(tmp_path, capsys):
+    """The checks above must not refuse what worked (found by this stop's review): an --out of any suffix
+    (calibrated.2026-12-05), and a saved results document past the stack files' 8 MB limit (two weeks of 15-second
+    request counts for three endpoints run to 11-14 MB)."""
+    doc = json.loads((ROOT / "examples" / "calibrate-week.json").read_text())
+    big = tmp_path / "two-weeks.json"
+    big.write_text(json.dumps(doc, indent=1) + " " * (9 * 1024 * 1024))  # past 8 MB, still the same document
+    out = tmp_path / "calibrated.2026-12-05"
+    assert cli(["calibrate", str(STACK), "--from-file", str(big), "--out", str(out)]) == 0, capsys.readouterr().err
+    assert load_inputs(out) is not None
+
+
+def test_a_calibrated_output_p99_stays_within_max_tokens():
+    """vLLM's 1-2-5 token buckets straddle a small max_tokens (autocomplete's 256 between le=200 and le=500): the
+    p99 interpolated in that bucket read 350, above the cap every output is held to, and the inputs then refused the
+    calibrated document (found by this stop's review). Clamped at max_tokens, the bucket's top bound too."""
+    inputs = load_inputs(STACK)
+    ac = next(e for e in inputs.endpoints if e.name == "autocomplete")
+    assert ac.shape.max_tokens == 256
+    doc = {"window": {"start_s": WEEK_START_S, "end_s": WEEK_START_S + 7 * 86400}, "endpoints": {"autocomplete": {
+        "generation_tokens": {"sum": 100.0 * 10_000, "count": 10_000,
+                              "buckets": {"100": 5000, "200": 9800, "500": 10_000, "+Inf": 10_000}}}}}
+    cal = calibrate(inputs, doc, {"autocomplete": ("H100-80GB", "1g.10gb")}, PRICES_DAY)
+    got = next(e for e in cal.inputs.endpoints if e.name == "autocomplete").shape.output_tokens_p99
+    assert got == pytest.approx(200 + (256 - 200) * 0.5)  # 9,900 of 10,000: half way through (200, 256]
 
 
 @pytest.mark.parametrize("doc,expect", [

@@ -154,3 +154,24 @@ def test_an_unterminated_quote_names_its_line_not_the_rows_it_swallowed(tmp_path
         rate_trace_profile(p, RateTrace(path=str(p), scale_to_mean_requests_per_s=1.0))
     msg = str(e.value)
     assert "line 4: a quote (\") opened on this line is never closed" in msg and "1200" not in msg, msg
+
+
+def test_unix_time_starts_and_hourly_rows_with_drift_are_traces(tmp_path):
+    """The checks above must not refuse real traces (found by this stop's review): window starts written as unix
+    times (a week of hourly rows from 2026-01-01), and hourly rows whose starts drift by a quarter second."""
+    for name, starts in (("unix.csv", [1_767_571_200 + 3600 * k for k in range(168)]),
+                         ("drift.csv", [round(k * 3600.25, 2) for k in range(168)])):
+        p = tmp_path / name
+        p.write_text("window_start_s,total_rate_rps\n" + "".join(f"{t},{1 + k % 24}\n" for k, t in enumerate(starts)))
+        profile, missing = rate_trace_profile(p, RateTrace(path=str(p), scale_to_mean_requests_per_s=12.5))
+        assert missing == 0 and sum(profile) / 168 == pytest.approx(12.5, rel=1e-6)
+
+
+def test_a_scale_beyond_the_profiles_bound_names_the_scale_not_small_rates(tmp_path):
+    from topology.errors import InputError
+
+    p = tmp_path / "t.csv"
+    p.write_text("window_start_s,total_rate_rps\n" + "".join(f"{k * 3600},{1 + k % 24}\n" for k in range(168)))
+    with pytest.raises(InputError, match=r"scaled to a mean of 1e\+06 req/s, its busiest hour would be 1,920,000 req/s"
+                                         r" \(1.92× the mean\); allowed at most 1,000,000"):
+        rate_trace_profile(p, RateTrace(path=str(p), scale_to_mean_requests_per_s=1_000_000))

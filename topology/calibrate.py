@@ -122,7 +122,8 @@ class Calibration:
 
 def histogram_quantile(q: float, buckets: Mapping[str, float], top_bound: float) -> float:
     """The q-quantile of a cumulative histogram {le: count}, interpolated linearly inside its bucket (as PromQL's
-    histogram_quantile does), with the +Inf bucket bounded by `top_bound` (vLLM's token histograms: max_model_len)."""
+    histogram_quantile does), with `top_bound` the largest value there is (vLLM's token histograms: max_model_len,
+    or max_tokens for outputs): it bounds the +Inf bucket and any bucket reaching past it."""
     pairs = sorted(((math.inf if le == "+Inf" else float(le)), float(c)) for le, c in buckets.items())
     if not pairs or pairs[-1][0] != math.inf:
         raise CalibrationError("a histogram without its +Inf bucket")
@@ -133,7 +134,7 @@ def histogram_quantile(q: float, buckets: Mapping[str, float], top_bound: float)
     lo_bound, lo_count = 0.0, 0.0
     for bound, count in pairs:
         if count >= rank:
-            hi = top_bound if math.isinf(bound) else bound
+            hi = max(lo_bound, min(top_bound, bound))  # (outputs recorded before a lower cap: no backwards)
             if count == lo_count:
                 return hi
             return lo_bound + (hi - lo_bound) * (rank - lo_count) / (count - lo_count)
@@ -278,12 +279,17 @@ def calibrate_endpoint(ep: EndpointInputs, res: Mapping[str, Any], gpu_kind: str
             kept.append(f"{name}: {label} token shape ({count:g} finished requests, fewer than {MIN_REQUESTS_FOR_SHAPE})")
             continue
         mean = _num(h["sum"], f"{key}.sum") / count
-        p99 = histogram_quantile(0.99, {le: _num(c, f"{key} bucket") for le, c in h["buckets"].items()}, limit)
+        # an output never exceeds max_tokens (vLLM's max_new_tokens override): interpolating inside a 1-2-5 bucket
+        # that straddles the cap (le=200 … le=500 with a cap of 256) read a p99 above it, which the inputs refuse
+        top = limit if label == "input" else min(limit, ep.shape.max_tokens)
+        p99 = histogram_quantile(0.99, {le: _num(c, f"{key} bucket") for le, c in h["buckets"].items()}, top)
         metric = f"vllm:request_{key}"
         shape[f"{label}_tokens_mean"] = fig(f"shape.{label}_tokens_mean", shape[f"{label}_tokens_mean"], _round(mean),
                                             f"{metric}_sum / _count over {count:g} requests")
+        capped = f"; at most max_tokens {top}" if label == "output" else ""
         shape[f"{label}_tokens_p99"] = fig(f"shape.{label}_tokens_p99", shape[f"{label}_tokens_p99"], _round(p99),
-                                           f"{metric}_bucket, p99 interpolated in its bucket (+Inf bounded by {limit})")
+                                           f"{metric}_bucket, p99 interpolated in its bucket (+Inf bounded by {top})"
+                                           + capped)
 
     # prefix-cache hit share
     hit = ep.prefix_cache_hit_fraction

@@ -29,7 +29,7 @@ EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug, not the user's input
 def today() -> dt.date:
     """The one clock read, at the command line's edge: validation refuses prices dated in the future and
     warns when they are old. The planner itself reads no clock; this date is passed in."""
-    return dt.date.today()
+    return dt.datetime.now(dt.timezone.utc).date()  # UTC, as planningDate and the README's `date -u +%F`
 
 
 def _warn_prices(inputs) -> None:
@@ -127,14 +127,14 @@ def check_simulate_args(args: argparse.Namespace) -> None:
         check_writable_file(args.plot, "--plot", PLOT_SUFFIXES)
 
 
-def check_writable_file(path: str, option: str, suffixes: Sequence[str], kind: str = "image",
+def check_writable_file(path: str, option: str, suffixes: Sequence[str] | None, kind: str = "image",
                         example: str = "week.png") -> None:
     """Refuse an output file that cannot be written, before any work: no name, a directory, a missing folder, an
-    unwritable place, or a suffix not among `suffixes` ('' allows none)."""
+    unwritable place, or a suffix not among `suffixes` ('' allows none; None: any suffix)."""
     p = Path(path)
     if not path or path.endswith(os.sep):
         raise InputError(f"{option} {path!r}: name a file, e.g. out/{example}")
-    if p.suffix.lower() not in suffixes:
+    if suffixes is not None and p.suffix.lower() not in suffixes:
         allowed = ", ".join(s for s in suffixes if s) + (", or none" if "" in suffixes else "")
         raise InputError(f"{option} {path!r}: unknown {kind} type {p.suffix!r}; allowed: {allowed}")
     if p.is_dir():

@@ -14,13 +14,15 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 
 def _numeric(annotation) -> bool:
-    """Whether a field's type takes numbers: int or float, alone, optional, or in a list/tuple (not bool)."""
+    """Whether a field's type takes numbers: int or float, alone, optional, or in a list, tuple or dict (not bool)."""
     if annotation in (int, float):
         return True
     return any(_numeric(a) for a in typing.get_args(annotation) if a is not bool)
 
 
 def _has_bool(v) -> bool:
+    if isinstance(v, dict):  # prices by GPU kind: {H100-80GB: true} was read as $1
+        v = list(v.values())
     return isinstance(v, bool) or (isinstance(v, (list, tuple)) and any(isinstance(x, bool) for x in v))
 
 

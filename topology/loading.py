@@ -218,9 +218,10 @@ def rate_trace_profile(path: Path, trace: RateTrace, what: str = "traffic.rate_t
                 )
             if t < 0 or r < 0:
                 raise InputError(f"{what}={str(path)!r} line {i}: window_start_s and total_rate_rps must be ≥ 0: {row}")
-            if t > MAX_TRACE_SPAN_S:
+            if starts and abs(t - starts[0]) > MAX_TRACE_SPAN_S:
+                # starts may be relative or unix times; ten years from the first row is a typo, not a trace
                 raise InputError(f"{what}={str(path)!r} line {i}: window_start_s={t:g} is more than ten years "
-                                 f"({MAX_TRACE_SPAN_S:,} s) after the trace's start")
+                                 f"({MAX_TRACE_SPAN_S:,} s) from the first row's {starts[0]:g}")
             if t in first_line:
                 # two rates for one window: averaging them in (as it did) silently changes the hour's traffic
                 raise InputError(f"{what}={str(path)!r} line {i}: window_start_s={t:g} again (first on line "
@@ -241,9 +242,9 @@ def rate_trace_profile(path: Path, trace: RateTrace, what: str = "traffic.rate_t
         ordered = sorted(starts)
         steps = sorted(b - a for a, b in zip(ordered, ordered[1:]) if b > a)
         width = steps[len(steps) // 2] if steps else 0.0
-        if width > SECONDS_PER_HOUR:
+        if width > SECONDS_PER_HOUR * 1.01:  # hourly rows written with a little drift are hourly
             raise InputError(
-                f"{what}={str(path)!r}: its windows are {width:,.0f} s apart; an hour-of-week profile needs windows "
+                f"{what}={str(path)!r}: its windows are {width:,.6g} s apart; an hour-of-week profile needs windows "
                 f"of at most {SECONDS_PER_HOUR:,.0f} s (hours between windows would be guesses)"
             )
         if width > 0:
@@ -267,12 +268,16 @@ def rate_trace_profile(path: Path, trace: RateTrace, what: str = "traffic.rate_t
         raise InputError(f"{what}={str(path)!r}: the trace has no traffic (or rates too large to average)")
     k = trace.scale_to_mean_requests_per_s / mean
     scaled = [round(x * k, 6) for x in profile]
-    if not math.isfinite(k) or max(scaled) > 1_000_000:
-        # rates of 5e-324 scale by infinity; the profile's own bound is 1,000,000 requests/s an hour
+    if not math.isfinite(k):  # rates of 5e-324 scale by infinity
         raise InputError(
             f"{what}={str(path)!r}: its rates (mean {mean:.3g} req/s) are too small to scale to "
-            f"scale_to_mean_requests_per_s={trace.scale_to_mean_requests_per_s:g}: the busiest hour would be "
-            f"{max(profile) * k:.3g} req/s; allowed at most 1,000,000"
+            f"scale_to_mean_requests_per_s={trace.scale_to_mean_requests_per_s:g}"
+        )
+    if max(scaled) > 1_000_000:  # the profile's own bound, an hour's mean
+        raise InputError(
+            f"{what}={str(path)!r}: scaled to a mean of {trace.scale_to_mean_requests_per_s:g} req/s, its busiest "
+            f"hour would be {max(scaled):,.0f} req/s ({max(profile) / mean:.2f}× the mean); allowed at most "
+            "1,000,000: lower rate_trace.scale_to_mean_requests_per_s"
         )
     return scaled, skipped + absent
 

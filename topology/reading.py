@@ -162,25 +162,6 @@ class _BoundedLoader(yaml.SafeLoader):
         finally:
             self.depth -= 1
 
-    def construct_mapping(self, node, deep=False):  # type: ignore[override]
-        # a key given twice in one mapping: PyYAML keeps the last silently (a second `environment:` or
-        # `headroom_fraction:` overrode the first with no word); merged keys (<<) may still be overridden
-        if isinstance(node, yaml.MappingNode):
-            seen: dict = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
-                    continue
-                key = self.construct_object(key_node)
-                try:
-                    first = seen.get(key)
-                except TypeError:  # an unhashable key: PyYAML refuses it itself
-                    continue
-                seen.setdefault(key, key_node.start_mark.line + 1)
-                if first is not None:
-                    raise InputError(f"{self.name}: line {key_node.start_mark.line + 1}: key {key!r} given twice in "
-                                     f"one mapping (first on line {first}); YAML would silently keep the last")
-        return super().construct_mapping(node, deep=deep)
-
     def construct_yaml_int(self, node):  # type: ignore[override]
         digits = str(node.value).replace("_", "").lstrip("+-")
         if len(digits) > MAX_INT_DIGITS:
@@ -235,6 +216,34 @@ def _expanded_nodes(root: yaml.Node, name: str) -> int:
     return sizes[id(root)]
 
 
+def _refuse_duplicate_keys(root: yaml.Node, name: str) -> None:
+    """A key given twice in one mapping, found on the composed graph (before construction: PyYAML keeps the last
+    silently — a second `environment:` overrode the first with no word — and its merge step rewrites anchored
+    mappings in place, so a check while constructing took a merged key and its override for a pair). Keys compare
+    by tag and text, as written (1 and "1" differ); merge keys (<<) are not keys and may be overridden."""
+    seen_nodes: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[tuple[str, str], yaml.Node] = {}
+            for key, value in node.value:
+                stack.append(value)
+                if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                    stack.append(key)
+                    continue
+                was = first.setdefault((key.tag, key.value), key)
+                if was is not key:
+                    raise InputError(f"{name}: line {key.start_mark.line + 1}: key {key.value!r} given twice in one "
+                                     f"mapping (first on line {was.start_mark.line + 1}); YAML would silently keep "
+                                     "the last")
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+
+
 def loads_yaml(text: str, name: str) -> Any:
     loader = None
     try:
@@ -243,6 +252,7 @@ def loads_yaml(text: str, name: str) -> Any:
         if node is None:
             raise InputError(f"{name}: the file is empty")
         _expanded_nodes(node, name)
+        _refuse_duplicate_keys(node, name)
         return loader.construct_document(node)
     except InputError:
         raise
