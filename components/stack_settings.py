@@ -76,6 +76,70 @@ class ClusterSettings(_Settings):
     system_instance_type: str = Field("m7i.xlarge", alias="systemInstanceType", description="create: instance type of the CPU node group for operators.")
     system_nodes: int = Field(2, ge=1, le=20, alias="systemNodes", description="create: CPU nodes for KEDA, the GPU operator, CoreDNS.")
 
+    @field_validator("name")
+    @classmethod
+    def _eks_name(cls, v: str | None) -> str | None:
+        # EKS CreateCluster: 1-100 characters, ^[0-9A-Za-z][A-Za-z0-9\-_]*$
+        if v is not None and not re.fullmatch(r"[0-9A-Za-z][A-Za-z0-9_-]{0,99}", v):
+            raise ValueError(f"{v[:80]!r} is not an EKS cluster name: 1-100 of letters, digits, '-', '_', starting "
+                             "with a letter or digit")
+        return v
+
+    @field_validator("node_role_arn")
+    @classmethod
+    def _role_arn(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}", v):
+            raise ValueError(f"{v[:80]!r} is not an IAM role ARN (arn:aws:iam::<12-digit account>:role/<name>)")
+        return v
+
+    @field_validator("subnet_ids")
+    @classmethod
+    def _subnets(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [x for x in v if not re.fullmatch(r"subnet-[0-9a-z]{1,40}", x)]
+        if bad:
+            raise ValueError(f"{bad[0][:80]!r} is not a subnet ID (subnet-<id>)")
+        if len(set(v)) != len(v):
+            raise ValueError(f"lists a subnet twice: {sorted({x for x in v if v.count(x) > 1})}")
+        return v
+
+    @field_validator("kubernetes_version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        from .node_autoscaler import IMAGE_TAGS  # the versions a Cluster Autoscaler image is pinned for
+
+        if v not in IMAGE_TAGS:
+            raise ValueError(f"allowed {', '.join(sorted(IMAGE_TAGS))} (a Cluster Autoscaler image is pinned for "
+                             "each, components/node_autoscaler.py)")
+        return v
+
+    @field_validator("public_access_cidrs")
+    @classmethod
+    def _cidrs(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for c in v:
+            try:
+                net = ipaddress.ip_network(c, strict=False)
+            except ValueError:
+                raise ValueError(f"{c[:80]!r} is not a CIDR block (e.g. 203.0.113.0/24)") from None
+            if net.version != 4:  # EKS's publicAccessCidrs are IPv4 blocks
+                raise ValueError(f"{c!r}: EKS takes IPv4 CIDR blocks for the public endpoint")
+        if len(set(v)) != len(v):
+            raise ValueError(f"lists a block twice: {sorted({x for x in v if v.count(x) > 1})}")
+        return v
+
+    @field_validator("system_instance_type")
+    @classmethod
+    def _instance_type(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z][a-z0-9-]*\.[a-z0-9]+", v):
+            raise ValueError(f"{v[:80]!r} is not an EC2 instance type (e.g. m7i.xlarge)")
+        return v
+
+    @field_validator("admin_principal_arns")
+    @classmethod
+    def _admins_once(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(v)) != len(v):  # two access entries for one principal: ResourceInUseException at up
+            raise ValueError(f"lists a principal twice: {sorted({x for x in v if v.count(x) > 1})}")
+        return v
+
     @model_validator(mode="after")
     def _complete(self) -> "ClusterSettings":
         if self.mode == "create":
@@ -114,6 +178,15 @@ class WeightReplicationSettings(_Settings):
         (), alias="destinationStacks",
         description="Owner only: stacks (stacks/Pulumi.<name>.yaml) whose weight caches get a replication rule.",
     )
+
+    @field_validator("owner_stack", "destination_stacks")
+    @classmethod
+    def _stack_names(cls, v):
+        # a stack name (it names a file under stacks/: 10,000 characters ended in an OSError)
+        for name in ([v] if isinstance(v, str) else v):
+            if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", name) or name in (".", ".."):
+                raise ValueError(f"{name[:80]!r} is not a stack name: 1-100 of letters, digits, '-', '_', '.'")
+        return v
 
 
 class S3EndpointSettings(_Settings):
@@ -284,6 +357,45 @@ class StackSettings(_Settings):
         "cluster) or 'platform' provides the Prometheus Operator and Prometheus (default for an existing cluster).",
     )
 
+    @field_validator("prometheus_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        # KEDA's trigger queries it: `http://`, a port past 65535 or a space made a ScaledObject that never reads
+        from urllib.parse import urlsplit
+
+        bad = any(c.isspace() or ord(c) < 32 for c in v)
+        try:
+            u = urlsplit(v)
+            bad = bad or not u.hostname or u.port == 0 or u.scheme not in ("http", "https")
+        except ValueError:  # a port that is no number or past 65535, an unclosed [ipv6
+            bad = True
+        if bad:
+            raise ValueError("not an http(s) URL with a host and a port in 1-65535 (e.g. "
+                             "http://prometheus-operated.monitoring.svc:9090)")
+        return v
+
+    @field_validator("namespace")
+    @classmethod
+    def _not_a_system_namespace(cls, v: str) -> str:
+        # the program adopts an existing namespace on an existing cluster: `destroy` would then delete it
+        if v in ("default", "kube-system", "kube-public", "kube-node-lease"):
+            raise ValueError("a namespace of the cluster's own; give one for the serving workloads (the stack adopts "
+                             "and, on destroy, deletes it)")
+        return v
+
+    @field_validator("quality_recorder_image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        # the reference grammar of distribution/reference: [host[:port]/]path[:tag][@digest], path components
+        # lower-case; the kubelet refuses anything else (InvalidImageName) and the recorder never starts
+        comp = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+        host = r"(?:(?:[A-Za-z0-9-]+\.[A-Za-z0-9.-]+|localhost|[A-Za-z0-9-]+:[0-9]+)(?::[0-9]+)?/)?"
+        ref = rf"{host}{comp}(?:/{comp})*(?::[\w][\w.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?"
+        if v is not None and not re.fullmatch(ref, v):
+            raise ValueError(f"{v[:80]!r} is not an image reference ([registry/]name:tag or @sha256:<64 hex>; "
+                             "name in lower case)")
+        return v
+
     @property
     def installs_monitoring(self) -> bool:
         return (self.monitoring or ("install" if self.cluster.mode == "create" else "platform")) == "install"
@@ -413,7 +525,23 @@ def check_replication_owner(settings: StackSettings, stack: str, project_root: P
     """A stack that does not own the replication configuration must be one of its owner's destinations: else no
     stack declares a rule for its caches, and new revisions never reach them (the stacks' `up`s all pass)."""
     wr = settings.weight_replication
-    if wr is None or wr.owner_stack == stack:
+    if wr is None:
+        return
+    if wr.owner_stack == stack:
+        # another stack that owns the configuration too and serves this one: the two `up`s overwrite the bucket's
+        # one replication configuration in turn
+        for other_path in sorted((project_root / "stacks").glob("Pulumi.*.yaml")):
+            other = other_path.name.removeprefix("Pulumi.").removesuffix(".yaml")
+            if other == stack:
+                continue
+            theirs = next((v for k, v in _stack_config(other_path).items() if str(k).endswith(":weightReplication")),
+                          None)
+            if (isinstance(theirs, dict) and theirs.get("ownerStack") == other
+                    and stack in (theirs.get("destinationStacks") or [])):
+                raise InputError(f"llm-serving:weightReplication.ownerStack is {stack!r} (this stack), but {other!r} "
+                                 f"owns the replication configuration too and lists {stack!r} among its "
+                                 f"destinationStacks ({other_path}): S3 keeps one configuration a bucket, and each "
+                                 f"stack's up would overwrite the other's; set ownerStack: {other}")
         return
     path = project_root / "stacks" / f"Pulumi.{wr.owner_stack}.yaml"
     if not path.exists():
@@ -421,6 +549,11 @@ def check_replication_owner(settings: StackSettings, stack: str, project_root: P
                          "exist: name the stack that declares the source bucket's replication configuration")
     doc = _stack_config(path)
     owner = next((v for k, v in doc.items() if str(k).endswith(":weightReplication")), None)
+    if isinstance(owner, dict) and owner.get("ownerStack") != wr.owner_stack:
+        # the named owner names another owner: no stack declares the configuration at all
+        raise InputError(f"llm-serving:weightReplication.ownerStack is {wr.owner_stack!r}, but that stack's own "
+                         f"ownerStack is {owner.get('ownerStack')!r} ({path}): no stack would declare the replication "
+                         "configuration; name the stack that owns it")
     dests = owner.get("destinationStacks") if isinstance(owner, dict) else None
     if not isinstance(dests, list) or stack not in dests:
         raise InputError(f"llm-serving:weightReplication.ownerStack is {wr.owner_stack!r}, whose destinationStacks "

@@ -14,6 +14,7 @@ import functools
 import gc
 import hashlib
 import inspect
+import datetime as dt
 import json
 import logging
 import runpy
@@ -361,6 +362,21 @@ class ServingMocks(pulumi_mocks.Mocks):
         raise UnmockedInvokeError(f"the offline mocks answer no invoke {args.token!r}; add its answer to offline/mockrun.py")
 
 
+def pulumi_config(config: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """The stack file's config as the Pulumi CLI hands it to the program: scalars as their text (an unquoted
+    `planningDate: 2026-12-02`, which YAML reads as a date, is the string '2026-12-02' to Pulumi; it ended the
+    render in a JSON TypeError), objects as JSON, and a `{secure: ...}` value marked secret (the CLI decrypts it
+    into a secret; the offline render cannot decrypt, so the program sees the encrypted form, but as a secret)."""
+    values, secret = {}, []
+    for k, v in config.items():
+        if isinstance(v, (dt.date, dt.datetime)):
+            v = str(v)
+        if isinstance(v, dict) and set(v) == {"secure"}:
+            secret.append(k)
+        values[k] = v if isinstance(v, str) else json.dumps(v, default=str)
+    return values, secret
+
+
 def read_stack_config(stack_file: str | Path) -> tuple[str, dict[str, Any]]:
     """(stack name, {"project:key": value}) from a `stacks/Pulumi.<stack>.yaml` file."""
     p = Path(stack_file)
@@ -585,9 +601,7 @@ def run_function(
     compile_annotations_lazily()  # the SDK files it imports skip building their annotations' typing objects
     load_on_demand()  # the program's SDK service packages import only the files it uses
     settings.ROOT.set(None)  # a fresh root stack: several programs may run in one process
-    pulumi.runtime.set_all_config(
-        {k: v if isinstance(v, str) else json.dumps(v) for k, v in (config or {}).items()}
-    )
+    pulumi.runtime.set_all_config(*pulumi_config(config or {}))
     # the program runs on a loop of its own whose executor answers monitor calls inline (see _InlineLoop); the
     # thread's own loop, if any, is left as it was for other users of Pulumi's mocks in this process
     policy = asyncio.get_event_loop_policy()

@@ -84,7 +84,7 @@ class StackUnderCheck:
 
 def load_stack(stack_file: Path) -> StackUnderCheck:
     from components.stack_settings import SETTINGS_KEYS, stack_settings
-    from topology.loading import InputError, inputs_from_document
+    from topology.loading import InputError, inputs_from_document, stack_inputs_document
     from topology.plan import plan
 
     from topology.reading import read_document
@@ -93,6 +93,8 @@ def load_stack(stack_file: Path) -> StackUnderCheck:
     if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
         raise InputError(f"{stack_file}: not a Pulumi stack file (no top-level 'config' mapping)")
     config = doc["config"]
+    # the config keys as plan and render check them: no key that is not text, none of this project's misspelt
+    stack_inputs_document(doc, str(stack_file))
     project = next((k.split(":")[0] for k in config if k.endswith(":inputs")), None)
     if project is None:
         raise InputError(f"{stack_file}: no '<project>:inputs' key")

@@ -137,7 +137,7 @@ def stack_context_from_config(policy_config: Mapping[str, Any] | None = None) ->
             value = json.loads(raw)
         except ValueError:
             value = raw
-        provides = [value] if isinstance(value, str) else [str(g) for g in value]
+        provides = [value] if isinstance(value, str) else value
     plain_keys = plain_credential_keys(lambda k: pulumi.runtime.get_config(k) is not None)
     cfg = dict(policy_config or {})
     return StackContext(

@@ -46,6 +46,13 @@ PROMETHEUS_OPERATOR_GROUP = "monitoring.coreos.com"
 def platform_groups(provides: Iterable[str], monitoring: Any, cluster: Any) -> frozenset[str]:
     """API groups the platform serves: those listed, plus the Prometheus Operator's where the stack says the
     platform runs monitoring (`monitoring: platform`, the program's default for an existing cluster)."""
+    if not isinstance(provides, (list, tuple, set, frozenset)) or not all(isinstance(g, str) and g.strip()
+                                                                          for g in provides):
+        # `platformProvides: 5` ended the render in a TypeError; `[null]` became the group "None"
+        from topology.errors import InputError
+
+        raise InputError(f"llm-serving:platformProvides = {provides!r:.80}: a list of API group names, e.g. "
+                         "[monitoring.coreos.com]")
     groups = {str(g) for g in provides}
     mode = cluster.get("mode") if isinstance(cluster, Mapping) else None
     if (monitoring or ("install" if mode == "create" else "platform")) == "platform":

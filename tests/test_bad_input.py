@@ -313,16 +313,16 @@ def test_monitor_labels_are_checked_as_stack_settings():
     from components.stack_settings import stack_settings
 
     with pytest.raises(InputError, match="monitorLabels.*'Bad Value!' is not a Kubernetes label value"):
-        stack_settings({"cluster": {"mode": "create", "name": "c", "subnetIds": ["a", "b"]},
+        stack_settings({"cluster": {"mode": "create", "name": "c", "subnetIds": ["subnet-0a", "subnet-0b"]},
                         "monitorLabels": {"release": "Bad Value!"}}, "stack x config")
     # the installed kube-prometheus-stack's own monitors carry release: kube-prometheus-stack: other labels would
     # stop it scraping kube-state-metrics (the floor-not-serving alert's input)
     with pytest.raises(InputError, match=r"monitorLabels \{'team': 'ml'\} with monitoring: install.*kube-state-metrics"
                                          r".*allowed: \{'release': 'kube-prometheus-stack'\}"):
-        stack_settings({"cluster": {"mode": "create", "name": "c", "subnetIds": ["a", "b"]},
+        stack_settings({"cluster": {"mode": "create", "name": "c", "subnetIds": ["subnet-0a", "subnet-0b"]},
                         "monitorLabels": {"team": "ml"}}, "stack x config")
     # a platform Prometheus selects by whatever labels it is set up with
-    s = stack_settings({"cluster": {"mode": "create", "name": "c", "subnetIds": ["a", "b"]}, "monitoring": "platform",
+    s = stack_settings({"cluster": {"mode": "create", "name": "c", "subnetIds": ["subnet-0a", "subnet-0b"]}, "monitoring": "platform",
                         "monitorLabels": {"team": "ml"}}, "stack x config")
     assert s.monitor_labels == {"team": "ml"}
 
@@ -660,3 +660,102 @@ def test_a_timezone_that_names_no_place_is_refused(zone):
     stop's fuzz): the week's profile would shift with whichever machine plans it."""
     msg = refused(set_path(INPUTS, "endpoints.0.traffic.timezone", zone))
     assert "endpoints.0.traffic.timezone" in msg and "is not an IANA timezone" in msg, msg
+
+
+def _settings_error(**cluster_or_top) -> str:
+    from components.stack_settings import stack_settings
+
+    body = {"cluster": {"mode": "create", "name": "c", "subnetIds": ["subnet-0a", "subnet-0b"]}}
+    for k, v in cluster_or_top.items():
+        if k.startswith("cluster_"):
+            body["cluster"] = {**body["cluster"], k.removeprefix("cluster_"): v}
+        else:
+            body[k] = v
+    with pytest.raises(InputError) as e:
+        stack_settings(body, "s.yaml")
+    return str(e.value)
+
+
+@pytest.mark.parametrize("changes, expect", [
+    # an internal error before (a ValueError deep in the Cluster Autoscaler's values) on a stack with GPU pools
+    ({"cluster_kubernetesVersion": "1.36"}, "cluster.kubernetesVersion = '1.36': allowed 1.33, 1.34, 1.35"),
+    ({"cluster_name": "has space"}, "is not an EKS cluster name"),
+    ({"cluster_mode": "existing", "cluster_nodeRoleArn": "arn:aws:s3:::bucket"}, "is not an IAM role ARN"),
+    ({"cluster_subnetIds": ["subnet-0a", "subnet-0a"]}, "lists a subnet twice"),
+    ({"cluster_subnetIds": ["sg-0a", "subnet-0b"]}, "'sg-0a' is not a subnet ID"),
+    ({"cluster_publicAccessCidrs": ["10.0.0.0/33"]}, "'10.0.0.0/33' is not a CIDR block"),
+    ({"cluster_systemInstanceType": "banana"}, "'banana' is not an EC2 instance type"),
+    ({"cluster_adminPrincipalArns": ["arn:aws:iam::111122223333:role/ci"] * 2}, "lists a principal twice"),
+    ({"weightReplication": {"ownerStack": "a" * 10_000}}, "is not a stack name"),  # an OSError before
+    ({"prometheusUrl": "http://a.b.svc:99999"}, "not an http(s) URL with a host and a port in 1-65535"),
+    ({"prometheusUrl": "http://"}, "not an http(s) URL with a host"),
+    ({"namespace": "kube-system"}, "a namespace of the cluster's own"),
+    ({"qualityRecorderImage": "UPPER/img:1"}, "is not an image reference"),
+    ({"qualityRecorderImage": "img@sha256:abc"}, "is not an image reference"),
+])
+def test_stack_settings_a_real_up_would_fail_on_are_refused(changes, expect):
+    """Found by this stop's fuzz of the stack settings (855 stack files through render and preflight): each was
+    accepted by render and would have failed at `pulumi up` or in the cluster (EKS's name and version rules, an
+    access entry given twice, a ScaledObject that can never query, an image the kubelet refuses, a system namespace
+    adopted and then deleted by destroy)."""
+    msg = _settings_error(**changes)
+    assert expect in msg, msg
+
+
+def test_a_replication_owner_must_agree_with_its_owner(tmp_path):
+    """Two ways no stack, or two stacks, declare the source bucket's one replication configuration, both accepted
+    before (found by this stop's fuzz): prod naming dev as owner while dev names prod (no stack declares it), and
+    dev claiming ownership while prod owns it and lists dev (the two `up`s overwrite each other)."""
+    from components.stack_settings import check_replication_owner, stack_settings
+    from offline.mockrun import read_stack_config
+
+    for name, owner, expect in (("prod", "dev", "that stack's own ownerStack is 'prod'"),
+                                ("dev", "dev", "'prod' owns the replication configuration too and lists 'dev'")):
+        _, config = read_stack_config(ROOT / "stacks" / f"Pulumi.{name}.yaml")
+        body = {k.removeprefix("llm-serving:"): v for k, v in config.items() if k.startswith("llm-serving:")}
+        body["weightReplication"] = {**body["weightReplication"], "ownerStack": owner}
+        body.pop("inputs"), body.pop("planningDate", None), body.pop("qualityRecorderImage", None)
+        body = {k: v for k, v in body.items() if k in ("cluster", "gateway", "namespace", "weightReplication",
+                                                      "s3GatewayEndpoint", "monitorLabels", "prometheusUrl")}
+        with pytest.raises(InputError, match=expect):
+            check_replication_owner(stack_settings(body, "s.yaml"), name, ROOT)
+    # as bundled, both agree
+    for name in ("prod", "dev"):
+        _, config = read_stack_config(ROOT / "stacks" / f"Pulumi.{name}.yaml")
+        body = {k.removeprefix("llm-serving:"): v for k, v in config.items()
+                if k.removeprefix("llm-serving:") in ("cluster", "gateway", "namespace", "weightReplication")}
+        check_replication_owner(stack_settings(body, "s.yaml"), name, ROOT)
+
+
+@pytest.mark.parametrize("changes, expect", [
+    ({"llm-serving:platformProvides": 5}, "llm-serving:platformProvides = 5: a list of API group names"),
+    ({"llm-serving:platformProvides": [None]}, "a list of API group names"),
+])
+def test_render_refuses_a_platform_provides_that_is_no_list(tmp_path, changes, expect):
+    """`platformProvides: 5` ended the render in a TypeError (exit 70); `[null]` became the group 'None'."""
+    config = _program_config(**changes)
+    stack = tmp_path / "Pulumi.dev.yaml"
+    stack.write_text(yaml.safe_dump({"config": config}))
+    rc, err = run("render", str(stack), "--out", str(tmp_path / "out"))
+    assert rc == 2 and expect in err, err
+
+
+def test_render_takes_config_as_the_pulumi_cli_hands_it(tmp_path):
+    """An unquoted planningDate (a YAML date) ended the render in a JSON TypeError (exit 70); a Modal token stored
+    encrypted ({secure: ...}, as `pulumi config set --secret` writes it) was called plain text; a key YAML reads
+    as a number ended render and preflight in an AttributeError (found by this stop's fuzz)."""
+    text = DEV.read_text()
+    dated = tmp_path / "a" / "Pulumi.dev.yaml"
+    dated.parent.mkdir()
+    assert "planningDate" not in text
+    added = ("config:\n  llm-serving:planningDate: 2026-12-02\n"
+             "  llm-serving:modalTokenId: {secure: AAABAAAA}\n  llm-serving:modalTokenSecret: {secure: AAACAA}\n")
+    dated.write_text(text.replace("config:\n", added, 1))
+    rc, err = run("render", str(dated), "--out", str(tmp_path / "o1"))
+    assert rc == 0, err
+    numbered = tmp_path / "b" / "Pulumi.dev.yaml"
+    numbered.parent.mkdir()
+    numbered.write_text(text.replace("config:\n", "config:\n  123: x\n", 1))
+    for cmd in (["render", str(numbered), "--out", str(tmp_path / "o2")], ["plan", str(numbered)]):
+        rc, err = run(*cmd)
+        assert rc == 2 and "config key 123 is not '<project>:<name>'" in err, err

@@ -246,14 +246,18 @@ def test_the_pack_reads_the_labels_of_a_bare_pod_and_a_cronjob_where_they_are():
     ("http://Prometheus.Observability.svc.cluster.local:9090/", "observability"),  # host names are case-blind
     ("https://scrape:secret@prometheus.observability.svc", "observability"),
     ("http://prometheus.observability.svc.example.com:9090", None),  # outside the cluster
-    ("http://prometheus.observability.svc:9090\n", None),
-    ("http://prometheus.observability.svc:99999", None),
+    ("http://prometheus.observability.svc:9090\n", "no URL"),  # refused as a URL first: KEDA could not query it
+    ("http://prometheus.observability.svc:99999", "no URL"),
     ("http://10.0.0.5:9090", None),
     (f"http://prometheus.{'a' * 64}.svc:9090", None),  # no namespace is that long
 ])
 def test_the_scrapers_namespace_comes_only_from_an_in_cluster_service_url(url, namespace):
     stack, config = _platform_config()
     config["llm-serving:prometheusUrl"] = url
+    if namespace == "no URL":
+        with pytest.raises(InputError, match=r"prometheusUrl = .*not an http\(s\) URL with a host and a port in 1-65535"):
+            run_program(stack, config)
+        return
     if namespace is None:
         with pytest.raises(InputError, match=r"prometheusUrl, networkPolicy.scrapers: prometheusUrl .* is not a Service "
                                              r"in this cluster"):

@@ -118,7 +118,7 @@ def test_s3_endpoint_setting_needs_exactly_one_choice_and_creates_only_when_told
     from components.stack_settings import stack_settings
     from topology.loading import InputError
 
-    cluster = {"mode": "existing", "name": "c", "nodeRoleArn": "arn:aws:iam::1:role/n", "subnetIds": ["subnet-1"]}
+    cluster = {"mode": "existing", "name": "c", "nodeRoleArn": "arn:aws:iam::111122223333:role/n", "subnetIds": ["subnet-1"]}
     for bad in ({}, {"existingId": "vpce-0abc", "create": True}, {"existingId": "not-an-endpoint"}):
         with pytest.raises(InputError, match="s3GatewayEndpoint"):
             stack_settings({"cluster": cluster, "s3GatewayEndpoint": bad}, "test")

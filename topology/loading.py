@@ -46,6 +46,10 @@ def check_project_config_keys(keys: Any, project: str, source: str) -> None:
     """Refuse a `<project>:<key>` of the stack's config that nothing reads (another project's keys, `aws:region`
     say, are the providers' business)."""
     prefix = f"{project}:"
+    odd = [k for k in keys if not isinstance(k, str)]
+    if odd:  # YAML reads `123:`, `true:` or `null:` as a number, a boolean or nothing, which no config key is
+        raise InputError(f"{source}: config key {odd[0]!r} is not '<project>:<name>' (a {type(odd[0]).__name__}, "
+                         "not text); quote it or remove it")
     unknown = sorted(str(k).removeprefix(prefix) for k in keys
                      if str(k).startswith(prefix) and str(k).removeprefix(prefix) not in PROJECT_CONFIG_KEYS)
     if unknown:
