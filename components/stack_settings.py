@@ -38,10 +38,10 @@ class _Settings(BaseModel):
 
 class StackReferenceSettings(_Settings):
     name: str = Field(min_length=1, description="Fully qualified stack, e.g. 'acme/platform/prod'.")
-    cluster_name_output: str = Field("clusterName", alias="clusterNameOutput", description="Output holding the EKS cluster name.")
-    node_role_arn_output: str = Field("nodeRoleArn", alias="nodeRoleArnOutput", description="Output holding the node IAM role ARN.")
-    subnet_ids_output: str = Field("privateSubnetIds", alias="subnetIdsOutput", description="Output holding the node subnet IDs.")
-    kubeconfig_output: str = Field("kubeconfig", alias="kubeconfigOutput", description="Output holding the kubeconfig (a secret).")
+    cluster_name_output: str = Field("clusterName", min_length=1, alias="clusterNameOutput", description="Output holding the EKS cluster name.")
+    node_role_arn_output: str = Field("nodeRoleArn", min_length=1, alias="nodeRoleArnOutput", description="Output holding the node IAM role ARN.")
+    subnet_ids_output: str = Field("privateSubnetIds", min_length=1, alias="subnetIdsOutput", description="Output holding the node subnet IDs.")
+    kubeconfig_output: str = Field("kubeconfig", min_length=1, alias="kubeconfigOutput", description="Output holding the kubeconfig (a secret).")
 
 
 class ClusterSettings(_Settings):

@@ -20,7 +20,7 @@ import datetime as dt
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -323,6 +323,22 @@ def _program_error(e: BaseException) -> str | None:
     return None
 
 
+def stack_reference_placeholders(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Outputs for a cluster taken from another stack (`cluster.stackReference`), which the offline render cannot
+    read: placeholders under the output names the settings give, plainly named as such (the render ended in a
+    KeyError on the missing output). {} when the cluster is not from a stack reference."""
+    cluster = config.get("llm-serving:cluster")
+    ref = cluster.get("stackReference") if isinstance(cluster, Mapping) else None
+    if not isinstance(ref, Mapping):
+        return {}
+    names = {"clusterNameOutput": "clusterName", "nodeRoleArnOutput": "nodeRoleArn",
+             "subnetIdsOutput": "privateSubnetIds", "kubeconfigOutput": "kubeconfig"}
+    keys = [str(ref.get(k) or default) for k, default in names.items()]
+    values = ["from-stack-reference", "arn:aws:iam::000000000000:role/from-stack-reference",
+              ["subnet-0fromstackref1", "subnet-0fromstackref2"], "placeholder kubeconfig: the render reads no cluster"]
+    return dict(zip(keys, values))
+
+
 def cli_main(args: Any) -> int:
     from topology.cli import skip_exit_collection
 
@@ -338,9 +354,14 @@ def cli_main(args: Any) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    placeholders = stack_reference_placeholders(config)
+    if placeholders:
+        print(f"cluster from stack reference {config['llm-serving:cluster']['stackReference']['name']!r}: rendered with "
+              f"placeholder outputs ({', '.join(sorted(placeholders))}); `pulumi preview` reads the real ones",
+              file=sys.stderr)
     try:
         with _inputs_validated_once(validated):
-            rec = run_program(stack, config)
+            rec = run_program(stack, config, stack_reference_outputs=placeholders or None)
     except Exception as e:  # noqa: BLE001 - bad config surfaces from inside the program
         msg = _program_error(e)
         if msg is None:

@@ -178,3 +178,22 @@ for out in ("a", "b"):
     last = json.loads(done.stdout.strip().splitlines()[-1])
     assert last["frozen"] > 50_000  # the SDK classes, the recordings (≈ 150 000 objects): out of the exit collection
     assert _files(tmp_path / "a") == _files(tmp_path / "b") and (tmp_path / "a" / "inventory.json").exists()
+
+
+def test_render_of_a_cluster_from_a_stack_reference_uses_named_placeholders(tmp_path, capsys):
+    """`cluster: {mode: existing, stackReference: {name: ...}}` is a valid stack, but the offline render cannot read
+    another stack's outputs: it ended in KeyError 'clusterName' (exit 70; found by this stop's fuzz). The render
+    now fills the outputs the settings name with placeholders, says so, and renders."""
+    from topology.cli import main
+
+    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.prod.yaml").read_text())
+    doc["config"]["llm-serving:cluster"] = {"mode": "existing",
+                                            "stackReference": {"name": "acme/platform/prod", "clusterNameOutput": "eks"}}
+    stack = tmp_path / "Pulumi.prod.yaml"
+    stack.write_text(yaml.safe_dump(doc))
+    assert main(["render", str(stack), "--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert "rendered with placeholder outputs (eks, kubeconfig, nodeRoleArn, privateSubnetIds)" in err
+    # the GPU node groups are declared on the placeholder cluster, named as such
+    inventory = json.loads((tmp_path / "out" / "inventory.json").read_text())
+    assert "from-stack-reference" in json.dumps(inventory)
