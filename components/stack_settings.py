@@ -156,7 +156,16 @@ class ClusterSettings(_Settings):
                                  f"got {bad}")
             if not self.public_access_cidrs:
                 raise ValueError("publicAccessCidrs is empty: give the CIDR blocks that may reach the API endpoint")
-        elif self.stack_reference is None:
+        else:
+            # settings of a cluster this stack creates: on an existing one nothing reads them, so they were ignored
+            create_only = {"admin_principal_arns": "adminPrincipalArns", "public_access_cidrs": "publicAccessCidrs",
+                           "system_instance_type": "systemInstanceType", "system_nodes": "systemNodes",
+                           "support_type": "supportType"}
+            given = sorted(create_only[f] for f in self.model_fields_set & set(create_only))
+            if given:
+                raise ValueError(f"{', '.join(given)} apply to mode 'create' only (the stack creates the cluster); "
+                                 "an existing cluster keeps its own: remove them")
+        if self.mode == "existing" and self.stack_reference is None:
             missing = [k for k, v in (("name", self.name), ("nodeRoleArn", self.node_role_arn)) if not v]
             if not self.subnet_ids:
                 missing.append("subnetIds")

@@ -692,6 +692,9 @@ def _settings_error(**cluster_or_top) -> str:
     ({"namespace": "kube-system"}, "a namespace of the cluster's own"),
     ({"qualityRecorderImage": "UPPER/img:1"}, "is not an image reference"),
     ({"qualityRecorderImage": "img@sha256:abc"}, "is not an image reference"),
+    # settings of a cluster the stack creates were silently ignored on an existing one
+    ({"cluster_mode": "existing", "cluster_nodeRoleArn": "arn:aws:iam::111122223333:role/n",
+      "cluster_publicAccessCidrs": ["203.0.113.0/24"]}, "publicAccessCidrs apply to mode 'create' only"),
 ])
 def test_stack_settings_a_real_up_would_fail_on_are_refused(changes, expect):
     """Found by this stop's fuzz of the stack settings (855 stack files through render and preflight): each was
