@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from topology.errors import FieldsError
 from topology.loading import InputError, closest_name, format_validation_error
-from topology.names import check_label_key, check_label_value
+from topology.names import check_dns_label, check_label_key, check_label_value
 from topology.spec import TopologySpec, WeightCacheSpec
 
 DEFAULT_PROMETHEUS_URL = "http://kube-prometheus-stack-prometheus.monitoring.svc.cluster.local:9090"
@@ -205,7 +205,14 @@ class S3EndpointSettings(_Settings):
     route tables (another stack's, or the platform's) is refused by AWS.
     """
 
-    existing_id: str | None = Field(None, alias="existingId", pattern=r"^vpce-[0-9a-f]+$", description="The VPC's S3 gateway endpoint.")
+    existing_id: str | None = Field(None, alias="existingId", description="The VPC's S3 gateway endpoint.")
+
+    @field_validator("existing_id")
+    @classmethod
+    def _endpoint_id(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"vpce-[0-9a-f]+", v):
+            raise ValueError(f"{v[:80]!r} is not a VPC endpoint ID (vpce- and hex digits, e.g. vpce-0a1b2c3d)")
+        return v
     create: bool = Field(False, description="Create one on all the VPC's route tables (only when the VPC has none).")
 
     @model_validator(mode="after")
@@ -254,7 +261,7 @@ class ScraperSettings(_Settings):
     labels, or an address range (a scraper outside the cluster's pods, such as Amazon Managed Service for
     Prometheus's managed scraper, which connects from network interfaces in the cluster's subnets)."""
 
-    namespace: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63,
+    namespace: str | None = Field(None, max_length=63,
                                   description="The namespace the scraping pods run in (with podLabels).")
     pod_labels: dict[str, str] | None = Field(
         None, alias="podLabels", min_length=1,
@@ -263,6 +270,11 @@ class ScraperSettings(_Settings):
     cidr: str | None = Field(
         None, description="An address range the scraper connects from, instead of namespace and podLabels (the "
         "managed scraper's subnets). Not 0.0.0.0/0 or ::/0: that admits every address.")
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str | None) -> str | None:
+        return v if v is None else check_dns_label(v)
 
     @field_validator("pod_labels")
     @classmethod
@@ -333,11 +345,11 @@ class StackSettings(_Settings):
     cluster: ClusterSettings = Field(description="`llm-serving:cluster`.")
     gateway: GatewaySettings = Field(default_factory=GatewaySettings, description="`llm-serving:gateway`.")
     namespace: str = Field(
-        "llm-serving", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63,
+        "llm-serving", max_length=63,
         description="`llm-serving:namespace`: Kubernetes namespace of the serving workloads.",
     )
     prometheus_url: str = Field(
-        DEFAULT_PROMETHEUS_URL, alias="prometheusUrl", pattern=r"^https?://",
+        DEFAULT_PROMETHEUS_URL, alias="prometheusUrl",
         description="`llm-serving:prometheusUrl`: Prometheus KEDA queries for the queue metric.",
     )
     monitor_labels: dict[str, str] = Field(
@@ -353,7 +365,7 @@ class StackSettings(_Settings):
         description="`llm-serving:s3GatewayEndpoint`: reuse or create the VPC's S3 gateway endpoint (None: neither).",
     )
     quality_recorder_image: str | None = Field(
-        None, alias="qualityRecorderImage", pattern=r"^[^\s]+[:@][^\s/]+$",
+        None, alias="qualityRecorderImage",
         description="`llm-serving:qualityRecorderImage`: the quality recorder's image, built from recorder/Dockerfile "
         "(tag or digest); required when an endpoint's rollout samples quality.",
     )
@@ -386,6 +398,7 @@ class StackSettings(_Settings):
     @field_validator("namespace")
     @classmethod
     def _not_a_system_namespace(cls, v: str) -> str:
+        check_dns_label(v)  # a Kubernetes namespace name, said in words (the pattern's regex was shown before)
         # the program adopts an existing namespace on an existing cluster: `destroy` would then delete it
         if v in ("default", "kube-system", "kube-public", "kube-node-lease"):
             raise ValueError("a namespace of the cluster's own; give one for the serving workloads (the stack adopts "
@@ -400,9 +413,9 @@ class StackSettings(_Settings):
         comp = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
         host = r"(?:(?:[A-Za-z0-9-]+\.[A-Za-z0-9.-]+|localhost|[A-Za-z0-9-]+:[0-9]+)(?::[0-9]+)?/)?"
         ref = rf"{host}{comp}(?:/{comp})*(?::[\w][\w.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?"
-        if v is not None and not re.fullmatch(ref, v):
-            raise ValueError(f"{v[:80]!r} is not an image reference ([registry/]name:tag or @sha256:<64 hex>; "
-                             "name in lower case)")
+        if v is not None and (not re.fullmatch(ref, v) or not re.search(r"(:[\w][\w.-]*|@sha256:[0-9a-f]{64})$", v)):
+            raise ValueError(f"{v[:80]!r} is not an image reference with a tag or digest ([registry/]name:tag or "
+                             "name@sha256:<64 hex>; name in lower case)")
         return v
 
     @property

@@ -762,3 +762,15 @@ def test_render_takes_config_as_the_pulumi_cli_hands_it(tmp_path):
     for cmd in (["render", str(numbered), "--out", str(tmp_path / "o2")], ["plan", str(numbered)]):
         rc, err = run(*cmd)
         assert rc == 2 and "config key 123 is not '<project>:<name>'" in err, err
+
+
+@pytest.mark.parametrize("changes, expect", [
+    ({"namespace": "Bad NS"}, "'Bad NS' is not a DNS-1123 label: at most 63 of a-z, 0-9, '-'"),
+    ({"s3GatewayEndpoint": {"existingId": "x"}}, "'x' is not a VPC endpoint ID (vpce- and hex digits"),
+    ({"qualityRecorderImage": "img"}, "'img' is not an image reference with a tag or digest"),
+])
+def test_stack_setting_errors_say_what_is_allowed_in_words(changes, expect):
+    """The settings' errors quoted pydantic's regular expressions (String should match pattern '^[a-z0-9]([-a-z0-9]
+    *[a-z0-9])?$'), left at the last stop and found again by this stop's fuzz."""
+    msg = _settings_error(**changes)
+    assert expect in msg and "should match pattern" not in msg, msg
