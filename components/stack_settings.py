@@ -448,7 +448,7 @@ class StackSettings(_Settings):
         # VllmFloorNotServing reads, and every node and kubelet metric, silently.
         default = {"release": "kube-prometheus-stack"}
         if self.installs_monitoring and self.monitor_labels != default:
-            raise ValueError(
+            raise FieldsError(("monitorLabels", "monitoring"),
                 f"monitorLabels {self.monitor_labels} with monitoring: install: the installed Prometheus would then "
                 f"select only objects labelled so, and stop scraping the chart's own monitors (kube-state-metrics, "
                 f"which the floor-not-serving alert reads); allowed: {default} (the default), or monitoring: platform "
