@@ -94,7 +94,9 @@ try:
 except pulumi.ConfigMissingError:
     raise StackConfigError(f"{source}: missing {config.name}:inputs, the cost inputs mapping (see stacks/Pulumi.dev.yaml)") from None
 except pulumi.ConfigTypeError as e:
-    raise StackConfigError(f"{source}: {' '.join(str(e).split())}; {config.name}:inputs and :cluster are mappings") from None
+    # the key that is wrong, not a list of others (it named inputs and cluster whatever the key was)
+    raise StackConfigError(f"{source}: {' '.join(str(e).split())}; {e.key} must be a mapping of its settings "
+                           "(see stacks/Pulumi.prod.yaml)") from None
 except PlanningError as e:
     raise StackConfigError(f"{e}{planning_hint(str(e), inputs)}") from None
 except (InputError, MigLayoutError) as e:

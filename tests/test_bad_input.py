@@ -155,6 +155,9 @@ def _program_config(**changes):
 @pytest.mark.parametrize("changes, expect", [
     ({"llm-serving:inputs": None}, "missing llm-serving:inputs, the cost inputs mapping"),
     ({"llm-serving:inputs": "just text"}, "value 'just text' is not a valid 'JSON object'"),
+    # it added "inputs and cluster are mappings" whatever the key was (found by this stop's fuzz)
+    ({"llm-serving:gateway": "hello"}, "'llm-serving:gateway' value 'hello' is not a valid 'JSON object'; "
+                                       "llm-serving:gateway must be a mapping"),
     ({"llm-serving:kubeconfig": 123}, "llm-serving:kubeconfig is stored in plain text"),
     ({"llm-serving:modalTokenId": "ak-1", "llm-serving:modalTokenSecret": "as-1"},
      "modalTokenId is stored in plain text; a Modal token must be a secret"),
