@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from topology.errors import FieldsError
-from topology.loading import InputError, closest_name, format_validation_error
+from topology.loading import InputError, _unwrap_value, closest_name, format_validation_error
 from topology.names import check_dns_label, check_label_key, check_label_value
 from topology.spec import TopologySpec, WeightCacheSpec
 
@@ -525,7 +525,8 @@ def stack_settings(config: Mapping[str, Any], source: str) -> StackSettings:
             f"{source}: missing config key 'cluster'; set it to {{mode: existing, name, nodeRoleArn, subnetIds}} "
             "or {mode: create, name, subnetIds} (see README)"
         )
-    body = {k: v for k, v in config.items() if v is not None}
+    # a value written {value: ...} (`pulumi config set --path`) is read as the value, as the inputs are
+    body = {k: _unwrap_value(v) for k, v in config.items() if v is not None}
     try:
         return StackSettings.model_validate(body)
     except ValidationError as e:

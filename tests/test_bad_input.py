@@ -369,6 +369,8 @@ def test_planning_errors_name_the_input_fields_to_change(tmp_path):
 def test_plan_and_render_accept_the_same_value_wrapped_document(tmp_path):
     doc = yaml.safe_load(DEV.read_text())
     doc["config"]["llm-serving:inputs"] = {"value": doc["config"]["llm-serving:inputs"]}
+    # and a setting written so (the cluster's said 'cluster.mode: required' first; found by this stop's fuzz)
+    doc["config"]["llm-serving:cluster"] = {"value": doc["config"]["llm-serving:cluster"]}
     f = tmp_path / "Pulumi.dev.yaml"
     f.write_text(yaml.safe_dump(doc))
     assert run("plan", str(f))[0] == 0
