@@ -83,7 +83,8 @@ class StackUnderCheck:
 
 
 def load_stack(stack_file: Path) -> StackUnderCheck:
-    from components.stack_settings import SETTINGS_KEYS, stack_settings
+    from components.quality_recorder import sampled_endpoints
+    from components.stack_settings import SETTINGS_KEYS, gateway_ports, stack_settings
     from topology.loading import InputError, inputs_from_document, stack_inputs_document
     from topology.plan import plan
 
@@ -100,6 +101,18 @@ def load_stack(stack_file: Path) -> StackUnderCheck:
         raise InputError(f"{stack_file}: no '<project>:inputs' key")
     spec = plan(inputs_from_document(config[f"{project}:inputs"], f"{stack_file} {project}:inputs", PROJECT_ROOT))
     settings = stack_settings({k: config.get(f"{project}:{k}") for k in SETTINGS_KEYS}, f"{stack_file}")
+    # what the program refuses before declaring anything, so preflight never says `up` can proceed where the
+    # program would stop at once (found by this stop's fuzz: 140 stack files render refused passed preflight)
+    gateway_ports(settings, spec)
+    for key in ("kubeconfig", "modalTokenId", "modalTokenSecret"):
+        value = config.get(f"{project}:{key}")
+        secret = isinstance(value, dict) and set(value) == {"secure"}
+        if value is not None and not secret:
+            raise InputError(f"{stack_file}: config {project}:{key} is stored in plain text; it holds credentials: "
+                             f"`pulumi config rm {key}` then `pulumi config set --secret {key} ...`")
+    if sampled_endpoints(spec) and settings.quality_recorder_image is None:
+        raise InputError(f"{stack_file}: endpoints {[e.name for e in sampled_endpoints(spec)]} sample quality "
+                         f"(rollout.quality_sampling) but {project}:qualityRecorderImage is not set")
     name = Path(stack_file).name.removeprefix("Pulumi.").removesuffix(".yaml")
     return StackUnderCheck(name, config, spec, settings)
 
