@@ -32,6 +32,19 @@ def _label_map(v: dict[str, str]) -> dict[str, str]:
     return v
 
 
+def _shaped(v: str | None, pattern: str, what: str) -> str | None:
+    """v if it is None or matches `pattern` whole; else the error saying what it is not."""
+    if v is not None and not re.fullmatch(pattern, v):
+        raise ValueError(f"{v[:80]!r} is not {what}")
+    return v
+
+
+def _each_once(v: tuple[str, ...], what: str) -> tuple[str, ...]:
+    if len(set(v)) != len(v):
+        raise ValueError(f"lists a {what} twice: {sorted({x for x in v if v.count(x) > 1})}")
+    return v
+
+
 class _Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -80,17 +93,14 @@ class ClusterSettings(_Settings):
     @classmethod
     def _eks_name(cls, v: str | None) -> str | None:
         # EKS CreateCluster: 1-100 characters, ^[0-9A-Za-z][A-Za-z0-9\-_]*$
-        if v is not None and not re.fullmatch(r"[0-9A-Za-z][A-Za-z0-9_-]{0,99}", v):
-            raise ValueError(f"{v[:80]!r} is not an EKS cluster name: 1-100 of letters, digits, '-', '_', starting "
-                             "with a letter or digit")
-        return v
+        return _shaped(v, r"[0-9A-Za-z][A-Za-z0-9_-]{0,99}",
+                       "an EKS cluster name: 1-100 of letters, digits, '-', '_', starting with a letter or digit")
 
     @field_validator("node_role_arn")
     @classmethod
     def _role_arn(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}", v):
-            raise ValueError(f"{v[:80]!r} is not an IAM role ARN (arn:aws:iam::<12-digit account>:role/<name>)")
-        return v
+        return _shaped(v, r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}",
+                       "an IAM role ARN (arn:aws:iam::<12-digit account>:role/<name>)")
 
     @field_validator("subnet_ids")
     @classmethod
@@ -98,9 +108,7 @@ class ClusterSettings(_Settings):
         bad = [x for x in v if not re.fullmatch(r"subnet-[0-9a-z]{1,40}", x)]
         if bad:
             raise ValueError(f"{bad[0][:80]!r} is not a subnet ID (subnet-<id>)")
-        if len(set(v)) != len(v):
-            raise ValueError(f"lists a subnet twice: {sorted({x for x in v if v.count(x) > 1})}")
-        return v
+        return _each_once(v, "subnet")
 
     @field_validator("kubernetes_version")
     @classmethod
@@ -122,23 +130,17 @@ class ClusterSettings(_Settings):
                 raise ValueError(f"{c[:80]!r} is not a CIDR block (e.g. 203.0.113.0/24)") from None
             if net.version != 4:  # EKS's publicAccessCidrs are IPv4 blocks
                 raise ValueError(f"{c!r}: EKS takes IPv4 CIDR blocks for the public endpoint")
-        if len(set(v)) != len(v):
-            raise ValueError(f"lists a block twice: {sorted({x for x in v if v.count(x) > 1})}")
-        return v
+        return _each_once(v, "block")
 
     @field_validator("system_instance_type")
     @classmethod
     def _instance_type(cls, v: str) -> str:
-        if not re.fullmatch(r"[a-z][a-z0-9-]*\.[a-z0-9]+", v):
-            raise ValueError(f"{v[:80]!r} is not an EC2 instance type (e.g. m7i.xlarge)")
-        return v
+        return _shaped(v, r"[a-z][a-z0-9-]*\.[a-z0-9]+", "an EC2 instance type (e.g. m7i.xlarge)")
 
     @field_validator("admin_principal_arns")
     @classmethod
     def _admins_once(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        if len(set(v)) != len(v):  # two access entries for one principal: ResourceInUseException at up
-            raise ValueError(f"lists a principal twice: {sorted({x for x in v if v.count(x) > 1})}")
-        return v
+        return _each_once(v, "principal")  # two access entries for one principal: ResourceInUseException at up
 
     @model_validator(mode="after")
     def _complete(self) -> "ClusterSettings":
@@ -210,9 +212,7 @@ class S3EndpointSettings(_Settings):
     @field_validator("existing_id")
     @classmethod
     def _endpoint_id(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"vpce-[0-9a-f]+", v):
-            raise ValueError(f"{v[:80]!r} is not a VPC endpoint ID (vpce- and hex digits, e.g. vpce-0a1b2c3d)")
-        return v
+        return _shaped(v, r"vpce-[0-9a-f]+", "a VPC endpoint ID (vpce- and hex digits, e.g. vpce-0a1b2c3d)")
     create: bool = Field(False, description="Create one on all the VPC's route tables (only when the VPC has none).")
 
     @model_validator(mode="after")
