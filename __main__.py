@@ -31,7 +31,7 @@ from components.weight_cache import WeightCache, WeightCacheArgs, WeightReader
 from components.weight_seed import WeightSeed, WeightSeedArgs
 from components.weight_replication import WeightReplication, WeightReplicationArgs
 from topology.catalog import MigLayoutError
-from topology.cli import planning_hint
+from topology.cli import planning_hint, today
 from topology.loading import InputError, check_kubeconfig_config, check_project_config_keys, inputs_from_document
 from topology.plan import PlanningError, plan
 from topology.node_schedule import pool_minimums
@@ -64,7 +64,7 @@ except InputError as e:
 # the planning date decides whether a promoted rollout still keeps its previous version warm: the clock is read
 # here, in the shell, never in the planner; `pulumi config set planningDate YYYY-MM-DD` pins it (reviews, renders)
 _planning_date = config.get("planningDate")
-utc_today = dt.datetime.now(dt.timezone.utc).date()  # UTC, as planningDate is set (`date -u +%F`)
+utc_today = today()  # UTC, as planningDate is set (`date -u +%F`): the CLI's one clock read
 try:
     planning_date = dt.date.fromisoformat(_planning_date) if _planning_date else utc_today
 except ValueError:

@@ -158,16 +158,16 @@ class ClusterSettings(_Settings):
                                  f"got {bad}")
             if not self.public_access_cidrs:
                 raise ValueError("publicAccessCidrs is empty: give the CIDR blocks that may reach the API endpoint")
-        else:
-            # settings of a cluster this stack creates: on an existing one nothing reads them, so they were ignored
-            create_only = {"admin_principal_arns": "adminPrincipalArns", "public_access_cidrs": "publicAccessCidrs",
-                           "system_instance_type": "systemInstanceType", "system_nodes": "systemNodes",
-                           "support_type": "supportType"}
-            given = sorted(create_only[f] for f in self.model_fields_set & set(create_only))
-            if given:
-                raise ValueError(f"{', '.join(given)} apply to mode 'create' only (the stack creates the cluster); "
-                                 "an existing cluster keeps its own: remove them")
-        if self.mode == "existing" and self.stack_reference is None:
+            return self
+        # settings of a cluster this stack creates: on an existing one nothing reads them, so they were ignored
+        create_only = {"admin_principal_arns": "adminPrincipalArns", "public_access_cidrs": "publicAccessCidrs",
+                       "system_instance_type": "systemInstanceType", "system_nodes": "systemNodes",
+                       "support_type": "supportType"}
+        given = sorted(create_only[f] for f in self.model_fields_set & set(create_only))
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to mode 'create' only (the stack creates the cluster); "
+                             "an existing cluster keeps its own: remove them")
+        if self.stack_reference is None:
             missing = [k for k, v in (("name", self.name), ("nodeRoleArn", self.node_role_arn)) if not v]
             if not self.subnet_ids:
                 missing.append("subnetIds")
@@ -195,8 +195,7 @@ class WeightReplicationSettings(_Settings):
     def _stack_names(cls, v):
         # a stack name (it names a file under stacks/: 10,000 characters ended in an OSError)
         for name in ([v] if isinstance(v, str) else v):
-            if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", name) or name in (".", ".."):
-                raise ValueError(f"{name[:80]!r} is not a stack name: 1-100 of letters, digits, '-', '_', '.'")
+            _shaped(name, r"(?!\.\.?$)[A-Za-z0-9_.-]{1,100}", "a stack name: 1-100 of letters, digits, '-', '_', '.'")
         return v
 
 
@@ -412,11 +411,10 @@ class StackSettings(_Settings):
         # lower-case; the kubelet refuses anything else (InvalidImageName) and the recorder never starts
         comp = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
         host = r"(?:(?:[A-Za-z0-9-]+\.[A-Za-z0-9.-]+|localhost|[A-Za-z0-9-]+:[0-9]+)(?::[0-9]+)?/)?"
-        ref = rf"{host}{comp}(?:/{comp})*(?::[\w][\w.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?"
-        if v is not None and (not re.fullmatch(ref, v) or not re.search(r"(:[\w][\w.-]*|@sha256:[0-9a-f]{64})$", v)):
-            raise ValueError(f"{v[:80]!r} is not an image reference with a tag or digest ([registry/]name:tag or "
-                             "name@sha256:<64 hex>; name in lower case)")
-        return v
+        tag, digest = r":[\w][\w.-]{0,127}", r"@sha256:[0-9a-f]{64}"
+        return _shaped(v, rf"{host}{comp}(?:/{comp})*(?:{tag}(?:{digest})?|{digest})",
+                       "an image reference with a tag or digest ([registry/]name:tag or name@sha256:<64 hex>; name in "
+                       "lower case)")
 
     @property
     def installs_monitoring(self) -> bool:
@@ -544,6 +542,11 @@ def _stack_config(path: Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
+def _replication_of(path: Path) -> Any:
+    """Another stack file's `<project>:weightReplication` value (None when it has none)."""
+    return next((v for k, v in _stack_config(path).items() if str(k).endswith(":weightReplication")), None)
+
+
 def check_replication_owner(settings: StackSettings, stack: str, project_root: Path) -> None:
     """A stack that does not own the replication configuration must be one of its owner's destinations: else no
     stack declares a rule for its caches, and new revisions never reach them (the stacks' `up`s all pass)."""
@@ -557,8 +560,7 @@ def check_replication_owner(settings: StackSettings, stack: str, project_root: P
             other = other_path.name.removeprefix("Pulumi.").removesuffix(".yaml")
             if other == stack:
                 continue
-            theirs = next((v for k, v in _stack_config(other_path).items() if str(k).endswith(":weightReplication")),
-                          None)
+            theirs = _replication_of(other_path)
             if (isinstance(theirs, dict) and theirs.get("ownerStack") == other
                     and stack in (theirs.get("destinationStacks") or [])):
                 raise InputError(f"llm-serving:weightReplication.ownerStack is {stack!r} (this stack), but {other!r} "
@@ -570,8 +572,7 @@ def check_replication_owner(settings: StackSettings, stack: str, project_root: P
     if not path.exists():
         raise InputError(f"llm-serving:weightReplication.ownerStack names {wr.owner_stack!r}, but {path} does not "
                          "exist: name the stack that declares the source bucket's replication configuration")
-    doc = _stack_config(path)
-    owner = next((v for k, v in doc.items() if str(k).endswith(":weightReplication")), None)
+    owner = _replication_of(path)
     if isinstance(owner, dict) and owner.get("ownerStack") != wr.owner_stack:
         # the named owner names another owner: no stack declares the configuration at all
         raise InputError(f"llm-serving:weightReplication.ownerStack is {wr.owner_stack!r}, but that stack's own "

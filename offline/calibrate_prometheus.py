@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from topology.cli import check_writable_file, today as cli_today
 from topology.calibrate import LAST_UNIX_S, QUERIES, calibrate, figure_change, provenance_header
 from topology.loading import InputError, load_inputs
 from topology.reading import MAX_TRACE_BYTES, read_document
@@ -260,7 +261,6 @@ def write_inputs(path: Path, cal, stack: str) -> None:
 def check_command_line(args: argparse.Namespace) -> None:
     """Every option that can be wrong, before the stack is planned or Prometheus asked (a typo in --out found only
     after the queries cost the whole run)."""
-    from topology.cli import check_writable_file
     from topology.names import check_dns_label
 
     check_writable_file(args.out, "--out", None, "inputs file", "calibrated.yaml")
@@ -300,7 +300,7 @@ def cli_main(args: argparse.Namespace, today: dt.date | None = None, now_s: floa
             Path(args.save_results).write_text(json.dumps(results, indent=1))
     placement = {e.name: (e.capacity.gpu_kind, e.capacity.mig_profile) for e in spec.endpoints if e.node_pools}
     try:
-        cal = calibrate(inputs, results, placement, today or dt.datetime.now(dt.timezone.utc).date())
+        cal = calibrate(inputs, results, placement, today or cli_today())
     except (KeyError, TypeError, AttributeError) as e:
         raise InputError(f"results document: missing or malformed entry ({e!r})") from None
     out = Path(args.out)

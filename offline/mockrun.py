@@ -367,11 +367,13 @@ def pulumi_config(config: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]
     `planningDate: 2026-12-02`, which YAML reads as a date, is the string '2026-12-02' to Pulumi; it ended the
     render in a JSON TypeError), objects as JSON, and a `{secure: ...}` value marked secret (the CLI decrypts it
     into a secret; the offline render cannot decrypt, so the program sees the encrypted form, but as a secret)."""
+    from topology.loading import is_secure_value
+
     values, secret = {}, []
     for k, v in config.items():
         if isinstance(v, (dt.date, dt.datetime)):
             v = str(v)
-        if isinstance(v, dict) and set(v) == {"secure"}:
+        if is_secure_value(v):
             secret.append(k)
         values[k] = v if isinstance(v, str) else json.dumps(v, default=str)
     return values, secret

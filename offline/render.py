@@ -255,7 +255,9 @@ def read_stack_file(path: str) -> tuple[str, dict[str, Any], ValidatedInputs]:
     if not any(str(k).endswith(CONFIG_KEY_SUFFIX) for k in doc["config"]):
         raise InputError(f"{p}: config has no 'llm-serving{CONFIG_KEY_SUFFIX}' key (the cost inputs)")
     # what load_inputs(p) does for a stack file, on the document read above (reading it is a third of the cost)
-    today = dt.datetime.now(dt.timezone.utc).date()  # UTC, as `plan` and the program read it
+    from topology.cli import today as utc_today
+
+    today = utc_today()  # the CLI's one clock read (UTC)
     inputs = inputs_from_document(doc, str(p), project_root(), today)
     from topology.inputs import prices_age_warning
 
@@ -323,20 +325,24 @@ def _program_error(e: BaseException) -> str | None:
     return None
 
 
-def stack_reference_placeholders(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Outputs for a cluster taken from another stack (`cluster.stackReference`), which the offline render cannot
-    read: placeholders under the output names the settings give, plainly named as such (the render ended in a
-    KeyError on the missing output). {} when the cluster is not from a stack reference."""
+def stack_reference_placeholders(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """(the stack's name, outputs) for a cluster taken from another stack (`cluster.stackReference`), which the
+    offline render cannot read: placeholders under the output names the settings give (their defaults included),
+    plainly named as such (the render ended in a KeyError on the missing output). None when the cluster is not
+    from a stack reference, or the reference is not valid (the program then says why)."""
+    from pydantic import ValidationError
+
+    from components.stack_settings import StackReferenceSettings
+
     cluster = config.get("llm-serving:cluster")
-    ref = cluster.get("stackReference") if isinstance(cluster, Mapping) else None
-    if not isinstance(ref, Mapping):
-        return {}
-    names = {"clusterNameOutput": "clusterName", "nodeRoleArnOutput": "nodeRoleArn",
-             "subnetIdsOutput": "privateSubnetIds", "kubeconfigOutput": "kubeconfig"}
-    keys = [str(ref.get(k) or default) for k, default in names.items()]
-    values = ["from-stack-reference", "arn:aws:iam::000000000000:role/from-stack-reference",
-              ["subnet-0fromstackref1", "subnet-0fromstackref2"], "placeholder kubeconfig: the render reads no cluster"]
-    return dict(zip(keys, values))
+    try:
+        ref = StackReferenceSettings.model_validate(cluster["stackReference"])
+    except (TypeError, KeyError, ValidationError):
+        return None
+    return ref.name, {ref.cluster_name_output: "from-stack-reference",
+                      ref.node_role_arn_output: "arn:aws:iam::000000000000:role/from-stack-reference",
+                      ref.subnet_ids_output: ["subnet-0fromstackref1", "subnet-0fromstackref2"],
+                      ref.kubeconfig_output: "placeholder kubeconfig: the render reads no cluster"}
 
 
 def cli_main(args: Any) -> int:
@@ -354,14 +360,14 @@ def cli_main(args: Any) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    placeholders = stack_reference_placeholders(config)
-    if placeholders:
-        print(f"cluster from stack reference {config['llm-serving:cluster']['stackReference']['name']!r}: rendered with "
-              f"placeholder outputs ({', '.join(sorted(placeholders))}); `pulumi preview` reads the real ones",
-              file=sys.stderr)
+    reference = stack_reference_placeholders(config)
+    placeholders = reference[1] if reference else None
+    if reference:
+        print(f"cluster from stack reference {reference[0]!r}: rendered with placeholder outputs "
+              f"({', '.join(sorted(placeholders))}); `pulumi preview` reads the real ones", file=sys.stderr)
     try:
         with _inputs_validated_once(validated):
-            rec = run_program(stack, config, stack_reference_outputs=placeholders or None)
+            rec = run_program(stack, config, stack_reference_outputs=placeholders)
     except Exception as e:  # noqa: BLE001 - bad config surfaces from inside the program
         msg = _program_error(e)
         if msg is None:

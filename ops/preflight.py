@@ -85,7 +85,8 @@ class StackUnderCheck:
 def load_stack(stack_file: Path) -> StackUnderCheck:
     from components.quality_recorder import sampled_endpoints
     from components.stack_settings import SETTINGS_KEYS, gateway_ports, stack_settings
-    from topology.loading import InputError, inputs_from_document, stack_inputs_document
+    from policies.recorded import plain_text_credentials
+    from topology.loading import InputError, inputs_from_document
     from topology.plan import plan
 
     from topology.reading import read_document
@@ -94,24 +95,22 @@ def load_stack(stack_file: Path) -> StackUnderCheck:
     if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
         raise InputError(f"{stack_file}: not a Pulumi stack file (no top-level 'config' mapping)")
     config = doc["config"]
-    # the config keys as plan and render check them: no key that is not text, none of this project's misspelt
-    stack_inputs_document(doc, str(stack_file))
-    project = next((k.split(":")[0] for k in config if k.endswith(":inputs")), None)
-    if project is None:
-        raise InputError(f"{stack_file}: no '<project>:inputs' key")
-    spec = plan(inputs_from_document(config[f"{project}:inputs"], f"{stack_file} {project}:inputs", PROJECT_ROOT))
+    # the whole document, as plan and render read it: the config keys checked (no key that is not text, none of
+    # this project's misspelt), the inputs found and unwrapped
+    spec = plan(inputs_from_document(doc, str(stack_file), PROJECT_ROOT))
+    project = next(k.split(":")[0] for k in config if str(k).endswith(":inputs"))
     settings = stack_settings({k: config.get(f"{project}:{k}") for k in SETTINGS_KEYS}, f"{stack_file}")
     # what the program refuses before declaring anything, so preflight never says `up` can proceed where the
     # program would stop at once (found by this stop's fuzz: 140 stack files render refused passed preflight)
     gateway_ports(settings, spec)
-    for key in ("kubeconfig", "modalTokenId", "modalTokenSecret"):
-        value = config.get(f"{project}:{key}")
-        secret = isinstance(value, dict) and set(value) == {"secure"}
-        if value is not None and not secret:
-            raise InputError(f"{stack_file}: config {project}:{key} is stored in plain text; it holds credentials: "
+    for full_key in plain_text_credentials(config):  # the policy pack's list of credential keys
+        if full_key.startswith(f"{project}:"):  # the providers' own (aws:*) are the pack's to judge
+            key = full_key.removeprefix(f"{project}:")
+            raise InputError(f"{stack_file}: config {full_key} is stored in plain text; it holds credentials: "
                              f"`pulumi config rm {key}` then `pulumi config set --secret {key} ...`")
-    if sampled_endpoints(spec) and settings.quality_recorder_image is None:
-        raise InputError(f"{stack_file}: endpoints {[e.name for e in sampled_endpoints(spec)]} sample quality "
+    sampled = sampled_endpoints(spec)
+    if sampled and settings.quality_recorder_image is None:
+        raise InputError(f"{stack_file}: endpoints {[e.name for e in sampled]} sample quality "
                          f"(rollout.quality_sampling) but {project}:qualityRecorderImage is not set")
     name = Path(stack_file).name.removeprefix("Pulumi.").removesuffix(".yaml")
     return StackUnderCheck(name, config, spec, settings)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from topology.loading import is_secure_value
+
 from .rules import (
     CLUSTER_KEY,
     MONITORING_KEY,
@@ -23,14 +25,9 @@ from .rules import (
 )
 
 
-def _is_secure(value: Any) -> bool:
-    """A stack-file value encrypted by `pulumi config set --secret` (`{secure: ...}`)."""
-    return isinstance(value, Mapping) and set(value) == {"secure"}
-
-
 def plain_text_credentials(config: Mapping[str, Any], is_set=lambda key: True) -> tuple[str, ...]:
     """The credential keys (set for this run, where `is_set` says) that the stack file holds in plain text."""
-    return tuple(k for k in CREDENTIAL_CONFIG_KEYS if is_set(k) and k in config and not _is_secure(config[k]))
+    return tuple(k for k in CREDENTIAL_CONFIG_KEYS if is_set(k) and k in config and not is_secure_value(config[k]))
 
 
 def stack_context(config: Mapping[str, Any]) -> StackContext:
@@ -46,7 +43,7 @@ def stack_context(config: Mapping[str, Any]) -> StackContext:
 
 def default_aws_provider(config: Mapping[str, Any]) -> dict[str, Any]:
     """Inputs of the default AWS provider: the stack's `aws:*` config (secrets as the recording marks them)."""
-    return {k.split(":", 1)[1]: ("[secret]" if _is_secure(v) else v) for k, v in config.items() if k.startswith("aws:")}
+    return {k.split(":", 1)[1]: ("[secret]" if is_secure_value(v) else v) for k, v in config.items() if k.startswith("aws:")}
 
 
 def resources_of(recording: Any, config: Mapping[str, Any]) -> list[Resource]:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from topology.catalog import GPU_KINDS, MigLayoutError, validate_mig_layout
+from topology.errors import InputError
 
 MANDATORY = "mandatory"
 ADVISORY = "advisory"
@@ -49,8 +50,6 @@ def platform_groups(provides: Iterable[str], monitoring: Any, cluster: Any) -> f
     if not isinstance(provides, (list, tuple, set, frozenset)) or not all(isinstance(g, str) and g.strip()
                                                                           for g in provides):
         # `platformProvides: 5` ended the render in a TypeError; `[null]` became the group "None"
-        from topology.errors import InputError
-
         raise InputError(f"llm-serving:platformProvides = {provides!r:.80}: a list of API group names, e.g. "
                          "[monitoring.coreos.com]")
     groups = {str(g) for g in provides}

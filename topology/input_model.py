@@ -26,6 +26,15 @@ def _has_bool(v) -> bool:
     return isinstance(v, bool) or (isinstance(v, (list, tuple)) and any(isinstance(x, bool) for x in v))
 
 
+def not_after_today(v, info: ValidationInfo, what: str):
+    """v (a date, or None) unless it is after the `today` the loader passes in the validation context (the planner
+    reads no clock): a date in the future, with what to give instead."""
+    today = (info.context or {}).get("today")
+    if v is not None and today is not None and v > today:
+        raise ValueError(f"{v.isoformat()} is in the future (today is {today.isoformat()}); give {what}")
+    return v
+
+
 class InputModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 

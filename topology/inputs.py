@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from .errors import FieldsError, InputNotice
-from .input_model import InputModel
+from .input_model import InputModel, not_after_today
 from .names import (
     MODAL_BROAD_MULTIPLIER,
     MODAL_NAME_MAX,
@@ -560,12 +560,7 @@ class Prices(_Inputs):
     @field_validator("prices_as_of")
     @classmethod
     def _not_in_the_future(cls, v: dt.date, info: ValidationInfo) -> dt.date:
-        today = (info.context or {}).get("today")
-        if today is not None and v > today:
-            raise ValueError(
-                f"{v.isoformat()} is in the future (today is {today.isoformat()}); give the date the prices were read"
-            )
-        return v
+        return not_after_today(v, info, "the date the prices were read")
 
     @field_validator("dedicated_on_demand_usd_per_gpu_hour", "serverless_usd_per_gpu_second")
     @classmethod

@@ -365,6 +365,11 @@ def load_spec_or_inputs(path: str | Path, today: dt.date | None = None) -> Topol
     return inputs_from_document(doc, str(p), base, today)
 
 
+def is_secure_value(value: Any) -> bool:
+    """A stack-file value encrypted by `pulumi config set --secret` (`{secure: ...}`)."""
+    return isinstance(value, dict) and set(value) == {"secure"}
+
+
 def check_kubeconfig_config(value: str | None, key: str, is_secret: bool) -> None:
     """`<project>:kubeconfig` must be secret config holding a kubeconfig document (a mapping with clusters).
 
@@ -377,7 +382,7 @@ def check_kubeconfig_config(value: str | None, key: str, is_secret: bool) -> Non
         doc = loads_yaml(value, f"config {key}")
     except InputError:
         doc = None
-    if isinstance(doc, dict) and set(doc) == {"secure"}:
+    if is_secure_value(doc):
         return
     if not is_secret:
         raise InputError(

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from .input_model import InputModel
+from .input_model import InputModel, not_after_today
 
 from .names import check_revision
 
@@ -140,11 +140,7 @@ class RolloutInputs(_Inputs):
     @classmethod
     def _promoted_in_the_past(cls, v: dt.date | None, info: ValidationInfo) -> dt.date | None:
         # a promotion dated ahead kept the previous version "warm now" until a week past that date
-        today = (info.context or {}).get("today")
-        if v is not None and today is not None and v > today:
-            raise ValueError(f"{v.isoformat()} is in the future (today is {today.isoformat()}); give the date the "
-                             "candidate was promoted")
-        return v
+        return not_after_today(v, info, "the date the candidate was promoted")
 
     @model_validator(mode="after")
     def _promotion_date(self) -> "RolloutInputs":
