@@ -29,7 +29,6 @@ is an expectation, so it is compared with the mean.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path

@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
@@ -192,7 +192,7 @@ def check_cluster(st: StackUnderCheck, c: Clients) -> list[Check]:
         try:
             eks.describe_cluster(name=s.name)
             return [Check("cluster", False, f"mode create, but an EKS cluster {s.name} already exists in {region}",
-                          f"pick another llm-serving:cluster.name, or use it: llm-serving:cluster.mode existing")]
+                          "pick another llm-serving:cluster.name, or use it: llm-serving:cluster.mode existing")]
         except eks.exceptions.ResourceNotFoundException:
             return [Check("cluster", True, f"{s.name} will be created (with the eks-pod-identity-agent add-on)"),
                     *check_cluster_admins(st, c)]
@@ -204,7 +204,7 @@ def check_cluster(st: StackUnderCheck, c: Clients) -> list[Check]:
         cl = eks.describe_cluster(name=name)["cluster"]
     except eks.exceptions.ResourceNotFoundException:
         return [Check("cluster", False, f"no EKS cluster {name} in {region}",
-                      f"check llm-serving:cluster.name, or create it: llm-serving:cluster.mode create")]
+                      "check llm-serving:cluster.name, or create it: llm-serving:cluster.mode create")]
     status, version = cl.get("status"), cl.get("version")
     out.append(Check("cluster", status == "ACTIVE", f"{name}: {status}, Kubernetes {version}",
                      f"wait until `aws eks describe-cluster --name {name} --region {region}` says ACTIVE"))
@@ -291,7 +291,7 @@ def check_monitoring(st: StackUnderCheck, c: Clients) -> list[Check]:
     out.append(Check("prometheus operator CRDs", not missing,
                      f"missing {missing}" if missing else "PodMonitor and PrometheusRule defined",
                      "helm install kube-prometheus-stack prometheus-community/kube-prometheus-stack --version 88.5.3 "
-                     f"-n monitoring --create-namespace (or llm-serving:monitoring install)"))
+                     "-n monitoring --create-namespace (or llm-serving:monitoring install)"))
     url = urlparse(st.settings.prometheus_url)
     parts = (url.hostname or "").split(".")
     if len(parts) >= 3 and parts[2] == "svc":
@@ -318,8 +318,8 @@ def check_scrapers(st: StackUnderCheck, c: Clients) -> list[Check]:
             continue
         sel = ",".join(f"{k}={v}" for k, v in sorted(s.pod_labels.items()))
         n = c.kube.pod_count(s.namespace, dict(s.pod_labels))
-        fix = (f"kubectl get pods -A -l app.kubernetes.io/name=prometheus (or the scraping agent's labels); set "
-               f"llm-serving:networkPolicy.scrapers to [{{namespace: <its namespace>, podLabels: {{<label>: <value>}}}}]")
+        fix = ("kubectl get pods -A -l app.kubernetes.io/name=prometheus (or the scraping agent's labels); set "
+               "llm-serving:networkPolicy.scrapers to [{namespace: <its namespace>, podLabels: {<label>: <value>}}]")
         if n is None:
             out.append(Check("metrics scrapers", False, f"cannot list pods in {s.namespace} ({sel})", fix, blocking=False))
         else:

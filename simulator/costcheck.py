@@ -34,7 +34,7 @@ from topology.plan.serverless import (
 from topology.timebase import HOURS_PER_WEEK, MINUTES_PER_HOUR, SECONDS_PER_HOUR
 
 from .simulate import simulate_endpoint
-from .traffic import RateTrace, Trace, arrivals, load_trace, minute_rates
+from .traffic import RateTrace, Trace, arrivals, load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ("azure2023_code.csv", "azure2023_conv.csv", "servegen_m-small_14d_rate.csv", "mooncake_synthetic.jsonl")

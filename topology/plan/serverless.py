@@ -62,7 +62,6 @@ Pure and vectorised: numpy only, no randomness, no clock; one call costs every h
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import os
 import threading
