@@ -7,6 +7,7 @@
     .venv/bin/python benchmarks/cost_gaps.py levels [--trace azure2023_code.csv] [--rate 0.3] [--hours 8]
     .venv/bin/python benchmarks/cost_gaps.py levels --trace synthetic --peak-factor 3 --correlation 600 \
         --rate 3 --hours 12
+    .venv/bin/python benchmarks/cost_gaps.py spread [--trace azure2023_code.csv] [--rates 3,30] [--seeds 2]
     .venv/bin/python benchmarks/cost_gaps.py hours [--trace azure2023_conv.csv] [--rate 3] [--hours 168] [--start 0]
         [--option serverless_only] [--spike-warm-hours-fraction 0.1] [--seed 0]
 
@@ -32,6 +33,12 @@ All but `hours` from Tuesday 09:00 (hour 33), prod `assist` scaled to the rate, 
   differ; where the idealisation and the plan differ, the plan's traffic model does. `--trace synthetic`: the
   simulator's synthetic week drawn with the given peak factor and correlation time (the plan is told what its
   minute counts measure).
+* spread: the week's cost check (as bench_cost_model.py: from Monday 00:00, 24 hours at 150 req/s, the stack's spike
+  warm minimum off) on one trace, with the plan's `arrival_cluster_size` B as measured and replaced by
+  1 + (B − 1)·κ, κ = E[min(o₁, o₂)] / E[o] over the replay's output tokens: a bunch's requests do not hold their
+  places equally long, and in flight's variance over its mean is 1 + (B − 1)·∫(1 − F)² / E[S] for services of
+  distribution F (M^X/G/∞), not B; taking S in proportion to the output tokens. Each option's bill, planned
+  against simulated, the means over --seeds replays.
 * hours: the cost check over [start, start + hours) (from Monday 00:00 by default: the whole week, as
   bench_cost_model.py), with the stack's spike warm minimum (`traffic.spike_warm_hours_fraction`, prod's 0.1 by
   default), one option's serverless bill hour by hour, planned against simulated: the hours the warm minimum
@@ -174,6 +181,54 @@ def cluster(args) -> None:
 
     costcheck.measured_traffic = measured
     _rows(args.trace, args.rate, args.hours, f"cluster {args.cluster:g}")
+
+
+def _spread_of_bunches(inputs, trace, start_h: float, end_h: float, seed: int) -> float:
+    """κ = E[min(o₁, o₂)] / E[o] of two independent replayed requests' output tokens (the first six hours)."""
+    rng = np.random.default_rng([seed, 7])
+    ep = inputs.endpoints[0]
+    o = np.sort(np.concatenate([c.output_tokens for c in arrivals(ep, trace, start_h * 3600.0,
+                                                                  min(end_h, start_h + 6.0) * 3600.0, rng)]))
+    n = len(o)
+    if n == 0:
+        return 1.0
+    # E[min] of two draws with replacement: the i-th smallest (0-based) is the minimum in 2(n − i) − 1 of n² pairs
+    e_min = float(np.sum(o * (2.0 * (n - np.arange(n)) - 1.0))) / n ** 2
+    return e_min / float(o.mean())
+
+
+def spread(args) -> None:
+    original = costcheck.measured_traffic
+    base = load_inputs(STACK)
+    base = base.model_copy(update={"endpoints": [
+        e.model_copy(update={"traffic": e.traffic.model_copy(update={"spike_warm_hours_fraction": 0.0})})
+        for e in base.endpoints]})
+    seen: dict = {}
+
+    def measured(inputs, trace, start_h, end_h, seed):
+        mt = original(inputs, trace, start_h, end_h, seed)
+        kappa = _spread_of_bunches(inputs, trace, start_h, end_h, seed)
+        seen.setdefault("kappa", []).append(kappa)
+        seen.setdefault("B", []).append(mt.cluster_size)
+        return dataclasses.replace(mt, cluster_size=1.0 + (mt.cluster_size - 1.0) * kappa)
+
+    for rate in (float(x) for x in args.rates.split(",")):
+        hours = 24.0 if rate >= 150 else 168.0
+        for label, patched in (("B as measured", False), ("B = 1 + (B − 1)·κ", True)):
+            costcheck.measured_traffic = measured if patched else original
+            seen.clear()
+            by: dict = {}
+            for s in range(args.seeds):
+                for r in costcheck.check(STACK, "assist", args.trace, rate, 0.0, hours, base=base, seed=s):
+                    by.setdefault(r.option, []).append(r)
+            extra = (f" (B {np.mean(seen['B']):.1f}, κ {np.mean(seen['kappa']):.2f})" if patched else "")
+            for option, rs in sorted(by.items()):
+                p = float(np.mean([r.planned_variable_usd for r in rs]))
+                q = float(np.mean([r.simulated_variable_usd for r in rs]))
+                print(f"{args.trace} {rate:g} req/s {hours:g} h, {label}{extra}: {option}"
+                      f"{' (chosen)' if rs[0].chosen else ''}: planned ${p:,.0f} simulated ${q:,.0f} "
+                      f"({(q - p) / p:+.1%})", flush=True)
+    costcheck.measured_traffic = original
 
 
 def startup(args) -> None:
@@ -339,7 +394,7 @@ def hourly(args) -> None:
 def main() -> int:
     warnings.simplefilter("ignore")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("experiment", choices=["shuffle", "dispersion", "cluster", "startup", "levels", "hours"])
+    ap.add_argument("experiment", choices=["shuffle", "dispersion", "cluster", "startup", "levels", "hours", "spread"])
     ap.add_argument("--trace", default="azure2023_code.csv")
     ap.add_argument("--rate", type=float, default=None)
     ap.add_argument("--hours", type=float, default=None)
@@ -350,6 +405,8 @@ def main() -> int:
     ap.add_argument("--start", type=float, default=None, help="hours: the first hour (0 = Monday 00:00)")
     ap.add_argument("--option", default="serverless_only", help="hours: which option's bill")
     ap.add_argument("--seed", type=int, default=0, help="hours: the replay (costcheck.check's seed)")
+    ap.add_argument("--seeds", type=int, default=2, help="spread: replays per cell (seeds 0 … K − 1)")
+    ap.add_argument("--rates", default="3,30", help="spread: mean rates")
     ap.add_argument("--spike-warm-hours-fraction", type=float, default=0.1,
                     help="hours: the endpoint's traffic.spike_warm_hours_fraction (the stack's 0.1)")
     args = ap.parse_args()
@@ -358,14 +415,16 @@ def main() -> int:
     SYNTHETIC.update(within_hour_peak_factor=args.peak_factor, within_hour_correlation_s=args.correlation,
                      spike_warm_hours_fraction=0.0)
     defaults = {"shuffle": (0.3, 8.0), "dispersion": (3.0, 3.0), "cluster": (30.0, 3.0), "startup": (150.0, 2.0),
-                "levels": (0.3, 8.0), "hours": (3.0, 168.0)}
+                "levels": (0.3, 8.0), "hours": (3.0, 168.0), "spread": (30.0, 168.0)}
     rate, hours = defaults[args.experiment]
     args.rate = rate if args.rate is None else args.rate
     args.hours = hours if args.hours is None else args.hours
+    if args.seeds < 1:
+        ap.error(f"--seeds must be at least 1, got {args.seeds}")
     if args.experiment == "cluster" and args.cluster is None:
         ap.error("cluster: --cluster FIGURE is required")
     {"shuffle": shuffle, "dispersion": dispersion, "cluster": cluster, "startup": startup,
-     "levels": levels, "hours": hourly}[args.experiment](args)
+     "levels": levels, "hours": hourly, "spread": spread}[args.experiment](args)
     return 0
 
 
