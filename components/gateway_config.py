@@ -682,14 +682,20 @@ def _endpoint_sections(
         # several tenants on an engine with LoRA adapters: an adapter named <tenant>-… is that tenant's alone, so a
         # name with another tenant's prefix is refused (vLLM would load any adapter it is asked for: adapter_rule)
         others = ",".join(f"{o.name}-" for o in g.tenants if o.name != t.name) if adapters_per_tenant else "-"
+        # with LoRA, vLLM's filesystem resolver takes a requested name as a path under its folder: the gate refuses
+        # a name other than the served model's that is one (an adapter is a folder's name)
+        served = e.engine.served_model_name if e.engine.adapters_path("/") is not None else "-"
         fl.append(f"    http-request lua.llm_gate {g.max_tokens} {salt_env} {idem_table} {max_connections} "
-                  f"{claim_ttl_ms} {ns_cap} {pick} {others} if METH_POST "
+                  f"{claim_ttl_ms} {ns_cap} {pick} {others} {served} if METH_POST "
                   f"{{ var(txn.tenant) -m str {config_name(t.name)} }}")
     # fail closed: a POST the gate did not finish (a Lua runtime error, after which HAProxy goes on with the next
     # rules) would reach the upstream unchecked and unstamped; its claim, if the gate took one, is freed first
     fl.append("    http-request lua.llm_idem_release if METH_POST !{ var(txn.gated) -m found } { var(txn.idem) -m found }")
     fl.append("    " + _json_error(500, "the gateway could not check this request", "gateway_error")
               + " if METH_POST !{ var(txn.gated) -m found }")
+    # a request the gate refused holds no Idempotency-Key claim (it refuses before claiming); should one ever be
+    # refused after, its claim goes with the answer, or the client's corrected retry would get 409 until it expired
+    fl.append("    http-request lua.llm_idem_release if { var(txn.gate_error) -m found } { var(txn.idem) -m found }")
     fl.append("    http-request return status 400 content-type application/json "
               "lf-string '{\"error\":{\"message\":\"%[var(txn.gate_error)]\",\"type\":\"invalid_request_error\","
               "\"code\":400}}' if { var(txn.gate_error) -m found }")

@@ -368,6 +368,7 @@ end)
 --   <idempotency cap> <ttl ms>
 --   <non-streamed burst max_tokens, 0 = none> <floor backend> <server prefix> <slots> <threshold> <key header>
 --   <the other tenants' adapter prefixes, comma-separated, or "-">
+--   <the served model's name where vLLM's filesystem resolver serves LoRA adapters by name, or "-">
 -- (the floor pick's arguments, "-" without a floor: an accepted request's pick is made here, saving the
 -- llm_pick_floor call; HAProxy builds a transaction object per Lua call)
 -- Validates the buffered body and prepares the prefix the llm filter inserts. With a non-streamed
@@ -375,23 +376,36 @@ end)
 -- request cap): max_tokens lowered to the cap, by replacing the value in place (txn.gate_*_b); the
 -- burst backend marks such a request and the filter then applies that stamp instead.
 local function gate(txn, max_tokens_arg, salt_env, tenant, cap, ttl, ns_cap_arg,
-                    pick_be, pick_prefix, pick_slots, pick_threshold, pick_header, others)
+                    pick_be, pick_prefix, pick_slots, pick_threshold, pick_header, others, served)
   local body = txn.f:req_body() or ""
   local keys, err, _, count = top_level_keys(body)
   if not keys then txn:set_var("txn.gate_error", err) return end
   -- several tenants on one engine with LoRA: an adapter named <tenant>-… is that tenant's alone. vLLM's filesystem
   -- resolver loads any adapter a request names (the engine serves every tenant's) and the cache_salt keeps caches
-  -- apart, not adapters: a name with another tenant's prefix is refused (`others`: their prefixes, comma-separated)
-  if others and others ~= "-" then
+  -- apart, not adapters: a name with another tenant's prefix is refused (`others`: their prefixes, comma-separated).
+  -- And the resolver takes the name as a path under its folder (os.path.join(lora_cache_dir, lora_name), vLLM
+  -- 0.10-0.13 filesystem_resolver.py, unchecked): "./globex-x", "acme-x/../globex-x" or an absolute path reach
+  -- another tenant's adapter, or any adapter of the base on the engine's disk. An adapter is a folder's name:
+  -- a name other than the served model's with a slash or backslash, or "." or "..", is refused
+  local adapters = others and others ~= "-"
+  local resolver = served and served ~= "-"
+  if adapters or resolver then
     local m = keys["model"]
     if m and m.raw ~= "null" then
       if m.dup then txn:set_var("txn.gate_error", "model must appear once") return end
       local name = byte(m.raw, 1) == 34 and sub(m.raw, 2, -2) or ""
       if find(name, "\\", 1, true) then name = decode_key(name) end
-      for prefix in string.gmatch(others, "[^,]+") do
-        if sub(name, 1, #prefix) == prefix then
-          txn:set_var("txn.gate_error", "model is not one this API key may use")
-          return
+      if resolver and name ~= served and (find(name, "/", 1, true) or find(name, "\\", 1, true)
+                                          or name == "." or name == "..") then
+        txn:set_var("txn.gate_error", "model names an adapter by a path; name the adapter itself")
+        return
+      end
+      if adapters then
+        for prefix in string.gmatch(others, "[^,]+") do
+          if sub(name, 1, #prefix) == prefix then
+            txn:set_var("txn.gate_error", "model is not one this API key may use")
+            return
+          end
         end
       end
     end
@@ -428,6 +442,14 @@ local function gate(txn, max_tokens_arg, salt_env, tenant, cap, ttl, ns_cap_arg,
     txn:set_var("txn.gate_error", "stream must be true or false")
     return
   end
+  -- refused before the Idempotency-Key claim below: a request refused after it would keep its key claimed (the 400
+  -- answer frees nothing) and the client's corrected retry would get 409 until the claim expired
+  local completion = txn.f:path() == "/v1/completions"
+  local mt = keys["max_tokens"]
+  if completion and mt and mt.dup then
+    txn:set_var("txn.gate_error", "max_tokens must be a single number")
+    return
+  end
   local idem_key = txn.f:req_fhdr("idempotency-key")
   if idem_key and idem_key ~= "" then
     if #idem_key > MAX_IDEM_KEY then
@@ -450,13 +472,7 @@ local function gate(txn, max_tokens_arg, salt_env, tenant, cap, ttl, ns_cap_arg,
   -- defaults it to 16 and asserts it is not null, so there the cap is stamped when absent and written over a null
   -- in place (a stamped second key would lose to it: the engine's parser keeps the last); vLLM's own check then
   -- refuses a prompt past max_model_len − cap, as it would the client's own max_tokens.
-  local completion = txn.f:path() == "/v1/completions"
-  local mt = keys["max_tokens"]
   local grow = 0
-  if completion and mt and mt.dup then
-    txn:set_var("txn.gate_error", "max_tokens must be a single number")
-    return
-  end
   if not has_limit or (completion and not (mt and mt.raw ~= "null")) then
     txn:set_var("txn.gate_max", max_tokens_arg)  -- for the quality record: the limit that applies
     if completion and mt then
@@ -506,7 +522,7 @@ end
 core.register_action("llm_gate", { "http-req" }, function(txn, ...)
   gate(txn, ...)
   txn:set_var("txn.gated", 1)
-end, 12)
+end, 13)
 
 local function now_ms()
   local t = core.now()

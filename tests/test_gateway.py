@@ -1057,6 +1057,40 @@ def test_a_tenant_cannot_use_another_tenants_adapter(gw):
     assert status == 200 and records(gw, rid)[0][1].body["model"] == "globex-support"
 
 
+def test_an_adapter_named_by_a_path_is_refused(gw):
+    """vLLM's filesystem resolver takes a requested name as a path under its folder (os.path.join(lora_cache_dir,
+    lora_name), unchecked): "./globex-x", "acme-x/../globex-x" or an absolute path reach another tenant's adapter
+    past the prefix rule, and any adapter of the base on the engine's disk. A name other than the served model's
+    with a slash or backslash, or "." or "..", is refused before the engine, in any spelling; the served model's
+    own name and plain adapter names go through."""
+    port = gw["ports"]["assist"]
+    for model in ("./globex-support", "acme-x/../globex-support", "/abs/lora/globex-support", "..", ".",
+                  "acme-x\\\\..\\\\globex-support", "acme-x\\u002f..\\u002fglobex-support", "acme\\/x"):
+        payload = b'{"model":"' + model.encode() + b'","messages":[{"role":"user","content":"hi"}]}'
+        status, _, content, rid = post(port, payload)
+        assert status == 400 and b"model names an adapter by a path" in content, (model, content)
+        assert records(gw, rid) == []
+    served = next(e for e in gw["spec"].endpoints if e.name == "assist").engine.served_model_name
+    for model in (served, "acme-support", "shared.summariser-v2"):
+        status, _, _, rid = post(port, body(model=model))
+        assert status == 200, model
+        assert records(gw, rid)[0][1].body["model"] == model
+
+
+def test_a_refused_completion_does_not_keep_its_idempotency_key(gw):
+    """A completion refused for a duplicated max_tokens held its Idempotency-Key claim (taken before that check,
+    freed by nothing): the client's corrected retry got 409 until the claim expired, minutes later."""
+    port = gw["ports"]["assist"]
+    key = {"Idempotency-Key": f"idem-{uuid.uuid4()}"}
+    status, _, content, _ = post(port, b'{"model":"m","prompt":"x","max_tokens":5,"max_tokens":null}', headers=key,
+                                 path="/v1/completions")
+    assert status == 400 and b"max_tokens must be a single number" in content
+    status, _, content, rid = post(port, {"model": "m", "prompt": "x", "max_tokens": 5}, headers=key,
+                                   path="/v1/completions")
+    assert status == 200, content
+    assert len(records(gw, rid)) == 1
+
+
 def test_tenant_names_that_would_blur_adapter_ownership_are_refused(planned_stacks):
     """`acme` and `acme-eu` on one engine with LoRA: acme's adapters (acme-…) would include acme-eu's."""
     from components.gateway_config import adapter_rule
