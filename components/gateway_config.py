@@ -94,7 +94,28 @@ CONNECT_TIMEOUT_S = 3  # one connection attempt to an upstream (HAProxy's `timeo
 # HAProxy waits min(timeout connect, 1 s) before a retry on the same server (doc/configuration.txt "retries",
 # src/backend.c back_handle_st_cer, 3.0.11)
 RETRY_TURNAROUND_MAX_MS = 1000
+# (status, OpenAI error type, message) of each error HAProxy answers itself (defaults' http-error)
+HAPROXY_ERRORS = (
+    (400, "invalid_request_error", "the request is not valid HTTP"),
+    (403, "invalid_request_error", "request refused"),
+    (404, "invalid_request_error", "not an endpoint of this API"),
+    (405, "invalid_request_error", "method not allowed here"),
+    (408, "invalid_request_error", "request not received in time"),
+    (410, "invalid_request_error", "no longer served"),
+    (413, "invalid_request_error", "request too large"),
+    (421, "invalid_request_error", "request sent to the wrong host"),
+    (422, "invalid_request_error", "the request framing cannot be processed"),
+    (425, "invalid_request_error", "request sent too early; retry"),
+    (429, "rate_limit_error", "too many requests"),
+    (500, "gateway_error", "the gateway failed on this request"),
+    (501, "gateway_error", "not implemented by the gateway"),
+    (502, "gateway_error", "upstream failed before responding"),
+    (503, "gateway_error", "no upstream available"),
+    (504, "gateway_error", "upstream sent no response in time"),
+)
 HEADER_ROOM_BYTES = 16384  # headers + the stamped prefix on top of the largest allowed body
+HAPROXY_MAXREWRITE = 1024  # tune.maxrewrite's default (MAXREWRITE, HAProxy 3.0 defaults.h): kept free of reads
+HTX_OVERHEAD_BYTES = 2048  # allowance for HTX's per-block bookkeeping when headers and body fill the buffer
 # Quality sampling (spec rollout.quality_sampling; see `llm_quality` in gateway_lua.py): sampled exchanges are
 # posted to the quality recorder through a loopback-only frontend (inside the pod only)
 QUALITY_PORT = 9180
@@ -305,6 +326,7 @@ def adapter_rule(e: EndpointSpec) -> bool:
 
 # The client's own request id travels to the engines in this header, never as their request id (request_ids)
 CLIENT_REQUEST_ID_HEADER = "X-Client-Request-Id"
+MAX_CLIENT_REQUEST_ID = 255  # characters of a client's X-Request-Id (as an Idempotency-Key's); longer: 400
 
 
 def request_ids() -> list[str]:
@@ -455,7 +477,7 @@ def render_gateway_config(
         sections.append(_endpoint_sections(e, burst_urls, floor_servers, canary_servers, binds[e.name],
                                            health_check_interval_ms, secret_env, gateway_replicas, ca_path,
                                            max_connections, shares[e.name], shadow_binds.get(e.name), own,
-                                           quality_bind if sampled else None))
+                                           quality_bind if sampled else None, bufsize))
     if sampled:
         sections.append(_quality_sections(quality_servers, quality_bind, health_check_interval_ms))
     # every listener's maxconn fits in the global pool with the stats room left over: the endpoints' shares, the
@@ -512,12 +534,15 @@ def render_gateway_config(
         "    timeout http-keep-alive 10s",
         "    timeout client-fin 5s",
         "    timeout server-fin 5s",
-        # HAProxy's own errors as OpenAI-style JSON, so clients parse every failure the same way
+        # HAProxy's own errors as OpenAI-style JSON, so clients parse every failure the same way: every status it
+        # can generate (http_err_codes, HAProxy 3.0 src/http.c) but 200 (the monitor's) and the auth challenges it
+        # is never asked for (401, 407): the body wait running out (408), a rewrite that does not fit (500), a rule's
+        # plain deny. What the HTTP/1 parser refuses before a stream exists (a doubled Content-Length, bad chunking,
+        # a body on an HTTP/1.0 GET: 400, 413, 422) mux_h1 writes from HAProxy's fixed HTML pages (h1_send_error,
+        # 3.0.11), which http-error does not reach
         *[f"    http-error status {code} content-type application/json string "
-          f"'{{\"error\":{{\"message\":\"{msg}\",\"type\":\"gateway_error\",\"code\":{code}}}}}'"
-          for code, msg in ((502, "upstream failed before responding"),
-                            (503, "no upstream available"),
-                            (504, "upstream sent no response in time"))],
+          f"'{{\"error\":{{\"message\":\"{msg}\",\"type\":\"{kind}\",\"code\":{code}}}}}'"
+          for code, kind, msg in HAPROXY_ERRORS],
         "",
     ]
     stats = [
@@ -549,6 +574,7 @@ def _endpoint_sections(
     shadow_bind: str | None,
     limits: ClientLimits,
     quality_bind: str | None,
+    bufsize: int,
 ) -> str:
     g = e.gateway
     threshold = per_pod_threshold(g.overflow_inflight_per_replica, gateway_replicas)
@@ -612,7 +638,10 @@ def _endpoint_sections(
     too_many = ("    http-request deny deny_status 429 content-type application/json hdr Retry-After 10 string "
                 "'{\"error\":{\"message\":\"too many requests from this client\",\"type\":\"rate_limit_error\","
                 "\"code\":429}}' if { sc0_http_req_rate gt %d }" % limits.max_requests_per_source_10s)
-    client_rid = "    http-request set-var(txn.client_rid) req.fhdr(x-request-id)"  # echoed back, refusals too (request_ids)
+    # echoed back, refusals too (request_ids); one longer than MAX_CLIENT_REQUEST_ID is refused below (copied into
+    # the request with a body near the cap it overflowed the buffer: HAProxy's own 500), and not echoed
+    client_rid = ("    http-request set-var(txn.client_rid) req.fhdr(x-request-id) "
+                  f"if {{ req.fhdr(x-request-id),length le {MAX_CLIENT_REQUEST_ID} }}")
     if limits.source == "xff":
         fl.append("    http-request track-sc0 req.hdr_ip(x-forwarded-for,-1)")
         fl.append(client_rid)
@@ -638,6 +667,9 @@ def _endpoint_sections(
         )
     fl.append("    " + _json_error(401, "missing or unknown API key", "authentication_error")
               + " unless { var(txn.tenant) -m found }")
+    fl.append("    " + _json_error(400, f"X-Request-Id is longer than {MAX_CLIENT_REQUEST_ID} characters",
+                                   "invalid_request_error")
+              + f" if {{ req.fhdr(x-request-id),length gt {MAX_CLIENT_REQUEST_ID} }}")
     # the OpenAI-compatible serving API and nothing else of the engine: vLLM serves more on the same port — with
     # VLLM_SERVER_DEV_MODE (the burst tier's snapshots need /sleep and /wake_up) /sleep, /collective_rpc,
     # /reset_prefix_cache and /server_info, and with runtime LoRA updates /v1/load_lora_adapter — and the gateway
@@ -659,7 +691,17 @@ def _endpoint_sections(
               + f" if {{ req.hdr(content-length) -m int gt {g.max_request_body_bytes} }}")
     fl.append(f"    http-request wait-for-body time {BODY_WAIT_S}s if METH_POST")
     fl.append("    http-request set-var(txn.body_size) req.body_size if METH_POST")
-    # the buffer is sized so a body within the cap is always complete here; refuse anything partial
+    fl.append("    http-request set-var(txn.body_len) req.body_len if METH_POST")
+    # the buffer is sized so a body within the cap is complete here under headers of up to HEADER_ROOM_BYTES: a
+    # partial body that fills the buffer (headers, body and the rewrite reserve, HTX's per-header overhead
+    # allowed for) came with headers too large, and is told so (a 408 would invite the same request again);
+    # anything else partial was not received in time
+    full = bufsize - HAPROXY_MAXREWRITE - HTX_OVERHEAD_BYTES
+    room = HEADER_ROOM_BYTES - HAPROXY_MAXREWRITE - HTX_OVERHEAD_BYTES
+    fl.append("    " + _json_error(431, f"request headers too large: with a body near the {g.max_request_body_bytes}-byte "
+                                   f"cap, headers must stay under {room} bytes", "invalid_request_error")
+              + " if METH_POST { req.body_len,sub(txn.body_size) -m int lt 0 } "
+              f"{{ req.hdrs,length,add(txn.body_len) -m int ge {full} }}")
     fl.append("    " + _json_error(408, "request body not received in time", "invalid_request_error")
               + " if METH_POST { req.body_len,sub(txn.body_size) -m int lt 0 }")
     for t in g.tenants:

@@ -778,7 +778,11 @@ local function claim_renew(self, t)
 end
 function Llm:http_headers(txn, msg)
   if not msg:is_resp() then
-    -- after every http-request rule: llm_gate has decided the stamp (burst's ns cap included)
+    -- after every http-request rule (wait-for-body among them): the first-byte clock starts here, so a client's
+    -- slow upload is not counted against the engine (a stream whose body took longer than the first-byte limit
+    -- was ended, and its generation aborted, before the engine could answer); the queue's wait still counts
+    self.started = now_ms()
+    -- llm_gate has decided the stamp (burst's ns cap included)
     if txn:get_var("txn.gate_prefix") or txn:get_var("txn.gate_edits") or txn:get_var("txn.ns_capped") then
       filter.register_data_filter(self, txn.req)
     else
