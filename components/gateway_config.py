@@ -767,13 +767,6 @@ def _endpoint_sections(
     # after the quality action (its record keeps the client's id), before the shadow's copy of the headers
     fl += request_ids()
     shadow_cap = shadow_cap_of(e, gateway_replicas)
-    if g.shadow is not None:
-        # a validated request is mirrored (chosen per request) by a Lua task: this action only copies the
-        # stamped body and returns; the user's request goes on at once and never waits for the mirror.
-        # At most shadow_cap mirrors in flight from this pod; above that a mirror is skipped, never queued.
-        # chosen natively (basis points of 10,000): the Lua action runs only for the mirrored share
-        fl.append(f"    http-request lua.llm_shadow {n} {shadow_bind} {shadow_cap} {whole_ms} "
-                  f"if METH_POST {{ rand(10000) -m int lt {int(round(g.shadow.percent * 100))} }}")
 
     route: list[str] = []
     canary_threshold = threshold
@@ -823,6 +816,19 @@ def _endpoint_sections(
         fl.append(f"    http-request set-var(txn.admit) int(1) if {off_floor}")
     if admission and ns_rule == "floor_only":
         fl.append(f"    http-request set-var(txn.admit) int(1) if nonstream {off_floor}")
+    if g.shadow is not None:
+        # a validated request is mirrored (chosen per request) by a Lua task: this action only copies the
+        # stamped body and returns; the user's request goes on at once and never waits for the mirror.
+        # At most shadow_cap mirrors in flight from this pod; above that a mirror is skipped, never queued.
+        # After every rule that refuses a request (a non-streamed one while the endpoint overflows to burst) and
+        # every admission mark: the candidate never sees a request its user was refused, and a request that
+        # waits for admission (the floor and the burst full: it may end in a 429) is not mirrored either — the
+        # endpoint is saturated. Shadow and canary are different rollout stages, so no canary pick is made
+        # between here and the route. Chosen natively (basis points of 10,000): the Lua action runs only for
+        # the mirrored share
+        fl.append(f"    http-request lua.llm_shadow {n} {shadow_bind} {shadow_cap} {whole_ms} "
+                  f"if METH_POST !{{ var(txn.admit) -m found }} "
+                  f"{{ rand(10000) -m int lt {int(round(g.shadow.percent * 100))} }}")
     if has_floor and has_burst:
         route.append(f"    use_backend {be_floor} if on_floor")
         if ns_rule == "floor_only":  # never to burst: wait on the floor (HAProxy's queue) instead

@@ -567,7 +567,8 @@ core.register_action("llm_quality", { "http-req" }, function(txn, ep, served, ca
   txn:set_var("txn.q_path", txn.f:path() or "/")
 end, 8)
 
-local function quality_post(c, ep, version, route, txn_meta, status, body_req, body_resp, truncated, ended)
+local function quality_post(c, ep, version, route, txn_meta, status, body_req, body_resp, truncated, ended,
+                             client_left)
   if quality_posts >= c.max_posts then quality_count("dropped", ep, "posts_full") return end
   local hdrs = {
     ["content-type"] = { "application/octet-stream" },
@@ -577,6 +578,7 @@ local function quality_post(c, ep, version, route, txn_meta, status, body_req, b
     ["x-quality-started-ms"] = { tostring(txn_meta.t0) }, ["x-quality-ended-ms"] = { tostring(ended) },
     ["x-quality-request-bytes"] = { tostring(#body_req) }, ["x-quality-truncated"] = { truncated and "1" or "0" },
     ["x-quality-gateway-max-tokens"] = { txn_meta.max_tokens },
+    ["x-quality-client-left"] = { client_left and "1" or "0" },
   }
   quality_posts = quality_posts + 1
   core.register_task(function()
@@ -630,7 +632,7 @@ local function quality_capture(q, msg, n)
   end
 end
 
-local function quality_finish(q, txn)
+local function quality_finish(q, txn, client_left)
   local c = q.c
   c.captures = c.captures - 1
   local route = txn:get_var("txn.route")
@@ -638,7 +640,7 @@ local function quality_finish(q, txn)
     or ((route == "floor" or route == "burst") and c.served) or nil
   if not version then quality_count("dropped", q.ep, "no_model_route") return end
   quality_post(c, q.ep, version, route, quality_meta(txn), q.status, txn:get_var("txn.q_body") or "",
-               table.concat(q.parts), q.truncated, now_ms())
+               table.concat(q.parts), q.truncated, now_ms(), client_left)
 end
 
 local function quality_record_mirror(sample, r)
@@ -756,7 +758,7 @@ function Llm:end_analyze(txn, chn)
     if self.q then
       local q = self.q
       self.q = nil
-      quality_finish(q, txn)
+      quality_finish(q, txn, self.client_left)
     end
   end
   return filter.CONTINUE
@@ -898,6 +900,17 @@ watch_gaps = function(self, txn, msg, n)
   -- which a crash's last read is not (SSE events are small): above 64 KB of input no event is sent.
   -- Only for a stream whose framing carries its length (a close-delimited one ends by closing).
   if not msg:may_recv() and msg:input() < 65536 and txn:get_var("txn.res_len") then
+    -- unless the client left first: HAProxy then closes the server side too, and this branch saw an upstream cut
+    -- (a sampled exchange's record said the serving version failed with 502 where its user had gone away). The
+    -- stream's termination state is not set yet here ("--"), but the client's leaving closed the request's input,
+    -- which an upstream cut leaves open (measured on 3.0.11: may_recv false and true). A client that half-closes
+    -- after its request and still reads would be taken for gone: its cut stream then ends without the event
+    local ok, open = pcall(function() return txn.req:may_recv() end)
+    if ok and not open then
+      self.client_left = true
+      end_watch(self)
+      return msg:input()
+    end
     end_with_event(self, msg, 'event: error\ndata: {"error":{"message":"the upstream closed the ' ..
       'stream before it ended","type":"upstream_error","code":502}}\n\n', t)
     return msg:input()

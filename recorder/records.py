@@ -44,6 +44,7 @@ class Exchange:
     response: bytes
     truncated: bool
     gateway_max_tokens: int | None = None
+    client_left: bool = False  # the user went away mid-answer (the gateway saw the request side close first)
 
 
 def exchange_from_post(headers: Mapping[str, str], body: bytes) -> Exchange:
@@ -76,6 +77,7 @@ def exchange_from_post(headers: Mapping[str, str], body: bytes) -> Exchange:
         ended_ms=integer("ended-ms"), request=body[:n_req], response=body[n_req:],
         truncated=h.get("x-quality-truncated") == "1",
         gateway_max_tokens=integer("gateway-max-tokens") if h.get("x-quality-gateway-max-tokens") else None,
+        client_left=h.get("x-quality-client-left") == "1",
     )
 
 
@@ -199,4 +201,5 @@ def build_record(ex: Exchange, identity: Mapping[str, Any], *, record_id: str | 
         "error": answer["error"],
         "complete": answer["complete"] and not ex.truncated,
         "truncated": ex.truncated,
+        "client_left": ex.client_left,
     }

@@ -222,3 +222,47 @@ def test_require_streaming_answers_400_instead_of_sending_a_non_streamed_request
         for u in ups.values():
             u.release()
         gw.stop()
+
+
+def test_a_request_refused_at_the_gateway_is_never_mirrored_to_the_shadow_candidate(planned_stacks, tmp_path_factory,
+                                                                                      ups):
+    """The shadow rule ran before the rules that refuse: a request answered 429 after its bounded wait, or 400 for
+    being non-streamed while the endpoint overflows to burst (require_streaming), was still mirrored to the
+    candidate, which then served a request no user was served (and a sampled mirror left a record with no
+    incumbent exchange). A mirror now goes only for a request on its way to a server, and not for one waiting for
+    admission: the endpoint is saturated then."""
+    from topology.spec import ShadowSpec
+
+    cand = FakeUpstream("candidate").start()
+    shadow = ShadowSpec(percent=100.0, version="assist-next", max_inflight=20, replicas=1)
+    spec = edited_spec(planned_stacks["prod"][1], {**ADMISSION, "shadow": shadow},
+                       {"non_streamed_rule": "require_streaming"})
+    gw = Gateway(spec, tmp_path_factory.mktemp("gw"), [ups["floor1"].address, ups["floor2"].address],
+                 ups["burst"].address, cand.address)
+    for u in ups.values():
+        u.release_event.clear()
+
+    def mirrored(rid: str) -> int:
+        return sum(r.request_id == rid for r in cand.log.completions())
+
+    try:
+        _, _, _, rid = post(gw.port, body(stream=True), headers={"X-Fake-Chunks": "2"})
+        assert wait_until(lambda: mirrored(rid) == 1)  # served: mirrored
+        with cf.ThreadPoolExecutor(max_workers=12) as pool:
+            before = completions(ups, "floor1", "floor2", "burst")
+            held = [pool.submit(post, gw.port, body(stream=True), headers=HOLD) for _ in range(8)]
+            assert wait_until(lambda: completions(ups, "floor1", "floor2", "burst") - before == 8)
+            status, _, content, rid_ns = post(gw.port, body())  # non-streamed, bound for burst: 400
+            assert status == 400 and "stream" in json.loads(content)["error"]["message"]
+            status, headers, _, rid_full = post(gw.port, body(stream=True))  # every slot taken: waits, then 429
+            assert status == 429 and headers["retry-after"] == "7"
+            for u in ups.values():
+                u.release()
+            assert all(f.result(timeout=10)[0] == 200 for f in held)
+        time.sleep(0.5)  # a mirror is posted by a Lua task a moment after its request goes on
+        assert mirrored(rid_ns) == 0 and mirrored(rid_full) == 0
+    finally:
+        for u in ups.values():
+            u.release()
+        gw.stop()
+        cand.stop()

@@ -297,6 +297,43 @@ def test_a_stream_ended_by_the_gateway_or_cut_by_the_capture_limit_is_recorded_a
         rec.stop()
 
 
+def test_a_user_who_leaves_a_stream_is_recorded_as_gone_not_as_a_failing_version(planned_stacks, tmp_path, upstreams,
+                                                                                  s3, moto_endpoint):  # noqa: F811
+    """A client that closed a sampled stream after its first token: HAProxy then closes the upstream side too, and
+    the gateway took that for an upstream cut — its 502 "upstream closed the stream" event went into the record, so
+    the version whose users leave more often read as failing more. The record now holds what the user was sent,
+    no error, and client_left; a stream the upstream really cuts still records the upstream_error."""
+    import socket
+
+    spec = sampled_spec(planned_stacks["prod"][1], 1.0)
+    rec, gw = _chain(spec, tmp_path, upstreams, moto_endpoint)
+    try:
+        payload = json.dumps(body(stream=True)).encode()
+        rid = "leaves-after-the-first-token"
+        sock = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer "
+                     + KEYS["acme"].encode() + b"\r\nContent-Type: application/json\r\nX-Request-Id: " + rid.encode()
+                     + b"\r\nX-Fake-Chunks: 20\r\nX-Fake-Interval-Ms: 100\r\nContent-Length: "
+                     + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        got = b""
+        while b"data:" not in got:
+            got += sock.recv(65536)
+        sock.close()
+        # a stream the upstream cuts after two chunks: still the upstream's failure
+        _, _, cut, rid_cut = post(gw.port, body(stream=True), headers={"X-Fake-Chunks": "5", "X-Fake-Fail": "close-after-first-chunk"})
+        assert wait_until(lambda: len(sink_records(s3, BUCKET, "prod/")) == 2, timeout_s=15)
+        by = {r["request_id"]: r for _, r in sink_records(s3, BUCKET, "prod/")}
+        left = by[rid]
+        assert left["client_left"] is True and left["error"] is None and left["complete"] is False
+        assert left["completion"] and _streamed_text(got.split(b"\r\n\r\n", 1)[1].split(b"\r\n", 1)[1]
+                                                       ).startswith(left["completion"])
+        failed = by[rid_cut]
+        assert failed["client_left"] is False and failed["error"]["type"] == "upstream_error"
+    finally:
+        gw.stop()
+        rec.stop()
+
+
 def test_the_record_states_the_limit_the_gateway_set_when_it_capped_a_request_for_burst(
         planned_stacks, tmp_path, upstreams, s3, moto_endpoint):  # noqa: F811
     spec = sampled_spec(planned_stacks["prod"][1], 1.0, overflow=1)  # one request in flight per floor replica
