@@ -115,7 +115,9 @@ HAPROXY_ERRORS = (
 )
 HEADER_ROOM_BYTES = 16384  # headers + the stamped prefix on top of the largest allowed body
 HAPROXY_MAXREWRITE = 1024  # tune.maxrewrite's default (MAXREWRITE, HAProxy 3.0 defaults.h): kept free of reads
-HTX_OVERHEAD_BYTES = 2048  # allowance for HTX's per-block bookkeeping when headers and body fill the buffer
+# allowance for HTX's bookkeeping when the request line, headers and body fill the buffer (measured on 3.0.11 with a
+# body at assist's cap: full at ≈ 118 bytes below bufsize − maxrewrite; about 100 bytes + 4 a header)
+HTX_OVERHEAD_BYTES = 512
 # Quality sampling (spec rollout.quality_sampling; see `llm_quality` in gateway_lua.py): sampled exchanges are
 # posted to the quality recorder through a loopback-only frontend (inside the pod only)
 QUALITY_PORT = 9180
@@ -326,7 +328,7 @@ def adapter_rule(e: EndpointSpec) -> bool:
 
 # The client's own request id travels to the engines in this header, never as their request id (request_ids)
 CLIENT_REQUEST_ID_HEADER = "X-Client-Request-Id"
-MAX_CLIENT_REQUEST_ID = 255  # characters of a client's X-Request-Id (as an Idempotency-Key's); longer: 400
+MAX_CLIENT_REQUEST_ID = 255  # bytes of a client's X-Request-Id (as an Idempotency-Key's); longer: 400
 
 
 def request_ids() -> list[str]:
@@ -347,11 +349,13 @@ def request_ids() -> list[str]:
     ]
 
 
-def _json_error(status: int, message: str, kind: str) -> str:
-    # HAProxy single-quoted string: no escaping needed for these fixed messages
+def _json_error(status: int, message: str, kind: str, close: bool = False) -> str:
+    # HAProxy single-quoted string: no escaping needed for these fixed messages. close: the request's body was not
+    # all read, so the connection cannot carry another request (HAProxy's own 400 and 408 pages say so too)
     return (
         f"http-request return status {status} content-type application/json "
-        f"string '{{\"error\":{{\"message\":\"{message}\",\"type\":\"{kind}\",\"code\":{status}}}}}'"
+        + ("hdr Connection close " if close else "")
+        + f"string '{{\"error\":{{\"message\":\"{message}\",\"type\":\"{kind}\",\"code\":{status}}}}}'"
     )
 
 
@@ -540,8 +544,10 @@ def render_gateway_config(
         # plain deny. What the HTTP/1 parser refuses before a stream exists (a doubled Content-Length, bad chunking,
         # a body on an HTTP/1.0 GET: 400, 413, 422) mux_h1 writes from HAProxy's fixed HTML pages (h1_send_error,
         # 3.0.11), which http-error does not reach
-        *[f"    http-error status {code} content-type application/json string "
-          f"'{{\"error\":{{\"message\":\"{msg}\",\"type\":\"{kind}\",\"code\":{code}}}}}'"
+        # (400 and 408 with Connection: close, as HAProxy's own pages: the request was not read to its end)
+        *[f"    http-error status {code} content-type application/json "
+          + ("hdr Connection close " if code in (400, 408) else "")
+          + f"string '{{\"error\":{{\"message\":\"{msg}\",\"type\":\"{kind}\",\"code\":{code}}}}}'"
           for code, kind, msg in HAPROXY_ERRORS],
         "",
     ]
@@ -667,7 +673,7 @@ def _endpoint_sections(
         )
     fl.append("    " + _json_error(401, "missing or unknown API key", "authentication_error")
               + " unless { var(txn.tenant) -m found }")
-    fl.append("    " + _json_error(400, f"X-Request-Id is longer than {MAX_CLIENT_REQUEST_ID} characters",
+    fl.append("    " + _json_error(400, f"X-Request-Id is longer than {MAX_CLIENT_REQUEST_ID} bytes",
                                    "invalid_request_error")
               + f" if {{ req.fhdr(x-request-id),length gt {MAX_CLIENT_REQUEST_ID} }}")
     # the OpenAI-compatible serving API and nothing else of the engine: vLLM serves more on the same port — with
@@ -693,17 +699,19 @@ def _endpoint_sections(
     fl.append("    http-request set-var(txn.body_size) req.body_size if METH_POST")
     fl.append("    http-request set-var(txn.body_len) req.body_len if METH_POST")
     # the buffer is sized so a body within the cap is complete here under headers of up to HEADER_ROOM_BYTES: a
-    # partial body that fills the buffer (headers, body and the rewrite reserve, HTX's per-header overhead
+    # partial body that fills the buffer (request line, headers, body and the rewrite reserve, HTX's bookkeeping
     # allowed for) came with headers too large, and is told so (a 408 would invite the same request again);
-    # anything else partial was not received in time
+    # anything else partial was not received in time. Both leave body bytes unread: the connection closes
     full = bufsize - HAPROXY_MAXREWRITE - HTX_OVERHEAD_BYTES
-    room = HEADER_ROOM_BYTES - HAPROXY_MAXREWRITE - HTX_OVERHEAD_BYTES
+    room = full - g.max_request_body_bytes  # what a body at this endpoint's cap leaves the request line and headers
+    partial = "METH_POST { req.body_len,sub(txn.body_size) -m int lt 0 }"
+    fl.append(f"    http-request set-var(txn.url_len) url,length if {partial}")
     fl.append("    " + _json_error(431, f"request headers too large: with a body near the {g.max_request_body_bytes}-byte "
-                                   f"cap, headers must stay under {room} bytes", "invalid_request_error")
-              + " if METH_POST { req.body_len,sub(txn.body_size) -m int lt 0 } "
-              f"{{ req.hdrs,length,add(txn.body_len) -m int ge {full} }}")
-    fl.append("    " + _json_error(408, "request body not received in time", "invalid_request_error")
-              + " if METH_POST { req.body_len,sub(txn.body_size) -m int lt 0 }")
+                                   f"cap, the request line and headers must stay under {room} bytes",
+                                   "invalid_request_error", close=True)
+              + f" if {partial} {{ req.hdrs,length,add(txn.body_len),add(txn.url_len) -m int ge {full} }}")
+    fl.append("    " + _json_error(408, "request body not received in time", "invalid_request_error", close=True)
+              + f" if {partial}")
     for t in g.tenants:
         salt_env = "-"
         if stamp:
@@ -816,6 +824,18 @@ def _endpoint_sections(
         fl.append(f"    http-request set-var(txn.admit) int(1) if {off_floor}")
     if admission and ns_rule == "floor_only":
         fl.append(f"    http-request set-var(txn.admit) int(1) if nonstream {off_floor}")
+    if admission and has_floor and g.admission_queue_per_floor_replica > 0:
+        # the admission queue's bound: a request further back than the replicas up admit within the bounded wait
+        # (admission_queue_per_floor_replica each, this pod's share) would wait it out and get 429 anyway; it gets
+        # it at once. Without it the wait was bounded only up to the frontend's maxconn: a flood past it waited in
+        # the kernel's accept backlog, then queued again (429s after up to 4× the bound)
+        q_per = per_pod_threshold(g.admission_queue_per_floor_replica, gateway_replicas)
+        fl.append(f"    http-request set-var(txn.admit_qmax) nbsrv({be_floor}),mul({q_per}) "
+                  "if { var(txn.admit) -m found }")
+        full_queue = f"{{ var(txn.admit) -m found }} {{ queue({be_floor}),sub(txn.admit_qmax) -m int ge 0 }}"
+        fl.append(f"    http-request lua.llm_idem_release if {full_queue} {{ var(txn.idem) -m found }}")
+        fl.append("    " + _json_error(429, "no capacity: every replica is busy and the wait for one is full; retry "
+                                           "later", "overloaded_error") + f" if {full_queue}")
     if g.shadow is not None:
         # a validated request is mirrored (chosen per request) by a Lua task: this action only copies the
         # stamped body and returns; the user's request goes on at once and never waits for the mirror.

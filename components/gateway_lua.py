@@ -758,6 +758,12 @@ function Llm:end_analyze(txn, chn)
     if self.q then
       local q = self.q
       self.q = nil
+      -- a user who left a stream that ends by closing, or with more than the gap watch's 64 KB buffered, is not
+      -- seen there: the request side's input is closed by now all the same
+      if not self.client_left then
+        local ok, open = pcall(function() return txn.req:may_recv() end)
+        if ok and not open then self.client_left = true end
+      end
       quality_finish(q, txn, self.client_left)
     end
   end
@@ -903,8 +909,9 @@ watch_gaps = function(self, txn, msg, n)
     -- unless the client left first: HAProxy then closes the server side too, and this branch saw an upstream cut
     -- (a sampled exchange's record said the serving version failed with 502 where its user had gone away). The
     -- stream's termination state is not set yet here ("--"), but the client's leaving closed the request's input,
-    -- which an upstream cut leaves open (measured on 3.0.11: may_recv false and true). A client that half-closes
-    -- after its request and still reads would be taken for gone: its cut stream then ends without the event
+    -- which an upstream cut leaves open (measured on 3.0.11: may_recv false and true; true also over HTTP/2, with
+    -- pipelining, Connection: close, HTTP/1.0 and a client that half-closes after its request: HTTP/1 does not
+    -- read the socket while the response is in progress, so that client still gets the event)
     local ok, open = pcall(function() return txn.req:may_recv() end)
     if ok and not open then
       self.client_left = true

@@ -438,6 +438,7 @@ def test_errors_haproxy_answers_itself_are_json(gw):
     status, headers, content = _raw_exchange(port, [short], timeout=30.0)
     assert status == 408 and headers["content-type"] == "application/json", content
     assert json.loads(content)["error"]["code"] == 408
+    assert headers["connection"] == "close"  # its body was not read to the end: the connection carries no more
     doubled = ("POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}"
                ).encode()
     status, headers, _ = _raw_exchange(port, [doubled])
@@ -446,8 +447,8 @@ def test_errors_haproxy_answers_itself_are_json(gw):
 
 def test_a_client_request_id_past_the_limit_is_refused_not_a_500(gw):
     """A 12,000-character X-Request-Id with a body near the cap was copied into the request (X-Client-Request-Id)
-    and overflowed HAProxy's buffer: its own HTML 500. An id over 255 characters is now a JSON 400 naming the
-    limit, not echoed, and nothing reaches an engine; 255 characters still pass and come back."""
+    and overflowed HAProxy's buffer: its own HTML 500. An id over 255 bytes is now a JSON 400 naming the
+    limit, not echoed, and nothing reaches an engine; 255 bytes still pass and come back."""
     port = gw["ports"]["assist"]
     limit = gw["spec"].endpoint("assist").gateway.max_request_body_bytes
     big = json.dumps(body(messages=[{"role": "user", "content": "x" * (limit - 200)}])).encode()
@@ -455,7 +456,7 @@ def test_a_client_request_id_past_the_limit_is_refused_not_a_500(gw):
     status, headers, content = _raw_exchange(port, [_raw_post("/v1/chat/completions", big, [
         ("X-Request-Id", "r" * 12000), ("Content-Type", "application/json"), ("Content-Length", str(len(big)))])])
     assert status == 400 and headers["content-type"] == "application/json"
-    assert "X-Request-Id is longer than 255 characters" in json.loads(content)["error"]["message"]
+    assert "X-Request-Id is longer than 255 bytes" in json.loads(content)["error"]["message"]
     assert len(headers["x-request-id"]) < 255  # the gateway's own id, not the client's
     assert sum(len(u.log.completions()) for u in gw["ups"].values()) == n_before
     rid = "r" * 255
@@ -475,6 +476,21 @@ def test_headers_too_large_for_a_full_body_get_431_not_a_timeout(gw):
                                                               [*hdrs, ("X-Pad", "p" * 16000)])])
     assert status == 431 and headers["content-type"] == "application/json", content
     assert "headers must stay under" in json.loads(content)["error"]["message"]
+    assert headers["connection"] == "close"
+    # the room the message states is what a body at the cap leaves: headers just under it pass, just over it get 431
+    room = int(re.search(r"stay under (\d+) bytes", json.loads(content)["error"]["message"]).group(1))
+    at_cap = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * (limit - 70)}]}).encode()
+    assert limit - 20 < len(at_cap) <= limit
+    hdrs_at_cap = [("Content-Type", "application/json"), ("Content-Length", str(len(at_cap)))]
+    base = len(_raw_post("/v1/chat/completions", b"", hdrs_at_cap)) - 4  # request line and headers, CRLFs
+    for pad, want in ((room - base - 600, 200), (room - base + 800, 431)):
+        status, _, content = _raw_exchange(port, [_raw_post("/v1/chat/completions", at_cap,
+                                                            [*hdrs_at_cap, ("X-Pad", "p" * pad)])])
+        assert status == want, (pad, content[:200])
+    # a long query string counts as the request line it is (the path rule reads the path alone)
+    status, _, content = _raw_exchange(port, [_raw_post("/v1/chat/completions?" + "q" * (room - base + 800), at_cap,
+                                                        hdrs_at_cap)])
+    assert status == 431, content[:200]
     status, _, content = _raw_exchange(port, [_raw_post("/v1/chat/completions", big, hdrs)])
     assert status == 200, content
 

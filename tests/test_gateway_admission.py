@@ -266,3 +266,38 @@ def test_a_request_refused_at_the_gateway_is_never_mirrored_to_the_shadow_candid
             u.release()
         gw.stop()
         cand.stop()
+
+
+def test_past_what_the_replicas_admit_within_the_wait_a_request_gets_429_at_once(planned_stacks, tmp_path_factory,
+                                                                                  ups):
+    """The queue had no bound of its own: every request waited the whole bounded wait before its 429, and a flood
+    past the frontend's connections waited in the accept backlog first (429s after 1-4 s for a 1 s bound). Now
+    only as many wait as the replicas up admit within the wait (admission_queue_per_floor_replica each: 1 here, two
+    floor replicas up); the rest get 429 with Retry-After at once."""
+    gw = start(planned_stacks, tmp_path_factory, ups, {**ADMISSION, "admission_queue_per_floor_replica": 1})
+    for u in ups.values():
+        u.release_event.clear()
+
+    def timed():
+        t0 = time.monotonic()
+        status, headers, _, _ = post(gw.port, body(stream=True))
+        return status, headers.get("retry-after"), time.monotonic() - t0
+
+    try:
+        with cf.ThreadPoolExecutor(max_workers=16) as pool:
+            before = completions(ups, "floor1", "floor2", "burst")
+            held = [pool.submit(post, gw.port, body(stream=True), headers=HOLD) for _ in range(8)]
+            assert wait_until(lambda: completions(ups, "floor1", "floor2", "burst") - before == 8)
+            flood = [pool.submit(timed) for _ in range(6)]
+            results = [f.result(timeout=10) for f in flood]
+            for u in ups.values():
+                u.release()
+            assert all(f.result(timeout=10)[0] == 200 for f in held)
+        assert all(status == 429 and retry == "7" for status, retry, _ in results), results
+        waits = sorted(t for _, _, t in results)
+        assert all(t < 0.5 for t in waits[:4]), waits  # beyond the queue: at once
+        assert all(t >= 0.9 for t in waits[4:]), waits  # in the queue: the bounded wait, then 429
+    finally:
+        for u in ups.values():
+            u.release()
+        gw.stop()

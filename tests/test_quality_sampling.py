@@ -150,7 +150,7 @@ def test_records_are_complete_for_streamed_and_whole_answers_and_hold_no_secret(
             assert r["path"] == "/v1/chat/completions" and r["kind"] == "chat"
             assert r["prompt"] == prompt  # the client's messages, unicode and escapes intact
             assert r["completion"] == text and r["streamed"] is is_stream
-            assert r["complete"] is True and r["truncated"] is False and r["error"] is None
+            assert r["complete"] is True and r["truncated"] is False and r["error"] is None and r["client_left"] is False
             assert r["started_at"] <= r["ended_at"] and r["duration_ms"] >= 0
         params = {r["request_id"]: (r["parameters"], r["gateway_max_tokens"]) for _, r in sink_records(s3, BUCKET, "prod/")}
         assert gateway_id in params

@@ -521,6 +521,13 @@ class GatewaySpec(_Spec):
         default=0,
         description="Retry-After on a 429: the time a new burst container takes to serve (cold start), at least 1 s.",
     )
+    admission_queue_per_floor_replica: int = Field(
+        default=0,
+        description="Requests that may wait for admission per floor replica up: ⌈μ·w⌉, what one replica held at its "
+        "admission cap (μ req/s) admits within the bounded wait w; a request finding the queue at that length per "
+        "replica gets 429 at once (it would wait w and get 429 anyway), so a flood past the pod's connections drains "
+        "instead of queueing behind the accept backlog. 0: no bound.",
+    )
 
 
 class PodResourcesSpec(_Spec):

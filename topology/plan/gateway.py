@@ -41,5 +41,5 @@ def gateway_spec(ep: EndpointInputs, pl: Placement, burst: BurstSpec | None) -> 
         tenants=tenants, canary=None,  # canary and shadow: set by the rollout section
         admission_queue_timeout_s=adm.queue_timeout_s, admission_inflight_per_floor_replica=adm.inflight_per_replica,
         admission_burst_inflight=burst.max_containers * burst.max_inputs if burst is not None else 0,
-        retry_after_s=adm.retry_after_s,
+        retry_after_s=adm.retry_after_s, admission_queue_per_floor_replica=adm.queue_per_replica,
     )

@@ -237,6 +237,7 @@ class Admission:
     inflight_per_replica: int  # sequences the gateway lets one floor replica hold (HAProxy per-server maxconn)
     saturated_rps: float  # what one replica held there serves: the rate its bounded queue drains at
     derivations: tuple[Derivation, ...]
+    queue_per_replica: int = 1  # requests one replica admits within the wait: the queue's length per replica
 
 
 def admission(ep: EndpointInputs, pl: Placement, cold_start_s: float) -> Admission:
@@ -290,7 +291,15 @@ def admission(ep: EndpointInputs, pl: Placement, cold_start_s: float) -> Admissi
         inputs=("slo.ttft_p99_ms", "shape.input_tokens_mean", "shape.input_tokens_p99", "shape.output_tokens_mean",
                 "prefix_cache_hit_fraction"),
     )
-    return Admission(round(wait, 3), retry, cap, rps, (d_cap, d_wait))
+    # the queue: a request further back than one replica admits within the wait would wait it out and get 429
+    queue = max(1, math.ceil(rps * round(wait, 3)))
+    d_queue = Derivation(
+        figure="admission_queue_per_floor_replica", value=float(queue), unit="requests",
+        formula=f"max(1, ⌈μ {rps:.3f} req/s (a replica at the admission cap of {cap}) × w {wait:.3f} s⌉) = {queue}: "
+        f"requests one replica admits within the wait; past that many per replica up, 429 at once",
+        inputs=("slo.ttft_p99_ms", "slo.inter_token_p99_ms", "shape.input_tokens_mean", "shape.output_tokens_mean"),
+    )
+    return Admission(round(wait, 3), retry, cap, rps, (d_cap, d_wait, d_queue), queue)
 
 
 @dataclass(frozen=True)
