@@ -686,6 +686,9 @@ def _endpoint_sections(
               + " unless llm_generate || llm_listing")
     fl.append("    " + _json_error(405, "method not allowed here", "invalid_request_error")
               + " unless METH_POST llm_generate || METH_GET llm_listing")
+    # a GET carries no body: one that does is refused, not handed to the engine with it (found by a fuzz)
+    fl.append("    " + _json_error(400, "a GET request carries no body", "invalid_request_error", close=True)
+              + " if METH_GET { req.hdr(content-length) -m int gt 0 } || METH_GET { req.hdr(transfer-encoding) -m found }")
     if adapters_per_tenant:  # the model list from the gateway: the base model only, no tenant's adapters
         fl.append("    http-request return status 200 content-type application/json string "
                   f"'{{\"object\":\"list\",\"data\":[{{\"id\":\"{e.engine.served_model_name}\",\"object\":\"model\","

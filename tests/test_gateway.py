@@ -445,6 +445,24 @@ def test_errors_haproxy_answers_itself_are_json(gw):
     assert status == 400 and headers["content-type"] == "text/html"
 
 
+def test_a_model_list_request_with_a_body_is_refused_not_forwarded(gw):
+    """GET /v1/models with a body was handed to the engine, body and all, on the endpoints whose list the engine
+    answers; now a JSON 400, nothing upstream; without a body the list still comes from the engine."""
+    port = gw["ports"]["guard"]
+    key = KEYS["default"]
+    listed = lambda: sum(r.path == "/v1/models" for r in gw["ups"]["guard"].log.completions())  # noqa: E731
+    before = listed()
+    raw = (f"GET /v1/models HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\nContent-Length: 2\r\n\r\n{{}}"
+           ).encode()
+    status, headers, content = _raw_exchange(port, [raw])
+    assert status == 400 and headers["content-type"] == "application/json"
+    assert "carries no body" in json.loads(content)["error"]["message"]
+    assert listed() == before
+    raw = f"GET /v1/models HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\n\r\n".encode()
+    status, _, _ = _raw_exchange(port, [raw])
+    assert status == 200 and listed() == before + 1
+
+
 def test_a_client_request_id_past_the_limit_is_refused_not_a_500(gw):
     """A 12,000-character X-Request-Id with a body near the cap was copied into the request (X-Client-Request-Id)
     and overflowed HAProxy's buffer: its own HTML 500. An id over 255 bytes is now a JSON 400 naming the
