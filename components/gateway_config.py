@@ -315,7 +315,7 @@ def adapter_rule(e: EndpointSpec) -> bool:
     gateway answers the model list itself (the engine's would name every tenant's adapters it has loaded: vLLM
     0.11.0 serving_models.py show_available_models). vLLM's filesystem resolver loads any adapter a request names.
     A tenant name that is another's prefix with its dash (`acme`, `acme-eu`) would blur the rule: refused."""
-    if not (len(e.gateway.tenants) > 1 and e.engine.lora is not None and e.engine.lora.enable_lora):
+    if not (len(e.gateway.tenants) > 1 and e.engine.serves_lora):
         return False
     names = [t.name for t in e.gateway.tenants]
     for a in names:
@@ -349,14 +349,18 @@ def request_ids() -> list[str]:
     ]
 
 
-def _json_error(status: int, message: str, kind: str, close: bool = False) -> str:
-    # HAProxy single-quoted string: no escaping needed for these fixed messages. close: the request's body was not
-    # all read, so the connection cannot carry another request (HAProxy's own 400 and 408 pages say so too)
+def _json_reply(status: int, message: str, kind: str, close: bool = False) -> str:
+    """The reply part of an OpenAI-style JSON error (`http-request return` and `http-error` take the same words).
+    HAProxy single-quoted string: no escaping needed for these fixed messages. close: the request's body was not all
+    read, so the connection cannot carry another request (HAProxy's own 400 and 408 pages say so too)."""
     return (
-        f"http-request return status {status} content-type application/json "
-        + ("hdr Connection close " if close else "")
+        f"status {status} content-type application/json " + ("hdr Connection close " if close else "")
         + f"string '{{\"error\":{{\"message\":\"{message}\",\"type\":\"{kind}\",\"code\":{status}}}}}'"
     )
+
+
+def _json_error(status: int, message: str, kind: str, close: bool = False) -> str:
+    return "http-request return " + _json_reply(status, message, kind, close)
 
 
 def _parse_burst_url(endpoint: str, url: str) -> tuple[str, int, bool]:
@@ -545,10 +549,7 @@ def render_gateway_config(
         # a body on an HTTP/1.0 GET: 400, 413, 422) mux_h1 writes from HAProxy's fixed HTML pages (h1_send_error,
         # 3.0.11), which http-error does not reach
         # (400 and 408 with Connection: close, as HAProxy's own pages: the request was not read to its end)
-        *[f"    http-error status {code} content-type application/json "
-          + ("hdr Connection close " if code in (400, 408) else "")
-          + f"string '{{\"error\":{{\"message\":\"{msg}\",\"type\":\"{kind}\",\"code\":{code}}}}}'"
-          for code, kind, msg in HAPROXY_ERRORS],
+        *["    http-error " + _json_reply(code, msg, kind, close=code in (400, 408)) for code, kind, msg in HAPROXY_ERRORS],
         "",
     ]
     stats = [
@@ -737,7 +738,7 @@ def _endpoint_sections(
         others = ",".join(f"{o.name}-" for o in g.tenants if o.name != t.name) if adapters_per_tenant else "-"
         # with LoRA, vLLM's filesystem resolver takes a requested name as a path under its folder: the gate refuses
         # a name other than the served model's that is one (an adapter is a folder's name)
-        served = e.engine.served_model_name if e.engine.adapters_path("/") is not None else "-"
+        served = e.engine.served_model_name if e.engine.serves_lora else "-"
         fl.append(f"    http-request lua.llm_gate {g.max_tokens} {salt_env} {idem_table} {max_connections} "
                   f"{claim_ttl_ms} {ns_cap} {pick} {others} {served} if METH_POST "
                   f"{{ var(txn.tenant) -m str {config_name(t.name)} }}")

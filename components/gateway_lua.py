@@ -751,6 +751,12 @@ function Llm:new()
   return setmetatable({ started = now_ms(), last = nil, active = false, ended = false, req_done = false, wake_at = 0 },
     { __index = self })
 end
+-- Whether the client has left: its leaving closes the request side's input, which an upstream cut leaves open
+-- (watch_gaps says where this was measured)
+local function client_gone(txn)
+  local ok, open = pcall(function() return txn.req:may_recv() end)
+  return ok and not open
+end
 function Llm:end_analyze(txn, chn)
   if chn:is_resp() then
     local claim = txn:get_var("txn.idem")
@@ -760,11 +766,7 @@ function Llm:end_analyze(txn, chn)
       self.q = nil
       -- a user who left a stream that ends by closing, or with more than the gap watch's 64 KB buffered, is not
       -- seen there: the request side's input is closed by now all the same
-      if not self.client_left then
-        local ok, open = pcall(function() return txn.req:may_recv() end)
-        if ok and not open then self.client_left = true end
-      end
-      quality_finish(q, txn, self.client_left)
+      quality_finish(q, txn, self.client_left or client_gone(txn))
     end
   end
   return filter.CONTINUE
@@ -912,8 +914,7 @@ watch_gaps = function(self, txn, msg, n)
     -- which an upstream cut leaves open (measured on 3.0.11: may_recv false and true; true also over HTTP/2, with
     -- pipelining, Connection: close, HTTP/1.0 and a client that half-closes after its request: HTTP/1 does not
     -- read the socket while the response is in progress, so that client still gets the event)
-    local ok, open = pcall(function() return txn.req:may_recv() end)
-    if ok and not open then
+    if client_gone(txn) then
       self.client_left = true
       end_watch(self)
       return msg:input()

@@ -204,10 +204,11 @@ def rate_trace_profile(path: Path, trace: RateTrace, what: str = "traffic.rate_t
             )
         for row in reader:
             # the row's first line in the file (blank lines are skipped; a quoted field may span lines)
-            i = reader.line_num - sum(v.count("\n") for v in row.values() if isinstance(v, str))
-            if any("\n" in v for v in row.values() if isinstance(v, str)):
+            spanning = [v for v in row.values() if isinstance(v, str) and "\n" in v]
+            i = reader.line_num - sum(v.count("\n") for v in spanning)
+            if spanning:
                 # an unterminated quote swallows the rest of the file into one field, the last line's newline too
-                i += any(v.endswith("\n") for v in row.values() if isinstance(v, str))
+                i += any(v.endswith("\n") for v in spanning)
                 raise InputError(f"{what}={str(path)!r} line {i}: a quote (\") opened on this line is never closed; "
                                  "the rows after it were read as one field")
             try:
@@ -271,12 +272,12 @@ def rate_trace_profile(path: Path, trace: RateTrace, what: str = "traffic.rate_t
     if not mean > 0 or not math.isfinite(mean):
         raise InputError(f"{what}={str(path)!r}: the trace has no traffic (or rates too large to average)")
     k = trace.scale_to_mean_requests_per_s / mean
-    scaled = [round(x * k, 6) for x in profile]
     if not math.isfinite(k):  # rates of 5e-324 scale by infinity
         raise InputError(
             f"{what}={str(path)!r}: its rates (mean {mean:.3g} req/s) are too small to scale to "
             f"scale_to_mean_requests_per_s={trace.scale_to_mean_requests_per_s:g}"
         )
+    scaled = [round(x * k, 6) for x in profile]
     if max(scaled) > 1_000_000:  # the profile's own bound, an hour's mean
         raise InputError(
             f"{what}={str(path)!r}: scaled to a mean of {trace.scale_to_mean_requests_per_s:g} req/s, its busiest "

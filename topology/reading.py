@@ -175,7 +175,8 @@ _BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct
 
 
 def _expanded_nodes(root: yaml.Node, name: str) -> int:
-    """Nodes in the document with every alias expanded, from the shared composed graph (memoised)."""
+    """Nodes in the document with every alias expanded, from the shared composed graph (memoised); and, on the same
+    walk, each mapping once for a key given twice (_refuse_duplicate_keys)."""
     sizes: dict[int, int] = {}
     # iterative post-order: the graph is at most MAX_DEPTH deep, but no recursion at all is simpler to trust.
     # `open_` holds the nodes expanded and not yet summed: between a node's expansion and its sum the stack
@@ -196,6 +197,8 @@ def _expanded_nodes(root: yaml.Node, name: str) -> int:
             )
         if isinstance(node, yaml.MappingNode):
             kids = [n for pair in node.value for n in pair]
+            if not done:
+                _refuse_duplicate_keys(node, name)
         elif isinstance(node, yaml.SequenceNode):
             kids = list(node.value)
         else:
@@ -216,32 +219,19 @@ def _expanded_nodes(root: yaml.Node, name: str) -> int:
     return sizes[id(root)]
 
 
-def _refuse_duplicate_keys(root: yaml.Node, name: str) -> None:
-    """A key given twice in one mapping, found on the composed graph (before construction: PyYAML keeps the last
-    silently — a second `environment:` overrode the first with no word — and its merge step rewrites anchored
-    mappings in place, so a check while constructing took a merged key and its override for a pair). Keys compare
-    by tag and text, as written (1 and "1" differ); merge keys (<<) are not keys and may be overridden."""
-    seen_nodes: set[int] = set()
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen_nodes:
+def _refuse_duplicate_keys(node: yaml.MappingNode, name: str) -> None:
+    """A key given twice in one mapping of the composed graph (before construction: PyYAML keeps the last silently —
+    a second `environment:` overrode the first with no word — and its merge step rewrites anchored mappings in place,
+    so a check while constructing took a merged key and its override for a pair). Keys compare by tag and text, as
+    written (1 and "1" differ); merge keys (<<) are not keys and may be overridden."""
+    first: dict[tuple[str, str], yaml.Node] = {}
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
             continue
-        seen_nodes.add(id(node))
-        if isinstance(node, yaml.MappingNode):
-            first: dict[tuple[str, str], yaml.Node] = {}
-            for key, value in node.value:
-                stack.append(value)
-                if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
-                    stack.append(key)
-                    continue
-                was = first.setdefault((key.tag, key.value), key)
-                if was is not key:
-                    raise InputError(f"{name}: line {key.start_mark.line + 1}: key {key.value!r} given twice in one "
-                                     f"mapping (first on line {was.start_mark.line + 1}); YAML would silently keep "
-                                     "the last")
-        elif isinstance(node, yaml.SequenceNode):
-            stack.extend(node.value)
+        was = first.setdefault((key.tag, key.value), key)
+        if was is not key:
+            raise InputError(f"{name}: line {key.start_mark.line + 1}: key {key.value!r} given twice in one "
+                             f"mapping (first on line {was.start_mark.line + 1}); YAML would silently keep the last")
 
 
 def loads_yaml(text: str, name: str) -> Any:
@@ -252,7 +242,6 @@ def loads_yaml(text: str, name: str) -> Any:
         if node is None:
             raise InputError(f"{name}: the file is empty")
         _expanded_nodes(node, name)
-        _refuse_duplicate_keys(node, name)
         return loader.construct_document(node)
     except InputError:
         raise

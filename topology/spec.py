@@ -228,9 +228,14 @@ class EngineSpec(_Spec):
     lora: LoraSettings | None
     port: int = 8000
 
+    @property
+    def serves_lora(self) -> bool:
+        """The engine serves LoRA adapters (and vLLM's filesystem resolver loads them by name)."""
+        return self.lora is not None and self.lora.enable_lora
+
     def adapters_path(self, model_path: str) -> str | None:
         """Where the revision's adapters are copied with it (`<model_path>/<adapters_subdir>`), None without LoRA."""
-        if self.lora is None or not self.lora.enable_lora:
+        if not self.serves_lora:
             return None
         return f"{model_path.rstrip('/')}/{self.lora.adapters_subdir}"
 
@@ -274,7 +279,7 @@ class EngineSpec(_Spec):
         args.append("--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching")
         if self.quantization:
             args += ["--quantization", self.quantization]
-        if self.lora is not None and self.lora.enable_lora:
+        if self.serves_lora:
             args += [
                 "--enable-lora",
                 "--max-loras", str(self.lora.max_loras),
