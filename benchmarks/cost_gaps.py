@@ -199,10 +199,7 @@ def _spread_of_bunches(inputs, trace, start_h: float, end_h: float, seed: int) -
 
 def spread(args) -> None:
     original = costcheck.measured_traffic
-    base = load_inputs(STACK)
-    base = base.model_copy(update={"endpoints": [
-        e.model_copy(update={"traffic": e.traffic.model_copy(update={"spike_warm_hours_fraction": 0.0})})
-        for e in base.endpoints]})
+    base = _stack_with(spike_warm_hours_fraction=0.0)
     seen: dict = {}
 
     def measured(inputs, trace, start_h, end_h, seed):
@@ -356,13 +353,18 @@ def levels(args) -> None:
         print(f"  replayed arrivals, {label}: P(k-th alive) k = 1…{top}: " + " ".join(f"{x:.3f}" for x in row))
 
 
-def hourly(args) -> None:
+def _stack_with(**traffic):
+    """The prod stack with these traffic inputs on every endpoint."""
     base = load_inputs(STACK)
+    return base.model_copy(update={"endpoints": [
+        e.model_copy(update={"traffic": e.traffic.model_copy(update=traffic)}) for e in base.endpoints]})
+
+
+def hourly(args) -> None:
     upd = {"spike_warm_hours_fraction": args.spike_warm_hours_fraction}
     if args.trace == "synthetic":
         upd.update(within_hour_peak_factor=args.peak_factor, within_hour_correlation_s=args.correlation)
-    base = base.model_copy(update={"endpoints": [
-        e.model_copy(update={"traffic": e.traffic.model_copy(update=upd)}) for e in base.endpoints]})
+    base = _stack_with(**upd)
     trace = None if args.trace == "synthetic" else args.trace
     start = args.start if args.start is not None else 0.0
     rows = costcheck.check(STACK, "assist", trace, args.rate, start, start + args.hours, base=base, seed=args.seed)

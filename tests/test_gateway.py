@@ -445,6 +445,11 @@ def test_errors_haproxy_answers_itself_are_json(gw):
     assert status == 400 and headers["content-type"] == "text/html"
 
 
+def _near_cap_body(limit: int) -> bytes:
+    """A chat body just under the endpoint's body cap."""
+    return json.dumps(body(messages=[{"role": "user", "content": "x" * (limit - 200)}])).encode()
+
+
 def test_a_model_list_request_with_a_body_is_refused_not_forwarded(gw):
     """GET /v1/models with a body was handed to the engine, body and all, on the endpoints whose list the engine
     answers; now a JSON 400, nothing upstream; without a body the list still comes from the engine."""
@@ -469,7 +474,7 @@ def test_a_client_request_id_past_the_limit_is_refused_not_a_500(gw):
     limit, not echoed, and nothing reaches an engine; 255 bytes still pass and come back."""
     port = gw["ports"]["assist"]
     limit = gw["spec"].endpoint("assist").gateway.max_request_body_bytes
-    big = json.dumps(body(messages=[{"role": "user", "content": "x" * (limit - 200)}])).encode()
+    big = _near_cap_body(limit)
     n_before = sum(len(u.log.completions()) for u in gw["ups"].values())
     status, headers, content = _raw_exchange(port, [_raw_post("/v1/chat/completions", big, [
         ("X-Request-Id", "r" * 12000), ("Content-Type", "application/json"), ("Content-Length", str(len(big)))])])
@@ -488,7 +493,7 @@ def test_headers_too_large_for_a_full_body_get_431_not_a_timeout(gw):
     now a 431 that says how much header room a full body leaves; the same body under small headers passes."""
     port = gw["ports"]["assist"]
     limit = gw["spec"].endpoint("assist").gateway.max_request_body_bytes
-    big = json.dumps(body(messages=[{"role": "user", "content": "x" * (limit - 200)}])).encode()
+    big = _near_cap_body(limit)
     hdrs = [("Content-Type", "application/json"), ("Content-Length", str(len(big)))]
     status, headers, content = _raw_exchange(port, [_raw_post("/v1/chat/completions", big,
                                                               [*hdrs, ("X-Pad", "p" * 16000)])])
@@ -1201,7 +1206,7 @@ def test_an_adapter_named_by_a_path_is_refused(gw):
         status, _, content, rid = post(port, payload)
         assert status == 400 and b"model names an adapter by a path" in content, (model, content)
         assert records(gw, rid) == []
-    served = next(e for e in gw["spec"].endpoints if e.name == "assist").engine.served_model_name
+    served = gw["spec"].endpoint("assist").engine.served_model_name
     for model in (served, "acme-support", "shared.summariser-v2"):
         status, _, _, rid = post(port, body(model=model))
         assert status == 200, model

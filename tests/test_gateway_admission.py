@@ -47,10 +47,11 @@ def ups():
         x.stop()
 
 
-def start(planned_stacks, tmp_path_factory, ups, gateway: dict, burst: dict | None = None) -> Gateway:
+def start(planned_stacks, tmp_path_factory, ups, gateway: dict, burst: dict | None = None,
+          candidate: str | None = None) -> Gateway:
     spec = edited_spec(planned_stacks["prod"][1], gateway, burst)
     return Gateway(spec, tmp_path_factory.mktemp("gw"), [ups["floor1"].address, ups["floor2"].address],
-                   ups["burst"].address, None)
+                   ups["burst"].address, candidate)
 
 
 def completions(ups, *names) -> int:
@@ -130,12 +131,14 @@ def test_without_admission_settings_a_full_burst_still_takes_everything(planned_
 # ── non-streamed requests and Modal's 150 s web-request cap ──────────────────────────────────────
 
 
-def fill_floor(gw, ups, pool):
+def fill_floor(gw, ups, pool, n: int = 4, names: tuple[str, ...] = ("floor1", "floor2")):
+    """n held streams, taken by the upstreams `names` (the floor's threshold by default; 8 on floor and burst: every
+    admission slot)."""
     for u in ups.values():
         u.release_event.clear()
-    before = completions(ups, "floor1", "floor2")
-    held = [pool.submit(post, gw.port, body(stream=True), headers=HOLD) for _ in range(4)]
-    assert wait_until(lambda: completions(ups, "floor1", "floor2") - before == 4)
+    before = completions(ups, *names)
+    held = [pool.submit(post, gw.port, body(stream=True), headers=HOLD) for _ in range(n)]
+    assert wait_until(lambda: completions(ups, *names) - before == n)
     return held
 
 
@@ -235,12 +238,8 @@ def test_a_request_refused_at_the_gateway_is_never_mirrored_to_the_shadow_candid
 
     cand = FakeUpstream("candidate").start()
     shadow = ShadowSpec(percent=100.0, version="assist-next", max_inflight=20, replicas=1)
-    spec = edited_spec(planned_stacks["prod"][1], {**ADMISSION, "shadow": shadow},
-                       {"non_streamed_rule": "require_streaming"})
-    gw = Gateway(spec, tmp_path_factory.mktemp("gw"), [ups["floor1"].address, ups["floor2"].address],
-                 ups["burst"].address, cand.address)
-    for u in ups.values():
-        u.release_event.clear()
+    gw = start(planned_stacks, tmp_path_factory, ups, {**ADMISSION, "shadow": shadow},
+               {"non_streamed_rule": "require_streaming"}, candidate=cand.address)
 
     def mirrored(rid: str) -> int:
         return sum(r.request_id == rid for r in cand.log.completions())
@@ -249,9 +248,7 @@ def test_a_request_refused_at_the_gateway_is_never_mirrored_to_the_shadow_candid
         _, _, _, rid = post(gw.port, body(stream=True), headers={"X-Fake-Chunks": "2"})
         assert wait_until(lambda: mirrored(rid) == 1)  # served: mirrored
         with cf.ThreadPoolExecutor(max_workers=12) as pool:
-            before = completions(ups, "floor1", "floor2", "burst")
-            held = [pool.submit(post, gw.port, body(stream=True), headers=HOLD) for _ in range(8)]
-            assert wait_until(lambda: completions(ups, "floor1", "floor2", "burst") - before == 8)
+            held = fill_floor(gw, ups, pool, 8, ("floor1", "floor2", "burst"))
             status, _, content, rid_ns = post(gw.port, body())  # non-streamed, bound for burst: 400
             assert status == 400 and "stream" in json.loads(content)["error"]["message"]
             status, headers, _, rid_full = post(gw.port, body(stream=True))  # every slot taken: waits, then 429
@@ -275,8 +272,6 @@ def test_past_what_the_replicas_admit_within_the_wait_a_request_gets_429_at_once
     only as many wait as the replicas up admit within the wait (admission_queue_per_floor_replica each: 1 here, two
     floor replicas up); the rest get 429 with Retry-After at once."""
     gw = start(planned_stacks, tmp_path_factory, ups, {**ADMISSION, "admission_queue_per_floor_replica": 1})
-    for u in ups.values():
-        u.release_event.clear()
 
     def timed():
         t0 = time.monotonic()
@@ -285,9 +280,7 @@ def test_past_what_the_replicas_admit_within_the_wait_a_request_gets_429_at_once
 
     try:
         with cf.ThreadPoolExecutor(max_workers=16) as pool:
-            before = completions(ups, "floor1", "floor2", "burst")
-            held = [pool.submit(post, gw.port, body(stream=True), headers=HOLD) for _ in range(8)]
-            assert wait_until(lambda: completions(ups, "floor1", "floor2", "burst") - before == 8)
+            held = fill_floor(gw, ups, pool, 8, ("floor1", "floor2", "burst"))
             flood = [pool.submit(timed) for _ in range(6)]
             results = [f.result(timeout=10) for f in flood]
             for u in ups.values():

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -447,14 +446,11 @@ def test_importing_the_simulator_stays_light():
     assert p.stdout.strip() == "[]", p.stdout + p.stderr
 
 
-def test_a_window_with_no_requests_has_nothing_to_judge(capsys):
+def test_a_window_with_no_requests_has_nothing_to_judge(root, monkeypatch, capsys):
     """dev's profile has no traffic late on Sunday: simulating that hour reported every endpoint at 0.00% goodput
     ✗ and exited 1, 'misses SLO', when nothing was asked of it (found by this stop's fuzz)."""
-    from topology.cli import main
-
-    rc = main(["simulate", str(Path(__file__).resolve().parent.parent / "stacks" / "Pulumi.dev.yaml"),
-               "--hours", "671:672", "--no-progress"])
-    out = capsys.readouterr().out
+    rc, out, _ = _cli("stacks/Pulumi.dev.yaml", "--hours", "671:672", "--no-progress", cwd=root,
+                      monkeypatch=monkeypatch, capsys=capsys)
     assert rc == 0, out
     assert "0.00%" not in out and "✗" not in out
     assert out.count("no requests in these hours; nothing to judge") == 3
@@ -466,10 +462,9 @@ def test_a_window_with_no_requests_has_nothing_to_judge(capsys):
      "--abandon-fraction applies to --drill disconnect only (--drill rollback given)"),
     (["--drill", "spike", "--detect-minutes", "5"], "--detect-minutes applies to --drill rollback only"),
 ])
-def test_a_drill_option_without_its_drill_is_refused(capsys, argv, expect):
+def test_a_drill_option_without_its_drill_is_refused(root, monkeypatch, capsys, argv, expect):
     """A drill's option given to another run was silently ignored: `--spike-factor 0` on a plain window ran the
     window and said nothing (found by this stop's fuzz)."""
-    from topology.cli import main
-
-    assert main(["simulate", str(Path(__file__).resolve().parent.parent / "stacks" / "Pulumi.dev.yaml"), *argv]) == 2
-    assert expect in capsys.readouterr().err
+    rc, _, err = _cli("stacks/Pulumi.dev.yaml", *argv, cwd=root, monkeypatch=monkeypatch, capsys=capsys)
+    assert rc == 2
+    assert expect in err
